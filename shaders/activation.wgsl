@@ -1,0 +1,71 @@
+// activation: GELU (tanh form, GPT-2's "gelu_new") and ReLU, forward and backward.
+//   gelu_forward:  out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))     out (n)  x (n)
+//   gelu_backward: dx += dout * gelu'(x)                                      dx (n)   x (n)  dout (n)
+//   relu_forward:  out = max(x, 0)                                            out (n)  x (n)
+//   relu_backward: dx += dout * (x > 0)                                       dx (n)   x (n)  dout (n)
+// Backward accumulates into dx. One thread per element, 256 per workgroup, 2-D folded grid.
+// CPU references: tests/common/reference.rs `gelu_forward`, `gelu_backward`, `relu_forward`, `relu_backward`.
+
+struct Params {
+    n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@group(0) @binding(2) var<storage, read> dout: array<f32>;
+@group(0) @binding(3) var<uniform> pb: Params;
+
+const GELU_SCALE: f32 = 0.7978845608028654; // sqrt(2/pi)
+
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * 256u;
+}
+
+// tanh that stays finite for large |u| on every backend (some lower tanh through exp).
+fn safe_tanh(u: f32) -> f32 {
+    return tanh(clamp(u, -15.0, 15.0));
+}
+
+@compute @workgroup_size(256)
+fn gelu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p.n) {
+        let v = x[i];
+        let u = GELU_SCALE * (v + 0.044715 * v * v * v);
+        out[i] = 0.5 * v * (1.0 + safe_tanh(u));
+    }
+}
+
+@compute @workgroup_size(256)
+fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pb.n) {
+        let v = x[i];
+        let u = GELU_SCALE * (v + 0.044715 * v * v * v);
+        let t = safe_tanh(u);
+        let sech2 = 1.0 - t * t;
+        let grad = 0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
+        out[i] = out[i] + dout[i] * grad;
+    }
+}
+
+@compute @workgroup_size(256)
+fn relu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p.n) {
+        out[i] = max(x[i], 0.0);
+    }
+}
+
+@compute @workgroup_size(256)
+fn relu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pb.n) {
+        out[i] = out[i] + select(0.0, dout[i], x[i] > 0.0);
+    }
+}

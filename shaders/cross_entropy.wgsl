@@ -1,0 +1,95 @@
+// cross_entropy: softmax cross-entropy over logits rows, fused; rows whose target is `ignore`
+// contribute neither loss nor gradient. The mean over valid rows is taken by the reduce kernels.
+//   cross_entropy_forward:  losses (N) = lse - logits[target],  lse (N) = log sum exp logits
+//                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
+//   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target))
+//                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
+// The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
+// CPU references: tests/common/reference.rs `cross_entropy_forward`, `cross_entropy_backward`.
+
+struct Params {
+    rows: u32,
+    v: u32,
+    ignore: u32,
+    inv_count: f32,
+}
+
+// forward: 0 losses, 1 lse, 2 logits, 3 targets, 4 params
+@group(0) @binding(0) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(1) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read> targets: array<u32>;
+@group(0) @binding(4) var<uniform> p: Params;
+
+// backward: 0 dlogits, 1 logits (`lg`), 2 targets (`tg`), 3 lse, 4 dloss, 5 params
+@group(0) @binding(1) var<storage, read> lg: array<f32>;
+@group(0) @binding(2) var<storage, read> tg: array<u32>;
+@group(0) @binding(3) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(4) var<storage, read> dloss: array<f32>;
+@group(0) @binding(5) var<uniform> pb: Params;
+
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = row * p.v;
+    var m = -3.402823e38;
+    for (var j = lid; j < p.v; j += 256u) {
+        m = max(m, logits[base + j]);
+    }
+    red[lid] = m;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let row_max = red[0];
+    workgroupBarrier();
+    var acc = 0.0;
+    for (var j = lid; j < p.v; j += 256u) {
+        acc += exp(logits[base + j] - row_max);
+    }
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        let lse = row_max + log(red[0]);
+        lse_out[row] = lse;
+        let t = targets[row];
+        if (t == p.ignore) {
+            losses[row] = 0.0;
+        } else {
+            losses[row] = lse - logits[base + t];
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= pb.rows * pb.v) {
+        return;
+    }
+    let row = i / pb.v;
+    let j = i % pb.v;
+    let t = tg[row];
+    if (t == pb.ignore) {
+        return;
+    }
+    let prob = exp(lg[i] - lse_in[row]);
+    let onehot = select(0.0, 1.0, j == t);
+    losses[i] += dloss[0] * pb.inv_count * (prob - onehot);
+}

@@ -1,0 +1,126 @@
+// layernorm: out = (x - mean) * rstd * weight + bias over the last dim, rstd = 1/sqrt(var + eps).
+//   layernorm_forward:          out (N,C)  mean (N)  rstd (N)  x (N,C)  weight (C)  bias (C)
+//   layernorm_backward:         dx (N,C) += ...          dout (N,C)  x (N,C)  weight (C)  mean (N)  rstd (N)
+//   layernorm_backward_params:  dweight (C) += sum_n dout*norm, dbias (C) += sum_n dout;  dout, x, mean, rstd
+// forward/backward: one workgroup of 256 threads per row (2-D folded), threads stride over C.
+// backward_params: one thread per column, walking the rows (deterministic, no atomics).
+// CPU references: tests/common/reference.rs `layernorm_forward`, `layernorm_backward`.
+
+struct Params {
+    rows: u32,
+    c: u32,
+    eps: f32,
+    _pad0: u32,
+}
+
+// forward
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read_write> mean_out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rstd_out: array<f32>;
+@group(0) @binding(3) var<storage, read> x: array<f32>;
+@group(0) @binding(4) var<storage, read> weight: array<f32>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+// backward (dx): 0 dx, 1 dout, 2 x (as `bx`), 3 weight (`bw`), 4 mean, 5 rstd, 6 params
+@group(0) @binding(0) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(1) var<storage, read> dout: array<f32>;
+@group(0) @binding(2) var<storage, read> bx: array<f32>;
+@group(0) @binding(3) var<storage, read> bw: array<f32>;
+@group(0) @binding(4) var<storage, read> mean_in: array<f32>;
+@group(0) @binding(5) var<storage, read> rstd_in: array<f32>;
+
+// backward_params: 0 dweight, 1 dbias, 2 dout, 3 x, 4 mean, 5 rstd, 6 params
+@group(0) @binding(1) var<storage, read_write> dbias: array<f32>;
+@group(0) @binding(2) var<storage, read> pdout: array<f32>;
+@group(0) @binding(3) var<storage, read> px: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+fn block_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(256)
+fn layernorm_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = row * p.c;
+    var s = 0.0;
+    for (var i = lid; i < p.c; i += 256u) {
+        s += x[base + i];
+    }
+    let mean = block_sum(s, lid) / f32(p.c);
+    var s2 = 0.0;
+    for (var i = lid; i < p.c; i += 256u) {
+        let d = x[base + i] - mean;
+        s2 += d * d;
+    }
+    let rstd = inverseSqrt(block_sum(s2, lid) / f32(p.c) + p.eps);
+    for (var i = lid; i < p.c; i += 256u) {
+        out[base + i] = (x[base + i] - mean) * rstd * weight[i] + bias[i];
+    }
+    if (lid == 0u) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+@compute @workgroup_size(256)
+fn layernorm_backward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = row * p.c;
+    let mean = mean_in[row];
+    let rstd = rstd_in[row];
+    var s_dn = 0.0;
+    var s_dn_n = 0.0;
+    for (var i = lid; i < p.c; i += 256u) {
+        let norm = (bx[base + i] - mean) * rstd;
+        let dn = dout[base + i] * bw[i];
+        s_dn += dn;
+        s_dn_n += dn * norm;
+    }
+    let mean_dn = block_sum(s_dn, lid) / f32(p.c);
+    let mean_dn_n = block_sum(s_dn_n, lid) / f32(p.c);
+    for (var i = lid; i < p.c; i += 256u) {
+        let norm = (bx[base + i] - mean) * rstd;
+        let dn = dout[base + i] * bw[i];
+        dx[base + i] += rstd * (dn - mean_dn - norm * mean_dn_n);
+    }
+}
+
+@compute @workgroup_size(256)
+fn layernorm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.x;
+    if (col >= p.c) {
+        return;
+    }
+    var dw = 0.0;
+    var db = 0.0;
+    for (var r = 0u; r < p.rows; r++) {
+        let g = pdout[r * p.c + col];
+        dw += g * (px[r * p.c + col] - mean_in[r]) * rstd_in[r];
+        db += g;
+    }
+    dx[col] += dw;
+    dbias[col] += db;
+}

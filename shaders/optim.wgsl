@@ -1,0 +1,98 @@
+// optim: fused optimizer updates and global grad-norm clipping.
+//   adamw_update: AdamW with decoupled weight decay and bias correction, one thread per parameter.
+//                 param (n)  m (n)  v (n)  grad (n)  clip (2): clip[0] multiplies the gradient
+//                 g = grad * clip[0] * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//                 param -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * param)
+//   sgd_update:   SGD with momentum (PyTorch's form): g = grad*clip[0]*grad_scale + wd*param;
+//                 buf = momentum*buf + g;  param -= lr * buf.      param (n)  buf (n)  grad (n)  clip (2)
+//   clip_scale:   clip[1] = sqrt(sum(sumsq)); clip[0] = min(1, max_norm / (clip[1] + 1e-6)), or 1 when
+//                 max_norm <= 0.   clip (2)  sumsq (count)   one workgroup.
+// Grids: 256 threads per workgroup, 2-D folded. CPU references: tests/common/reference.rs `adamw_update`,
+// `sgd_update`.
+
+struct Params {
+    n: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bc1: f32,
+    bc2: f32,
+    grad_scale: f32,
+    momentum: f32,
+    max_norm: f32,
+    _pad0: u32,
+}
+
+// adamw: 0 param, 1 m, 2 v, 3 grad, 4 clip, 5 params
+@group(0) @binding(0) var<storage, read_write> param: array<f32>;
+@group(0) @binding(1) var<storage, read_write> m: array<f32>;
+@group(0) @binding(2) var<storage, read_write> v: array<f32>;
+@group(0) @binding(3) var<storage, read> grad: array<f32>;
+@group(0) @binding(4) var<storage, read> clip: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+// sgd: 0 param, 1 buf (`m`), 2 grad (`g2`), 3 clip (`clip3`), 4 params
+@group(0) @binding(2) var<storage, read> g2: array<f32>;
+@group(0) @binding(3) var<storage, read> clip3: array<f32>;
+@group(0) @binding(4) var<uniform> ps: Params;
+
+// clip_scale: 0 clip (`param`), 1 sumsq, 2 params
+@group(0) @binding(1) var<storage, read> sumsq: array<f32>;
+@group(0) @binding(2) var<uniform> pc: Params;
+
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= p.n) {
+        return;
+    }
+    let g = grad[i] * clip[0] * p.grad_scale;
+    let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g;
+    let vi = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    let update = (mi / p.bc1) / (sqrt(vi / p.bc2) + p.eps);
+    param[i] -= p.lr * (update + p.weight_decay * param[i]);
+}
+
+@compute @workgroup_size(256)
+fn sgd_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= ps.n) {
+        return;
+    }
+    let g = g2[i] * clip3[0] * ps.grad_scale + ps.weight_decay * param[i];
+    let b = ps.momentum * m[i] + g;
+    m[i] = b;
+    param[i] -= ps.lr * b;
+}
+
+@compute @workgroup_size(256)
+fn clip_scale(@builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    var s = 0.0;
+    for (var i = lid; i < pc.n; i += 256u) {
+        s += sumsq[i];
+    }
+    red[lid] = s;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        let norm = sqrt(red[0]);
+        param[1] = norm;
+        if (pc.max_norm > 0.0) {
+            param[0] = min(1.0, pc.max_norm / (norm + 1e-6));
+        } else {
+            param[0] = 1.0;
+        }
+    }
+}

@@ -1,0 +1,85 @@
+// reduce: sums in two deterministic stages, and column sums.
+//   reduce_partials: partials[g] = sum over a grid-stride slice of x (or of x^2 when squares = 1)
+//                    partials (groups)  x (n)          dispatch (groups, 1, 1), groups <= 1024
+//   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
+//                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1)
+//   sum_rows:        out (C) += sum over rows of x (R,C)   one thread per column
+// CPU references: tests/common/reference.rs `sum_forward`, `sum_rows`.
+
+struct Params {
+    n: u32,
+    squares: u32,
+    slot: u32,
+    accumulate: u32,
+    scale: f32,
+    cols: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+var<workgroup> red: array<f32, 256>;
+
+fn block_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>) {
+    let lid = lid3.x;
+    var s = 0.0;
+    let stride = nwg.x * 256u;
+    for (var i = wid.x * 256u + lid; i < p.n; i += stride) {
+        let v = x[i];
+        s += select(v, v * v, p.squares == 1u);
+    }
+    let total = block_sum(s, lid);
+    if (lid == 0u) {
+        out[wid.x] = total;
+    }
+}
+
+@compute @workgroup_size(256)
+fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    var s = 0.0;
+    for (var i = lid; i < p.n; i += 256u) {
+        s += x[i];
+    }
+    let total = block_sum(s, lid) * p.scale;
+    if (lid == 0u) {
+        if (p.accumulate == 1u) {
+            out[p.slot] += total;
+        } else {
+            out[p.slot] = total;
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.x;
+    if (col >= p.cols) {
+        return;
+    }
+    let rows = p.n / p.cols;
+    var s = 0.0;
+    for (var r = 0u; r < rows; r++) {
+        s += x[r * p.cols + col];
+    }
+    out[col] += s;
+}

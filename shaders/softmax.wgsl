@@ -1,0 +1,108 @@
+// softmax over rows of length L, with an optional causal mask and input scale (attention).
+//   softmax_forward:  y[r,j] = exp(s*x[r,j] - max) / sum          y (R,L)  x (R,L)
+//   softmax_backward: dx[r,j] += s * y[r,j] * (dy[r,j] - sum_k dy[r,k] y[r,k])   dx (R,L)  y (R,L)  dy (R,L)
+// causal_t > 0: row r is query position t = r % causal_t and only j <= t are kept (y = 0 beyond).
+// One workgroup of 256 threads per row (2-D folded grid); backward accumulates into dx.
+// CPU references: tests/common/reference.rs `softmax_forward`, `softmax_backward`.
+
+struct Params {
+    rows: u32,
+    len: u32,
+    causal_t: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+// backward: 0 dx, 1 y (`yb`), 2 dy, 3 params
+@group(0) @binding(1) var<storage, read> yb: array<f32>;
+@group(0) @binding(2) var<storage, read> dy: array<f32>;
+@group(0) @binding(3) var<uniform> pb: Params;
+
+var<workgroup> red: array<f32, 256>;
+
+fn block_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn block_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn valid_len(row: u32, len: u32, causal_t: u32) -> u32 {
+    if (causal_t == 0u) {
+        return len;
+    }
+    return min(row % causal_t + 1u, len);
+}
+
+@compute @workgroup_size(256)
+fn softmax_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = row * p.len;
+    let valid = valid_len(row, p.len, p.causal_t);
+    var m = -3.402823e38;
+    for (var j = lid; j < valid; j += 256u) {
+        m = max(m, p.scale * x[base + j]);
+    }
+    let row_max = block_max(m, lid);
+    var s = 0.0;
+    for (var j = lid; j < valid; j += 256u) {
+        s += exp(p.scale * x[base + j] - row_max);
+    }
+    let inv = 1.0 / block_sum(s, lid);
+    for (var j = lid; j < p.len; j += 256u) {
+        var v = 0.0;
+        if (j < valid) {
+            v = exp(p.scale * x[base + j] - row_max) * inv;
+        }
+        y[base + j] = v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax_backward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= pb.rows) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = row * pb.len;
+    let valid = valid_len(row, pb.len, pb.causal_t);
+    var s = 0.0;
+    for (var j = lid; j < valid; j += 256u) {
+        s += dy[base + j] * yb[base + j];
+    }
+    let dot = block_sum(s, lid);
+    for (var j = lid; j < valid; j += 256u) {
+        y[base + j] += pb.scale * yb[base + j] * (dy[base + j] - dot);
+    }
+}

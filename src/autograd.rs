@@ -1,0 +1,131 @@
+//! Reverse-mode autodiff: ops record backward nodes on a tape in the forward pass; `backward`
+//! replays them in reverse. Every backward kernel accumulates (`+=`) into gradient tensors, so
+//! gradient accumulation over micro-batches and shared (tied) weights need no extra code.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::elementwise;
+use crate::tensor::{Tensor, TensorId};
+
+/// The backward half of an op: reads the gradients of its outputs, adds to those of its inputs.
+pub trait Backward {
+    fn name(&self) -> &'static str;
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()>;
+}
+
+struct Node {
+    outputs: Vec<TensorId>,
+    op: Box<dyn Backward>,
+}
+
+/// The ops recorded since the last `backward` or `clear`.
+#[derive(Default)]
+pub struct Tape {
+    nodes: Vec<Node>,
+}
+
+impl Tape {
+    pub(crate) fn push(&mut self, outputs: Vec<TensorId>, op: Box<dyn Backward>) {
+        self.nodes.push(Node { outputs, op });
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Forgets every node (and the saved tensors they hold).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+    }
+
+    /// Names of the recorded ops, in forward order.
+    pub fn op_names(&self) -> Vec<&'static str> {
+        self.nodes.iter().map(|n| n.op.name()).collect()
+    }
+}
+
+/// Gradients by tensor id. Persistent entries (parameter gradients) survive `backward` and keep
+/// accumulating; the others are dropped as soon as the node that produced their tensor is done.
+#[derive(Default)]
+pub struct Grads {
+    map: HashMap<TensorId, Tensor>,
+    persistent: HashSet<TensorId>,
+}
+
+impl Grads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `grad` as the accumulating gradient of `param`.
+    pub fn insert_persistent(&mut self, param: &Tensor, grad: Tensor) {
+        self.persistent.insert(param.id());
+        self.map.insert(param.id(), grad);
+    }
+
+    /// The gradient of `t`, if anything has been added to it.
+    pub fn get(&self, t: &Tensor) -> Option<Tensor> {
+        self.map.get(&t.id()).cloned()
+    }
+
+    /// The gradient of `t`, created as zeros on first use. `None` when `t` needs no gradient.
+    pub fn of(&mut self, ctx: &Context, t: &Tensor) -> Result<Option<Tensor>> {
+        if !t.requires_grad() {
+            return Ok(None);
+        }
+        if let Some(g) = self.map.get(&t.id()) {
+            return Ok(Some(g.clone()));
+        }
+        let g = ctx.zeros("grad", t.shape(), false)?;
+        self.map.insert(t.id(), g.clone());
+        Ok(Some(g))
+    }
+
+    fn release(&mut self, id: TensorId) {
+        if !self.persistent.contains(&id) {
+            self.map.remove(&id);
+        }
+    }
+}
+
+impl Context {
+    /// Backpropagates from the scalar `loss` (d loss = `seed`), replaying the tape in reverse,
+    /// then clears the tape. Parameter gradients in `grads` are accumulated into.
+    pub fn backward(&self, loss: &Tensor, grads: &mut Grads, seed: f32) -> Result<()> {
+        if let Some(dloss) = grads.of(self, loss)? {
+            elementwise::fill(&self.kernels, &self.view(&dloss), seed, dloss.len())?;
+        }
+        self.replay(loss, grads)
+    }
+
+    /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
+    pub fn backward_from(&self, out: &Tensor, dout: &Tensor, grads: &mut Grads) -> Result<()> {
+        if out.shape() != dout.shape() {
+            return Err(crate::error::Error::shape("backward_from", out.shape(), dout.shape()));
+        }
+        if let Some(g) = grads.of(self, out)? {
+            elementwise::axpy(&self.kernels, &self.view(&g), &self.view(dout), 1.0, g.len())?;
+        }
+        self.replay(out, grads)
+    }
+
+    fn replay(&self, loss: &Tensor, grads: &mut Grads) -> Result<()> {
+        let nodes = std::mem::take(&mut self.tape().nodes);
+        for node in nodes.into_iter().rev() {
+            if node.outputs.iter().any(|id| grads.map.contains_key(id)) {
+                node.op.backward(self, grads)?;
+            }
+            for id in &node.outputs {
+                grads.release(*id);
+            }
+        }
+        grads.release(loss.id());
+        Ok(())
+    }
+}

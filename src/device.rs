@@ -1,0 +1,202 @@
+//! Adapter choice, device limits and features, and the GPU error channel.
+//!
+//! `WGPU_BACKEND` (e.g. `vulkan`, `gl`, `metal`, `dx12`) restricts the backends, `WGPU_ADAPTER_NAME`
+//! picks an adapter by a substring of its name; otherwise discrete > integrated > virtual > CPU.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// What the caller wants from the device.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// Keep wgpu's shader runtime checks (bounds checks) on. Off by default: they cost 15× on a
+    /// matmul on NVIDIA, and our kernels index in bounds by construction. Env: `PAGETRAIN_SHADER_CHECKS=1`.
+    pub shader_checks: bool,
+}
+
+/// An opened GPU: adapter, device, queue, and what they can do.
+pub struct Gpu {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    pub shader_checks: bool,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+/// One line per adapter wgpu can see, for `pagetrain info`.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    pub compute: bool,
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if std::env::var("WGPU_BACKEND").is_err() && std::env::var("PAGETRAIN_BACKEND").is_ok() {
+        let name = std::env::var("PAGETRAIN_BACKEND").unwrap_or_default();
+        desc.backends = wgpu::Backends::from_comma_list(&name);
+    }
+    wgpu::Instance::new(desc)
+}
+
+fn device_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
+        wgpu::Backend::Gl => 1,
+        _ => 2,
+    }
+}
+
+fn has_compute(adapter: &wgpu::Adapter) -> bool {
+    adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+        && adapter.limits().max_storage_buffers_per_shader_stage >= 6
+}
+
+/// Every adapter wgpu sees, whether or not it can run pagetrain.
+pub async fn list_adapters() -> Vec<AdapterSummary> {
+    candidates(&instance())
+        .await
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            AdapterSummary {
+                name: info.name.clone(),
+                backend: info.backend,
+                device_type: info.device_type,
+                driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+                compute: has_compute(a),
+            }
+        })
+        .collect()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+async fn candidates(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    instance.enumerate_adapters(wgpu::Backends::all()).await
+}
+
+#[cfg(target_arch = "wasm32")]
+async fn candidates(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let opts = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    instance.request_adapter(&opts).await.into_iter().collect()
+}
+
+impl Gpu {
+    /// Opens the best adapter (see module docs) with all of its limits and the features we use.
+    pub async fn new(opts: &DeviceOptions) -> Result<Gpu> {
+        let instance = instance();
+        let mut adapters: Vec<wgpu::Adapter> = candidates(&instance).await;
+        let seen: Vec<String> =
+            adapters.iter().map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend)).collect();
+        adapters.retain(has_compute);
+        if let Ok(want) = std::env::var("WGPU_ADAPTER_NAME") {
+            let want = want.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
+        }
+        adapters.sort_by_key(|a| {
+            let i = a.get_info();
+            (device_rank(i.device_type), backend_rank(i.backend))
+        });
+        let adapter = adapters.into_iter().next().ok_or_else(|| Error::NoAdapter {
+            tried: if seen.is_empty() { "wgpu saw no adapters".into() } else { format!("saw: {}", seen.join(", ")) },
+        })?;
+        Self::open(adapter, opts).await
+    }
+
+    async fn open(adapter: wgpu::Adapter, opts: &DeviceOptions) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("pagetrain"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::RequestDevice { adapter: info.name.clone(), msg: e.to_string() })?;
+
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let lost = Arc::new(Mutex::new(None));
+        let lost_sink = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut l) = lost_sink.lock() {
+                *l = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        let env_checks = std::env::var("PAGETRAIN_SHADER_CHECKS").map(|v| v != "0").unwrap_or(false);
+        Ok(Gpu {
+            adapter,
+            limits: device.limits(),
+            features: device.features(),
+            device,
+            queue,
+            info,
+            shader_checks: opts.shader_checks || env_checks,
+            errors,
+            lost,
+        })
+    }
+
+    /// Turns an uncaptured GPU error or a lost device into an `Err`. `context` says what was running.
+    pub fn check(&self, context: &str) -> Result<()> {
+        if let Some(reason) = self.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(Error::DeviceLost { reason });
+        }
+        let mut errs = self.errors.lock().map_err(|_| Error::Gpu { context: context.into(), msg: "poisoned".into() })?;
+        if !errs.is_empty() {
+            let msg = errs.join("; ");
+            errs.clear();
+            return Err(Error::Gpu { context: context.into(), msg });
+        }
+        Ok(())
+    }
+
+    /// Largest tensor one storage binding can see.
+    pub fn max_binding_bytes(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+    }
+
+    /// A one-line description: name, backend, type.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Blocks (native) until submitted work is done; a no-op on the web, where the browser drives.
+    pub fn wait_idle(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
+        self.check("waiting for the GPU")
+    }
+}

@@ -1,0 +1,40 @@
+//! Launchers for `shaders/activation.wgsl`: GELU (tanh) and ReLU.
+
+use super::{grid_1d, Kernels, ACTIVATION};
+use crate::error::Result;
+use crate::pager::View;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    _pad: [u32; 3],
+}
+
+/// Which activation function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Gelu,
+    Relu,
+}
+
+impl Activation {
+    fn entries(self) -> (&'static str, &'static str) {
+        match self {
+            Activation::Gelu => ("gelu_forward", "gelu_backward"),
+            Activation::Relu => ("relu_forward", "relu_backward"),
+        }
+    }
+}
+
+/// `out = f(x)`, both (n).
+pub fn forward(k: &Kernels, f: Activation, out: &View, x: &View, n: usize) -> Result<()> {
+    let p = Params { n: n as u32, _pad: [0; 3] };
+    k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_1d(n as u64))
+}
+
+/// `dx += dout * f'(x)`, all (n).
+pub fn backward(k: &Kernels, f: Activation, dx: &View, x: &View, dout: &View, n: usize) -> Result<()> {
+    let p = Params { n: n as u32, _pad: [0; 3] };
+    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_1d(n as u64))
+}

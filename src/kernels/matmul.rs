@@ -1,0 +1,80 @@
+//! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched, transposes by strides.
+
+use super::{Kernels, MATMUL, MAX_GROUPS};
+use crate::error::{Error, Result};
+use crate::pager::View;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    has_bias: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    alpha: f32,
+    beta: f32,
+    _pad: [u32; 2],
+}
+
+/// Shape and layout of one (batched) product `C = alpha·op(A)·op(B) + beta·C (+ bias)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A is stored (K,M) and used transposed.
+    pub trans_a: bool,
+    /// B is stored (N,K) and used transposed.
+    pub trans_b: bool,
+    pub alpha: f32,
+    /// 0 overwrites C, 1 accumulates into it.
+    pub beta: f32,
+}
+
+impl Gemm {
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 }
+    }
+}
+
+const TILE: usize = 64;
+
+/// Records `c = alpha·op(a)·op(b) + beta·c (+ bias)`. `bias` (N) is added when given; `dummy`
+/// is any small buffer that stands in for it otherwise.
+pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, dummy: &View, g: Gemm) -> Result<()> {
+    let tiles_n = g.n.div_ceil(TILE);
+    let tiles_m = g.m.div_ceil(TILE);
+    if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
+        return Err(Error::invalid("matmul", format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension")));
+    }
+    let (a_rs, a_cs) = if g.trans_a { (1, g.m) } else { (g.k, 1) };
+    let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
+    let p = Params {
+        m: g.m as u32,
+        n: g.n as u32,
+        k: g.k as u32,
+        batch: g.batch as u32,
+        stride_a: (g.m * g.k) as u32,
+        stride_b: (g.k * g.n) as u32,
+        stride_c: (g.m * g.n) as u32,
+        has_bias: bias.is_some() as u32,
+        a_rs: a_rs as u32,
+        a_cs: a_cs as u32,
+        b_rs: b_rs as u32,
+        b_cs: b_cs as u32,
+        alpha: g.alpha,
+        beta: g.beta,
+        _pad: [0; 2],
+    };
+    let bias = bias.unwrap_or(dummy);
+    k.dispatch(MATMUL, "matmul", &[c, a, b, bias], &p, [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32])
+}

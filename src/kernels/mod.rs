@@ -1,0 +1,306 @@
+//! The one place where kernels are created, cached and dispatched.
+//!
+//! Every WGSL family in `shaders/` is a [`Shader`]; its launcher in this folder turns tensors and
+//! a `Params` struct into a dispatch. Dispatches are recorded into one pending command encoder and
+//! submitted together (`flush`), their uniforms packed into one arena written once per submit.
+
+pub mod activation;
+pub mod attention;
+pub mod cross_entropy;
+pub mod elementwise;
+pub mod embedding;
+pub mod layernorm;
+pub mod matmul;
+pub mod optim;
+pub mod reduce;
+pub mod softmax;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::pager::View;
+
+/// One WGSL source file and its family name.
+#[derive(Clone, Copy, Debug)]
+pub struct Shader {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+macro_rules! shader {
+    ($name:literal) => {
+        Shader { name: $name, source: include_str!(concat!("../../shaders/", $name, ".wgsl")) }
+    };
+}
+
+pub const ACTIVATION: Shader = shader!("activation");
+pub const ATTENTION: Shader = shader!("attention");
+pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
+pub const ELEMENTWISE: Shader = shader!("elementwise");
+pub const EMBEDDING: Shader = shader!("embedding");
+pub const LAYERNORM: Shader = shader!("layernorm");
+pub const MATMUL: Shader = shader!("matmul");
+pub const OPTIM: Shader = shader!("optim");
+pub const REDUCE: Shader = shader!("reduce");
+pub const SOFTMAX: Shader = shader!("softmax");
+
+/// Every shader family, for validation and warm-up.
+pub const ALL: &[Shader] =
+    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
+
+/// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
+pub const WG: u32 = 256;
+/// Most workgroups in one dispatch dimension (WebGPU's guaranteed minimum).
+pub const MAX_GROUPS: u32 = 65535;
+const UNIFORM_SLOT: u64 = 256;
+const ARENA_SLOTS: u64 = 4096;
+
+/// Workgroup grid for `threads` threads of `WG` each, folded into 2-D past 65535 groups. Shaders
+/// recover the flat index as `gid.x + gid.y * nwg.x * WG`, then guard against the tail.
+pub fn grid_1d(threads: u64) -> [u32; 3] {
+    let groups = threads.div_ceil(WG as u64).max(1);
+    if groups <= MAX_GROUPS as u64 {
+        [groups as u32, 1, 1]
+    } else {
+        let y = groups.div_ceil(MAX_GROUPS as u64);
+        [groups.div_ceil(y) as u32, y as u32, 1]
+    }
+}
+
+/// One workgroup per row for `rows` rows, folded into 2-D; shaders take `row = wid.x + wid.y * nwg.x`.
+pub fn grid_rows(rows: u64) -> [u32; 3] {
+    let rows = rows.max(1);
+    if rows <= MAX_GROUPS as u64 {
+        [rows as u32, 1, 1]
+    } else {
+        let y = rows.div_ceil(MAX_GROUPS as u64);
+        [rows.div_ceil(y) as u32, y as u32, 1]
+    }
+}
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    uniforms: Vec<u8>,
+    dispatches: u64,
+}
+
+/// Pipelines, the pending encoder and the uniform arena.
+pub struct Kernels {
+    gpu: Rc<Gpu>,
+    modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    pending: RefCell<Pending>,
+    arena: wgpu::Buffer,
+    dispatch_count: std::cell::Cell<u64>,
+}
+
+impl Kernels {
+    pub fn new(gpu: Rc<Gpu>) -> Self {
+        let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("uniform arena"),
+            size: UNIFORM_SLOT * ARENA_SLOTS,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Kernels {
+            gpu,
+            modules: RefCell::new(HashMap::new()),
+            pipelines: RefCell::new(HashMap::new()),
+            pending: RefCell::new(Pending { encoder: None, uniforms: Vec::new(), dispatches: 0 }),
+            arena,
+            dispatch_count: std::cell::Cell::new(0),
+        }
+    }
+
+    pub fn gpu(&self) -> &Rc<Gpu> {
+        &self.gpu
+    }
+
+    /// Total dispatches recorded so far (for benchmarks).
+    pub fn dispatch_count(&self) -> u64 {
+        self.dispatch_count.get()
+    }
+
+    fn module(&self, shader: Shader) -> Result<wgpu::ShaderModule> {
+        if let Some(m) = self.modules.borrow().get(shader.name) {
+            return Ok(m.clone());
+        }
+        self.gpu.check("before compiling a shader")?;
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+        };
+        let module = if self.gpu.shader_checks {
+            self.gpu.device.create_shader_module(desc)
+        } else {
+            // SAFETY: every kernel guards its reads and writes against the sizes in its Params
+            // (tests run them on canary-guarded buffers and awkward shapes); dropping wgpu's
+            // runtime bounds checks is what makes them fast on NVIDIA (15× on a matmul).
+            unsafe { self.gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        };
+        self.gpu
+            .check(shader.name)
+            .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
+        self.modules.borrow_mut().insert(shader.name, module.clone());
+        Ok(module)
+    }
+
+    /// The compute pipeline for `entry` in `shader`, compiled once.
+    pub fn pipeline(&self, shader: Shader, entry: &'static str) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry)) {
+            return Ok(p.clone());
+        }
+        let module = self.module(shader)?;
+        let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        self.gpu
+            .check(entry)
+            .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
+        self.pipelines.borrow_mut().insert((shader.name, entry), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Records one dispatch of `entry`: `buffers` bind to 0..n in order, `params` to binding n.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        buffers: &[&View],
+        params: &P,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let pipeline = self.pipeline(shader, entry)?;
+        let bytes = bytemuck::bytes_of(params);
+        debug_assert!(bytes.len() as u64 <= UNIFORM_SLOT);
+        if self.pending.borrow().uniforms.len() as u64 >= UNIFORM_SLOT * ARENA_SLOTS {
+            self.flush();
+        }
+        let mut pending = self.pending.borrow_mut();
+        let offset = pending.uniforms.len() as u64;
+        pending.uniforms.extend_from_slice(bytes);
+        pending.uniforms.resize((offset + UNIFORM_SLOT) as usize, 0);
+
+        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, v)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &v.buffer,
+                    offset: v.offset,
+                    size: wgpu::BufferSize::new(v.size),
+                }),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: buffers.len() as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.arena,
+                offset,
+                size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
+            }),
+        });
+        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let device = &self.gpu.device;
+        let encoder = pending
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        pending.dispatches += 1;
+        self.dispatch_count.set(self.dispatch_count.get() + 1);
+        Ok(())
+    }
+
+    /// Runs `f` on the pending encoder (for copies and clears ordered with the dispatches).
+    pub fn with_encoder<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut pending = self.pending.borrow_mut();
+        let device = &self.gpu.device;
+        let encoder = pending
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+        f(encoder)
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        let mut pending = self.pending.borrow_mut();
+        if let Some(encoder) = pending.encoder.take() {
+            if !pending.uniforms.is_empty() {
+                self.gpu.queue.write_buffer(&self.arena, 0, &pending.uniforms);
+            }
+            self.gpu.queue.submit([encoder.finish()]);
+        }
+        pending.uniforms.clear();
+        pending.dispatches = 0;
+    }
+
+    /// Copies `bytes` bytes of `view` back to the host (flushes pending work first).
+    pub async fn read_bytes(&self, view: &View, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.with_encoder(|enc| enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size));
+        self.flush();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu.wait_idle()?;
+        rx.await
+            .map_err(|_| Error::Gpu { context: "readback".into(), msg: "map callback dropped".into() })?
+            .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
+        let data = {
+            let mapped = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
+            mapped[..bytes as usize].to_vec()
+        };
+        staging.unmap();
+        staging.destroy();
+        Ok(data)
+    }
+
+    /// Writes host bytes into `view` (ordered before later dispatches).
+    pub fn write_bytes(&self, view: &View, data: &[u8]) {
+        // Pending dispatches may read the old contents: submit them before the queue write lands.
+        self.flush();
+        let mut padded;
+        let data = if data.len() % 4 != 0 {
+            padded = data.to_vec();
+            padded.resize(data.len().div_ceil(4) * 4, 0);
+            &padded[..]
+        } else {
+            data
+        };
+        if !data.is_empty() {
+            self.gpu.queue.write_buffer(&view.buffer, view.offset, data);
+        }
+    }
+
+    /// Fills `view` with zero bytes (recorded in order with the dispatches).
+    pub fn zero(&self, view: &View) {
+        self.with_encoder(|enc| enc.clear_buffer(&view.buffer, view.offset, Some(view.size)));
+    }
+}

@@ -1,0 +1,27 @@
+//! Launchers for `shaders/softmax.wgsl`: row softmax, optionally causal and scaled.
+
+use super::{grid_rows, Kernels, SOFTMAX};
+use crate::error::Result;
+use crate::pager::View;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    rows: u32,
+    len: u32,
+    causal_t: u32,
+    scale: f32,
+}
+
+/// y (R,L) = softmax(scale·x) per row; `causal_t > 0` masks j > (row % causal_t).
+pub fn forward(k: &Kernels, y: &View, x: &View, rows: usize, len: usize, causal_t: usize, scale: f32) -> Result<()> {
+    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
+    k.dispatch(SOFTMAX, "softmax_forward", &[y, x], &p, grid_rows(rows as u64))
+}
+
+/// dx (R,L) += scale · y ⊙ (dy − rowsum(dy ⊙ y)).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(k: &Kernels, dx: &View, y: &View, dy: &View, rows: usize, len: usize, causal_t: usize, scale: f32) -> Result<()> {
+    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
+    k.dispatch(SOFTMAX, "softmax_backward", &[dx, y, dy], &p, grid_rows(rows as u64))
+}

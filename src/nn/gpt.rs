@@ -1,0 +1,115 @@
+//! GPT-2: token + position embedding, pre-LayerNorm blocks, final LayerNorm, output head tied
+//! to the token embedding. Parameter names and layouts are Hugging Face's `GPT2LMHeadModel`.
+
+use serde::{Deserialize, Serialize};
+
+use super::layers::{Block, LayerNorm};
+use super::{Module, Param};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::ops::{self, MatmulOpts};
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+
+/// The shape of a GPT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GptConfig {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub block_size: usize,
+    pub vocab_size: usize,
+}
+
+impl GptConfig {
+    /// Named presets: `tiny`, `small`, `gpt2-124m` (GPT-2 small). `vocab_size` comes from the data
+    /// for `tiny` and `small`.
+    pub fn preset(name: &str, vocab_size: usize) -> Result<GptConfig> {
+        let (n_layer, n_head, n_embd, block_size, vocab_size) = match name {
+            "tiny" => (2, 4, 64, 64, vocab_size),
+            "small" => (4, 4, 128, 128, vocab_size),
+            "gpt2-124m" => (12, 12, 768, 1024, vocab_size.max(50257)),
+            other => {
+                return Err(Error::invalid("model", format!("unknown preset `{other}` (try tiny, small, gpt2-124m)")));
+            }
+        };
+        let c = GptConfig { n_layer, n_head, n_embd, block_size, vocab_size };
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid("model config", msg));
+        if self.n_layer == 0 || self.n_head == 0 || self.n_embd == 0 || self.block_size == 0 || self.vocab_size == 0 {
+            return bad(format!("every dimension must be positive: {self:?}"));
+        }
+        if self.n_embd % self.n_head != 0 {
+            return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
+        }
+        Ok(())
+    }
+
+    /// Number of parameters (the head is tied, so it adds none).
+    pub fn num_params(&self) -> usize {
+        let c = self.n_embd;
+        let block = 2 * 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c);
+        self.vocab_size * c + self.block_size * c + self.n_layer * block + 2 * c
+    }
+}
+
+pub struct Gpt {
+    pub config: GptConfig,
+    pub wte: Param,
+    pub wpe: Param,
+    pub blocks: Vec<Block>,
+    pub ln_f: LayerNorm,
+}
+
+impl Gpt {
+    /// A freshly initialised model: N(0, 0.02) weights, residual projections scaled by
+    /// 1/sqrt(2·n_layer) as in GPT-2, zero biases, unit LayerNorm gains.
+    pub fn new(ctx: &Context, config: GptConfig, seed: u64) -> Result<Gpt> {
+        config.validate()?;
+        let mut rng = Rng::new(seed);
+        let c = config.n_embd;
+        let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
+        let wte = Param::normal(ctx, &mut rng, "transformer.wte.weight", &[config.vocab_size, c], 0.02)?;
+        let wpe = Param::normal(ctx, &mut rng, "transformer.wpe.weight", &[config.block_size, c], 0.01)?;
+        let blocks = (0..config.n_layer)
+            .map(|i| Block::new(ctx, &mut rng, &format!("transformer.h.{i}"), c, config.n_head, proj_std))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
+        Ok(Gpt { config, wte, wpe, blocks, ln_f })
+    }
+
+    /// tokens (B,T) u32 → logits (B,T,V).
+    pub fn forward(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
+        let t = tokens.shape().get(1).copied().unwrap_or(0);
+        if t > self.config.block_size {
+            return Err(Error::shape("gpt forward", format!("T <= block_size {}", self.config.block_size), t));
+        }
+        let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
+        for block in &self.blocks {
+            x = block.forward(ctx, &x)?;
+        }
+        let x = self.ln_f.forward(ctx, &x)?;
+        ops::matmul(ctx, &x, &self.wte.value, MatmulOpts { trans_b: true, ..Default::default() })
+    }
+
+    /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T).
+    pub fn loss(&self, ctx: &Context, tokens: &Tensor, targets: &[u32]) -> Result<Tensor> {
+        let logits = self.forward(ctx, tokens)?;
+        ops::cross_entropy(ctx, &logits, targets, None)
+    }
+}
+
+impl Module for Gpt {
+    fn params(&self) -> Vec<&Param> {
+        let mut v = vec![&self.wte, &self.wpe];
+        for b in &self.blocks {
+            v.extend(b.params());
+        }
+        v.extend(self.ln_f.params());
+        v
+    }
+}

@@ -1,0 +1,68 @@
+//! Layers with parameters, and the GPT-2 model built from them.
+
+mod gpt;
+mod layers;
+
+pub use gpt::{Gpt, GptConfig};
+pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp};
+
+use crate::autograd::Grads;
+use crate::context::Context;
+use crate::error::Result;
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+
+/// A trainable tensor, its accumulated gradient, and its name in checkpoints (Hugging Face GPT-2
+/// names, e.g. `transformer.h.0.attn.c_attn.weight`).
+pub struct Param {
+    pub name: String,
+    pub value: Tensor,
+    pub grad: Tensor,
+}
+
+impl Param {
+    /// A parameter initialised from `init` (host data, row-major `shape`), gradient zeroed.
+    pub fn new(ctx: &Context, name: &str, shape: &[usize], init: &[f32]) -> Result<Param> {
+        Ok(Param {
+            name: name.to_string(),
+            value: ctx.from_f32(name, shape, init, true)?,
+            grad: ctx.zeros(&format!("{name}.grad"), shape, false)?,
+        })
+    }
+
+    pub fn normal(ctx: &Context, rng: &mut Rng, name: &str, shape: &[usize], std: f32) -> Result<Param> {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
+        Self::new(ctx, name, shape, &data)
+    }
+
+    pub fn constant(ctx: &Context, name: &str, shape: &[usize], value: f32) -> Result<Param> {
+        let n: usize = shape.iter().product();
+        Self::new(ctx, name, shape, &vec![value; n])
+    }
+}
+
+/// Something that owns parameters.
+pub trait Module {
+    fn params(&self) -> Vec<&Param>;
+
+    /// A gradient map in which every parameter's gradient accumulates.
+    fn grads(&self) -> Grads {
+        let mut g = Grads::new();
+        for p in self.params() {
+            g.insert_persistent(&p.value, p.grad.clone());
+        }
+        g
+    }
+
+    /// Sets every parameter gradient to zero.
+    fn zero_grad(&self, ctx: &Context) {
+        for p in self.params() {
+            ctx.kernels.zero(&ctx.view(&p.grad));
+        }
+    }
+
+    fn num_params(&self) -> usize {
+        self.params().iter().map(|p| p.value.len()).sum()
+    }
+}

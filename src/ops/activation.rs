@@ -1,0 +1,50 @@
+//! GELU (tanh form) and ReLU.
+
+use super::expect_f32;
+use crate::autograd::{Backward, Grads};
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::activation::{self as k, Activation};
+use crate::tensor::Tensor;
+
+/// GPT-2's GELU: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, any shape.
+pub fn gelu(ctx: &Context, x: &Tensor) -> Result<Tensor> {
+    apply(ctx, x, Activation::Gelu)
+}
+
+/// `max(x, 0)`, any shape.
+pub fn relu(ctx: &Context, x: &Tensor) -> Result<Tensor> {
+    apply(ctx, x, Activation::Relu)
+}
+
+fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
+    expect_f32("activation", x)?;
+    let out = ctx.empty("activation", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
+    k::forward(&ctx.kernels, f, &ctx.view(&out), &ctx.view(x), x.len())?;
+    if out.requires_grad() {
+        ctx.record(&[&out], ActivationBackward { f, x: x.clone(), out: out.clone() });
+    }
+    Ok(out)
+}
+
+struct ActivationBackward {
+    f: Activation,
+    x: Tensor,
+    out: Tensor,
+}
+
+impl Backward for ActivationBackward {
+    fn name(&self) -> &'static str {
+        match self.f {
+            Activation::Gelu => "gelu",
+            Activation::Relu => "relu",
+        }
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        if let Some(dx) = grads.of(ctx, &self.x)? {
+            k::backward(&ctx.kernels, self.f, &ctx.view(&dx), &ctx.view(&self.x), &ctx.view(&dout), dx.len())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! add, scale, sum, mean.
+
+use super::{expect_f32, expect_same_shape};
+use crate::autograd::{Backward, Grads};
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::{elementwise as k, reduce};
+use crate::tensor::Tensor;
+
+/// `a + b`, same shapes (the residual connection).
+pub fn add(ctx: &Context, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    expect_f32("add", a)?;
+    expect_same_shape("add", a, b)?;
+    let out = ctx.empty("add", a.shape(), a.dtype(), ctx.wants_grad(&[a, b]))?;
+    k::add_forward(&ctx.kernels, &ctx.view(&out), &ctx.view(a), &ctx.view(b), a.len())?;
+    if out.requires_grad() {
+        ctx.record(&[&out], AddBackward { a: a.clone(), b: b.clone(), out: out.clone() });
+    }
+    Ok(out)
+}
+
+struct AddBackward {
+    a: Tensor,
+    b: Tensor,
+    out: Tensor,
+}
+
+impl Backward for AddBackward {
+    fn name(&self) -> &'static str {
+        "add"
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        for input in [&self.a, &self.b] {
+            if let Some(g) = grads.of(ctx, input)? {
+                k::axpy(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), 1.0, g.len())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `alpha * x`.
+pub fn scale(ctx: &Context, x: &Tensor, alpha: f32) -> Result<Tensor> {
+    expect_f32("scale", x)?;
+    let out = ctx.empty("scale", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
+    k::scale_forward(&ctx.kernels, &ctx.view(&out), &ctx.view(x), alpha, x.len())?;
+    if out.requires_grad() {
+        ctx.record(&[&out], ScaleBackward { x: x.clone(), out: out.clone(), alpha });
+    }
+    Ok(out)
+}
+
+struct ScaleBackward {
+    x: Tensor,
+    out: Tensor,
+    alpha: f32,
+}
+
+impl Backward for ScaleBackward {
+    fn name(&self) -> &'static str {
+        "scale"
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        if let Some(g) = grads.of(ctx, &self.x)? {
+            k::axpy(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), self.alpha, g.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// Sum of all elements, a scalar (shape `[1]`).
+pub fn sum(ctx: &Context, x: &Tensor) -> Result<Tensor> {
+    reduce_all(ctx, x, 1.0, "sum")
+}
+
+/// Mean of all elements, a scalar (shape `[1]`).
+pub fn mean(ctx: &Context, x: &Tensor) -> Result<Tensor> {
+    reduce_all(ctx, x, 1.0 / x.len().max(1) as f32, "mean")
+}
+
+fn reduce_all(ctx: &Context, x: &Tensor, scale: f32, name: &'static str) -> Result<Tensor> {
+    expect_f32(name, x)?;
+    let out = ctx.empty(name, &[1], x.dtype(), ctx.wants_grad(&[x]))?;
+    let spec = reduce::SumSpec { squares: false, scale, slot: 0, accumulate: false };
+    reduce::sum(&ctx.kernels, &ctx.view(&out), &ctx.view(x), &ctx.partials()?, x.len(), spec)?;
+    if out.requires_grad() {
+        ctx.record(&[&out], ReduceBackward { x: x.clone(), out: out.clone(), scale, name });
+    }
+    Ok(out)
+}
+
+struct ReduceBackward {
+    x: Tensor,
+    out: Tensor,
+    scale: f32,
+    name: &'static str,
+}
+
+impl Backward for ReduceBackward {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        if let Some(g) = grads.of(ctx, &self.x)? {
+            k::axpy_scalar(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), self.scale, g.len())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! LayerNorm over the last dimension.
+
+use super::expect_f32;
+use crate::autograd::{Backward, Grads};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::layernorm as k;
+use crate::tensor::{DType, Tensor};
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dim: x (..., C), weight (C), bias (C).
+pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+    expect_f32("layernorm", x)?;
+    let c = x.last_dim();
+    if weight.shape() != [c] || bias.shape() != [c] {
+        return Err(Error::shape("layernorm", format!("weight and bias [{c}] for x {:?}", x.shape()), (weight.shape(), bias.shape())));
+    }
+    let rows = x.rows();
+    let out = ctx.empty("layernorm", x.shape(), DType::F32, ctx.wants_grad(&[x, weight, bias]))?;
+    let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
+    let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
+    let v = |t: &Tensor| ctx.view(t);
+    k::forward(&ctx.kernels, &v(&out), &v(&mean), &v(&rstd), &v(x), &v(weight), &v(bias), rows, c, eps)?;
+    if out.requires_grad() {
+        let node = LayerNormBackward { x: x.clone(), weight: weight.clone(), bias: bias.clone(), mean, rstd, out: out.clone() };
+        ctx.record(&[&out], node);
+    }
+    Ok(out)
+}
+
+struct LayerNormBackward {
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    out: Tensor,
+}
+
+impl Backward for LayerNormBackward {
+    fn name(&self) -> &'static str {
+        "layernorm"
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let dx = grads.of(ctx, &self.x)?;
+        // The params kernel writes both; a side that needs no gradient gets a throwaway buffer.
+        let c = self.x.last_dim();
+        let dw = match grads.of(ctx, &self.weight)? {
+            Some(g) => g,
+            None => ctx.zeros("unused dweight", &[c], false)?,
+        };
+        let db = match grads.of(ctx, &self.bias)? {
+            Some(g) => g,
+            None => ctx.zeros("unused dbias", &[c], false)?,
+        };
+        let v = |t: &Tensor| ctx.view(t);
+        let dxv = dx.as_ref().map(v);
+        k::backward(
+            &ctx.kernels,
+            dxv.as_ref(),
+            &v(&dw),
+            &v(&db),
+            &v(&dout),
+            &v(&self.x),
+            &v(&self.weight),
+            &v(&self.mean),
+            &v(&self.rstd),
+            self.x.rows(),
+            c,
+        )
+    }
+}

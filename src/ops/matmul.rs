@@ -1,0 +1,145 @@
+//! Matrix products: batched `matmul` with transposes, and `linear` (x·W + b, GPT-2's Conv1D layout).
+
+use super::expect_f32;
+use crate::autograd::{Backward, Grads};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::matmul::{self as k, Gemm};
+use crate::kernels::reduce;
+use crate::tensor::{DType, Tensor};
+
+/// Options of [`matmul`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulOpts {
+    /// `a` is stored (..., K, M) and used transposed.
+    pub trans_a: bool,
+    /// `b` is stored (..., N, K) and used transposed.
+    pub trans_b: bool,
+    /// Multiplies the product.
+    pub alpha: Option<f32>,
+}
+
+/// `alpha · op(a) · op(b)`: op(a) (..., M, K), op(b) (..., K, N) with equal leading (batch) dims,
+/// or op(b) 2-D and shared by every batch entry when `a` is flattened to rows → (..., M, N).
+pub fn matmul(ctx: &Context, a: &Tensor, b: &Tensor, opts: MatmulOpts) -> Result<Tensor> {
+    product(ctx, a, b, None, opts)
+}
+
+/// `x · w + bias`: x (..., K), w (K, N), bias (N) → (..., N). The weight layout of GPT-2's Conv1D.
+pub fn linear(ctx: &Context, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    product(ctx, x, w, bias, MatmulOpts::default())
+}
+
+fn dims2(t: &Tensor, trans: bool) -> (usize, usize) {
+    let s = t.shape();
+    let (r, c) = (s[s.len() - 2], s[s.len() - 1]);
+    if trans {
+        (c, r)
+    } else {
+        (r, c)
+    }
+}
+
+fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<Tensor> {
+    expect_f32("matmul", a)?;
+    expect_f32("matmul", b)?;
+    if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
+        return Err(Error::shape("matmul", "a with at least 2 dims", a.shape()));
+    }
+    if b.shape().len() < 2 {
+        return Err(Error::shape("matmul", "b with at least 2 dims", b.shape()));
+    }
+    let shared_b = b.shape().len() == 2;
+    // With a shared 2-D b, all of a's leading dims are rows of one big product.
+    let (batch, m, ka, out_shape) = if shared_b && !opts.trans_a {
+        let k = a.last_dim();
+        let mut shape = a.shape()[..a.shape().len() - 1].to_vec();
+        shape.push(dims2(b, opts.trans_b).1);
+        (1, a.rows(), k, shape)
+    } else {
+        let (m, k) = dims2(a, opts.trans_a);
+        let lead = &a.shape()[..a.shape().len() - 2];
+        if !shared_b && lead != &b.shape()[..b.shape().len() - 2] {
+            return Err(Error::shape("matmul", format!("batch dims {lead:?}"), b.shape()));
+        }
+        let mut shape = lead.to_vec();
+        shape.extend([m, dims2(b, opts.trans_b).1]);
+        (lead.iter().product::<usize>(), m, k, shape)
+    };
+    if shared_b && batch > 1 {
+        return Err(Error::shape("matmul", "batched b for a transposed batched a", b.shape()));
+    }
+    let (kb, n) = dims2(b, opts.trans_b);
+    if ka != kb {
+        return Err(Error::shape("matmul", format!("inner dims equal (a {:?}, b {:?})", a.shape(), b.shape()), (ka, kb)));
+    }
+    if let Some(bias) = bias {
+        if bias.shape() != [n] {
+            return Err(Error::shape("linear bias", [n], bias.shape()));
+        }
+    }
+    let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
+    let out = ctx.empty("matmul", &out_shape, DType::F32, ctx.wants_grad(&inputs))?;
+    let g = Gemm { batch, m, n, k: ka, trans_a: opts.trans_a, trans_b: opts.trans_b, alpha: opts.alpha.unwrap_or(1.0), beta: 0.0 };
+    let bias_view = bias.map(|t| ctx.view(t));
+    k::matmul(&ctx.kernels, &ctx.view(&out), &ctx.view(a), &ctx.view(b), bias_view.as_ref(), &ctx.dummy()?, g)?;
+    if out.requires_grad() {
+        ctx.record(&[&out], MatmulBackward { a: a.clone(), b: b.clone(), bias: bias.cloned(), out: out.clone(), g });
+    }
+    Ok(out)
+}
+
+struct MatmulBackward {
+    a: Tensor,
+    b: Tensor,
+    bias: Option<Tensor>,
+    out: Tensor,
+    g: Gemm,
+}
+
+impl Backward for MatmulBackward {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    // With C = α·op(A)·op(B): d op(A) = α·dC·op(B)ᵀ and d op(B) = α·op(A)ᵀ·dC, each written in the
+    // storage layout of A and B by choosing which operand is read transposed.
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dc) = grads.get(&self.out) else { return Ok(()) };
+        let g = self.g;
+        let (ta, tb) = (g.trans_a, g.trans_b);
+        let dummy = ctx.dummy()?;
+        let (dcv, av, bv) = (ctx.view(&dc), ctx.view(&self.a), ctx.view(&self.b));
+        let base = Gemm { batch: g.batch, alpha: g.alpha, beta: 1.0, ..g };
+        if let Some(da) = grads.of(ctx, &self.a)? {
+            let dav = ctx.view(&da);
+            if !ta {
+                // dA (M,K) = dC (M,N) · op(B)ᵀ
+                let gg = Gemm { m: g.m, n: g.k, k: g.n, trans_a: false, trans_b: !tb, ..base };
+                k::matmul(&ctx.kernels, &dav, &dcv, &bv, None, &dummy, gg)?;
+            } else {
+                // dA (K,M) = op(B) (K,N) · dCᵀ
+                let gg = Gemm { m: g.k, n: g.m, k: g.n, trans_a: tb, trans_b: true, ..base };
+                k::matmul(&ctx.kernels, &dav, &bv, &dcv, None, &dummy, gg)?;
+            }
+        }
+        if let Some(db) = grads.of(ctx, &self.b)? {
+            let dbv = ctx.view(&db);
+            if !tb {
+                // dB (K,N) = op(A)ᵀ · dC (M,N)
+                let gg = Gemm { m: g.k, n: g.n, k: g.m, trans_a: !ta, trans_b: false, ..base };
+                k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;
+            } else {
+                // dB (N,K) = dCᵀ · op(A) (M,K)
+                let gg = Gemm { m: g.n, n: g.k, k: g.m, trans_a: true, trans_b: ta, ..base };
+                k::matmul(&ctx.kernels, &dbv, &dcv, &av, None, &dummy, gg)?;
+            }
+        }
+        if let Some(bias) = &self.bias {
+            if let Some(dbias) = grads.of(ctx, bias)? {
+                reduce::sum_rows(&ctx.kernels, &ctx.view(&dbias), &dcv, g.batch * g.m, g.n)?;
+            }
+        }
+        Ok(())
+    }
+}

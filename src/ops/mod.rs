@@ -1,0 +1,37 @@
+//! Differentiable ops: each checks shapes, records its backward node, and calls kernels.
+//! Shapes use the legend in [`crate::tensor`].
+
+mod activation;
+mod attention;
+mod cross_entropy;
+mod elementwise;
+mod embedding;
+mod layernorm;
+mod matmul;
+mod softmax;
+
+pub use activation::{gelu, relu};
+pub use attention::causal_self_attention;
+pub use cross_entropy::cross_entropy;
+pub use elementwise::{add, mean, scale, sum};
+pub use embedding::embedding;
+pub use layernorm::layernorm;
+pub use matmul::{linear, matmul, MatmulOpts};
+pub use softmax::softmax;
+
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::shape(op, "f32 tensor", t));
+    }
+    Ok(())
+}
+
+fn expect_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(Error::shape(op, a.shape(), b.shape()));
+    }
+    Ok(())
+}

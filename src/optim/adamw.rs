@@ -1,0 +1,76 @@
+//! AdamW (decoupled weight decay, bias correction) as one fused kernel per parameter tensor.
+
+use super::GradClip;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::optim::{self, AdamWStep};
+use crate::nn::{Module, Param};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Applied to tensors of 2 or more dims (matrices, embeddings), not to biases and gains.
+    pub weight_decay: f32,
+    /// Global grad-norm clip; ≤ 0 turns clipping off.
+    pub max_grad_norm: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0 }
+    }
+}
+
+pub struct AdamW {
+    pub config: AdamWConfig,
+    /// First and second moments, one per parameter, in `Module::params` order.
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    /// Steps taken so far.
+    pub t: u64,
+    pub clip: GradClip,
+}
+
+impl AdamW {
+    pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
+        if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.beta1) || !(0.0..1.0).contains(&config.beta2) {
+            return Err(Error::invalid("AdamW config", format!("need lr > 0 and betas in [0,1): {config:?}")));
+        }
+        let params = model.params();
+        let mut m = Vec::with_capacity(params.len());
+        let mut v = Vec::with_capacity(params.len());
+        for p in &params {
+            m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
+            v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
+        }
+        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())? })
+    }
+
+    /// One update of every parameter from its accumulated gradient at the configured lr.
+    pub fn step(&mut self, ctx: &Context, model: &impl Module) -> Result<()> {
+        let lr = self.config.lr;
+        self.step_lr(ctx, &model.params(), lr, 1.0)
+    }
+
+    /// One update at learning rate `lr`, gradients multiplied by `grad_scale` first.
+    pub fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
+        if params.len() != self.m.len() {
+            return Err(Error::shape("AdamW step", self.m.len(), params.len()));
+        }
+        self.clip.compute(ctx, params, self.config.max_grad_norm)?;
+        self.t += 1;
+        let c = self.config;
+        let clip = ctx.view(&self.clip.clip);
+        for (i, p) in params.iter().enumerate() {
+            let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
+            let s = AdamWStep { lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: decay, t: self.t, grad_scale };
+            let view = |t: &Tensor| ctx.view(t);
+            optim::adamw(&ctx.kernels, &view(&p.value), &view(&self.m[i]), &view(&self.v[i]), &view(&p.grad), &clip, p.value.len(), s)?;
+        }
+        Ok(())
+    }
+}

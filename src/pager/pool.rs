@@ -1,0 +1,118 @@
+//! GPU buffer pool: buffers reused by size class, every byte counted against a budget.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+
+/// Storage buffers are sized in classes of four steps per power of two (≤ 19 % slack), so a
+/// freed buffer fits the next tensor of about the same size.
+pub fn size_class(bytes: u64) -> u64 {
+    let bytes = bytes.max(256).div_ceil(256) * 256;
+    if bytes <= 4096 {
+        return bytes;
+    }
+    let top = 63 - bytes.leading_zeros() as u64; // floor(log2)
+    let step = 1u64 << (top - 2);
+    bytes.div_ceil(step) * step
+}
+
+pub struct Pool {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    /// Bytes of every buffer the pool has created and not destroyed: in use + free.
+    held: u64,
+    in_use: u64,
+    peak: u64,
+    budget: u64,
+}
+
+impl Pool {
+    pub fn new(budget: u64) -> Self {
+        Pool { free: HashMap::new(), held: 0, in_use: 0, peak: 0, budget }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    pub fn in_use(&self) -> u64 {
+        self.in_use
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak
+    }
+
+    /// A buffer of at least `bytes` bytes; reuses a free one of the same class, else creates one,
+    /// destroying free buffers first when the budget requires it.
+    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let class = size_class(bytes);
+        if class > self.budget {
+            return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
+        }
+        if let Some(buf) = self.free.get_mut(&class).and_then(|v| v.pop()) {
+            self.in_use += class;
+            return Ok(buf);
+        }
+        while self.held + class > self.budget {
+            if !self.destroy_one_free() {
+                return Err(Error::BudgetTooSmall { tensor: label.into(), needed: self.in_use + class, budget: self.budget });
+            }
+        }
+        let buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: class,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.held += class;
+        self.in_use += class;
+        self.peak = self.peak.max(self.held);
+        Ok(buf)
+    }
+
+    /// Returns a buffer to its free list.
+    pub fn give(&mut self, buf: wgpu::Buffer) {
+        let class = buf.size();
+        self.in_use -= class;
+        self.free.entry(class).or_default().push(buf);
+    }
+
+    fn destroy_one_free(&mut self) -> bool {
+        let Some((&class, _)) = self.free.iter().filter(|(_, v)| !v.is_empty()).max_by_key(|(c, _)| **c) else {
+            return false;
+        };
+        // Dropped, not destroyed: commands recorded but not yet submitted may still use it, and
+        // wgpu frees it once they are done.
+        if self.free.get_mut(&class).and_then(|v| v.pop()).is_some() {
+            self.held -= class;
+            return true;
+        }
+        false
+    }
+
+    /// Destroys every free buffer (e.g. after a phase that needed many temporaries).
+    pub fn trim(&mut self) {
+        while self.destroy_one_free() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_cover_request_with_bounded_slack() {
+        for bytes in [1u64, 255, 256, 257, 4095, 4097, 10_000, 1 << 20, (1 << 20) + 1, 123_456_789] {
+            let c = size_class(bytes);
+            assert!(c >= bytes, "{bytes} -> {c}");
+            assert_eq!(c % 256, 0);
+            if bytes > 4096 {
+                assert!((c as f64) < bytes as f64 * 1.26, "{bytes} -> {c}");
+            }
+        }
+    }
+}

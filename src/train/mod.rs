@@ -1,0 +1,1 @@
+//! Training: data, configuration, the step loop, checkpoints.

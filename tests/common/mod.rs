@@ -1,0 +1,115 @@
+//! Test helpers: a context on whatever adapter is here, random data, comparisons that print the
+//! worst element, canary-guarded buffers, and central finite differences.
+#![allow(dead_code)]
+
+pub mod reference;
+
+use pagetrain::pager::View;
+use pagetrain::rng::Rng;
+use pagetrain::{Context, ContextOptions};
+
+/// Awkward sizes every kernel must handle.
+pub const AWKWARD: &[usize] = &[1, 3, 17, 64, 65, 129, 1000];
+
+pub fn ctx() -> Context {
+    pollster::block_on(Context::new(&ContextOptions::default())).expect("a GPU adapter (lavapipe in CI)")
+}
+
+pub fn randn(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.normal() * std).collect()
+}
+
+pub fn to64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// Fails (with the worst index and both values) unless every |got - want| <= atol + rtol·|want|.
+/// NaN or infinity in `got` always fails.
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "{what}: got non-finite {g} at {i} (want {w})");
+        let excess = (g as f64 - w).abs() - (atol + rtol * w.abs());
+        if excess > worst.1 || (i == 0 && excess > 0.0) {
+            worst = (i, excess);
+        }
+    }
+    let (i, excess) = worst;
+    let maxdiff = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    assert!(excess <= 0.0, "{what}: maxdiff {maxdiff:.3e}; worst at {i}: got {} want {}", got[i], want[i]);
+}
+
+/// A raw GPU buffer with `n` floats to bind plus a tail of canaries that must survive.
+pub struct Guarded {
+    pub buffer: wgpu::Buffer,
+    pub n: usize,
+}
+
+pub const CANARY: f32 = -7.77e7;
+const CANARY_LEN: usize = 64;
+
+impl Guarded {
+    /// `init`: the values to bind (`None`: NaN poison, so an unwritten output fails).
+    pub fn new(ctx: &Context, n: usize, init: Option<&[f32]>) -> Guarded {
+        let mut data: Vec<f32> = match init {
+            Some(v) => {
+                assert_eq!(v.len(), n);
+                v.to_vec()
+            }
+            None => vec![f32::NAN; n],
+        };
+        data.extend(std::iter::repeat_n(CANARY, CANARY_LEN));
+        let buffer = ctx.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("guarded"),
+            size: (data.len() * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        Guarded { buffer, n }
+    }
+
+    pub fn from_u32(ctx: &Context, data: &[u32]) -> Guarded {
+        let g = Guarded::new(ctx, data.len(), Some(&vec![0.0; data.len()]));
+        ctx.gpu.queue.write_buffer(&g.buffer, 0, bytemuck::cast_slice(data));
+        g
+    }
+
+    /// The binding: exactly `n` floats.
+    pub fn view(&self) -> View {
+        View { buffer: self.buffer.clone(), offset: 0, size: (self.n.max(1) * 4) as u64 }
+    }
+
+    /// The bound values; panics if a canary after them was overwritten.
+    pub fn read(&self, ctx: &Context) -> Vec<f32> {
+        let full = View { buffer: self.buffer.clone(), offset: 0, size: self.buffer.size() };
+        let bytes = pollster::block_on(ctx.kernels.read_bytes(&full, self.buffer.size())).expect("readback");
+        let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        for (i, &c) in all[self.n..].iter().enumerate() {
+            assert_eq!(c.to_bits(), CANARY.to_bits(), "canary {i} past the end of a {}-float output was overwritten", self.n);
+        }
+        all[..self.n].to_vec()
+    }
+}
+
+/// Central finite differences of a scalar function of `x`, in f64.
+pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
+    let mut x = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            let orig = x[i];
+            x[i] = orig + h;
+            let up = f(&x);
+            x[i] = orig - h;
+            let down = f(&x);
+            x[i] = orig;
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// Σ out·w: the scalar whose gradient with respect to `out` is `w`.
+pub fn dot(out: &[f64], w: &[f64]) -> f64 {
+    out.iter().zip(w).map(|(a, b)| a * b).sum()
+}
