@@ -4,6 +4,7 @@
 //                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
 //   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target))
 //                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
+// cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
 // CPU references: tests/common/reference.rs `cross_entropy_forward`, `cross_entropy_backward`.
 
@@ -92,4 +93,25 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let prob = exp(lg[i] - lse_in[row]);
     let onehot = select(0.0, 1.0, j == t);
     losses[i] += dloss[0] * pb.inv_count * (prob - onehot);
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 256u;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.v;
+    var m = -3.402823e38;
+    for (var j = 0u; j < p.v; j++) {
+        m = max(m, logits[base + j]);
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < p.v; j++) {
+        acc += exp(logits[base + j] - m);
+    }
+    let lse = m + log(acc);
+    lse_out[row] = lse;
+    let t = targets[row];
+    losses[row] = select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore);
 }

@@ -3,6 +3,7 @@
 //   layernorm_backward:         dx (N,C) += ...          dout (N,C)  x (N,C)  weight (C)  mean (N)  rstd (N)
 //   layernorm_backward_params:  dweight (C) += sum_n dout*norm, dbias (C) += sum_n dout;  dout, x, mean, rstd
 // forward/backward: one workgroup of 256 threads per row (2-D folded), threads stride over C.
+// *_rows variants (C <= 128): one thread per row, no barriers, 256 rows per workgroup.
 // backward_params: one thread per column, walking the rows (deterministic, no atomics).
 // CPU references: tests/common/reference.rs `layernorm_forward`, `layernorm_backward`.
 
@@ -123,4 +124,55 @@ fn layernorm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     dx[col] += dw;
     dbias[col] += db;
+}
+
+@compute @workgroup_size(256)
+fn layernorm_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 256u;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.c;
+    var s = 0.0;
+    for (var i = 0u; i < p.c; i++) {
+        s += x[base + i];
+    }
+    let mean = s / f32(p.c);
+    var s2 = 0.0;
+    for (var i = 0u; i < p.c; i++) {
+        let d = x[base + i] - mean;
+        s2 += d * d;
+    }
+    let rstd = inverseSqrt(s2 / f32(p.c) + p.eps);
+    for (var i = 0u; i < p.c; i++) {
+        out[base + i] = (x[base + i] - mean) * rstd * weight[i] + bias[i];
+    }
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+}
+
+@compute @workgroup_size(256)
+fn layernorm_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 256u;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.c;
+    let mean = mean_in[row];
+    let rstd = rstd_in[row];
+    var s_dn = 0.0;
+    var s_dn_n = 0.0;
+    for (var i = 0u; i < p.c; i++) {
+        let norm = (bx[base + i] - mean) * rstd;
+        let dn = dout[base + i] * bw[i];
+        s_dn += dn;
+        s_dn_n += dn * norm;
+    }
+    let mean_dn = s_dn / f32(p.c);
+    let mean_dn_n = s_dn_n / f32(p.c);
+    for (var i = 0u; i < p.c; i++) {
+        let norm = (bx[base + i] - mean) * rstd;
+        let dn = dout[base + i] * bw[i];
+        dx[base + i] += rstd * (dn - mean_dn - norm * mean_dn_n);
+    }
 }

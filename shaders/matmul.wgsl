@@ -6,6 +6,9 @@
 // Tiling: one workgroup of 16x16 threads computes a 64x64 tile of C, each thread a 4x4 block held in
 // registers; K advances 16 at a time through workgroup memory. Loads are guarded (zero padding), so
 // any M, N, K works. Dispatch (ceil(N/64), ceil(M/64), batch).
+// matmul_direct: the same product without workgroup memory or barriers, each thread reading its
+// 4 rows of A and 4 columns of B straight from memory. For CPU adapters (lavapipe, llvmpipe),
+// where a workgroup barrier costs more than the cache traffic it saves.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -118,6 +121,59 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         }
         for (var j = 0u; j < 4u; j++) {
             let gn = n0 + tx * 4u + j;
+            if (gn < p.n) {
+                let idx = c_base + gm * p.n + gn;
+                var v = p.alpha * acc[i][j];
+                if (p.has_bias == 1u) {
+                    v += bias[gn];
+                }
+                if (p.beta != 0.0) {
+                    v += p.beta * c[idx];
+                }
+                c[idx] = v;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m_base = wid.y * TILE + lid.y * 4u;
+    let n_base = wid.x * TILE + lid.x * 4u;
+    if (m_base >= p.m || n_base >= p.n) {
+        return;
+    }
+    let a_base = wid.z * p.stride_a;
+    let b_base = wid.z * p.stride_b;
+    let c_base = wid.z * p.stride_c;
+    // Clamp out-of-range rows/columns onto the last valid one: reads stay in bounds, results
+    // for them are computed and then not stored.
+    var ar: array<u32, 4>;
+    var bc: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        ar[i] = a_base + min(m_base + i, p.m - 1u) * p.a_rs;
+        bc[i] = b_base + min(n_base + i, p.n - 1u) * p.b_cs;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    for (var kk = 0u; kk < p.k; kk++) {
+        let ak = kk * p.a_cs;
+        let bk = kk * p.b_rs;
+        let bv = vec4<f32>(b[bc[0] + bk], b[bc[1] + bk], b[bc[2] + bk], b[bc[3] + bk]);
+        acc[0] += a[ar[0] + ak] * bv;
+        acc[1] += a[ar[1] + ak] * bv;
+        acc[2] += a[ar[2] + ak] * bv;
+        acc[3] += a[ar[3] + ak] * bv;
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let gm = m_base + i;
+        if (gm >= p.m) {
+            break;
+        }
+        for (var j = 0u; j < 4u; j++) {
+            let gn = n_base + j;
             if (gn < p.n) {
                 let idx = c_base + gm * p.n + gn;
                 var v = p.alpha * acc[i][j];

@@ -106,3 +106,43 @@ fn softmax_backward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(work
         y[base + j] += pb.scale * yb[base + j] * (dy[base + j] - dot);
     }
 }
+
+// Short rows (len <= 128): one thread per row, no barriers; 256 rows per workgroup, 2-D folded.
+@compute @workgroup_size(256)
+fn softmax_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 256u;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.len;
+    let valid = valid_len(row, p.len, p.causal_t);
+    var m = -3.402823e38;
+    for (var j = 0u; j < valid; j++) {
+        m = max(m, p.scale * x[base + j]);
+    }
+    var s = 0.0;
+    for (var j = 0u; j < valid; j++) {
+        s += exp(p.scale * x[base + j] - m);
+    }
+    let inv = 1.0 / s;
+    for (var j = 0u; j < p.len; j++) {
+        y[base + j] = select(0.0, exp(p.scale * x[base + j] - m) * inv, j < valid);
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 256u;
+    if (row >= pb.rows) {
+        return;
+    }
+    let base = row * pb.len;
+    let valid = valid_len(row, pb.len, pb.causal_t);
+    var dot = 0.0;
+    for (var j = 0u; j < valid; j++) {
+        dot += dy[base + j] * yb[base + j];
+    }
+    for (var j = 0u; j < valid; j++) {
+        y[base + j] += pb.scale * yb[base + j] * (dy[base + j] - dot);
+    }
+}

@@ -50,10 +50,22 @@ impl Context {
     }
 
     /// A tensor with undefined contents.
-    pub fn empty(&self, name: &str, shape: &[usize], dtype: DType, requires_grad: bool) -> Result<Tensor> {
+    pub fn empty(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        requires_grad: bool,
+    ) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
         let id = self.pager.alloc(name, (elems * dtype.size()) as u64)?;
-        Ok(Tensor::new(id, shape.to_vec(), dtype, requires_grad, self.pager.clone()))
+        Ok(Tensor::new(
+            id,
+            shape.to_vec(),
+            dtype,
+            requires_grad,
+            self.pager.clone(),
+        ))
     }
 
     /// An f32 tensor of zeros.
@@ -64,10 +76,17 @@ impl Context {
     }
 
     /// An f32 tensor holding `data` (row-major, `shape`).
-    pub fn from_f32(&self, name: &str, shape: &[usize], data: &[f32], requires_grad: bool) -> Result<Tensor> {
+    pub fn from_f32(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: &[f32],
+        requires_grad: bool,
+    ) -> Result<Tensor> {
         check_len(name, shape, data.len())?;
         let t = self.empty(name, shape, DType::F32, requires_grad)?;
-        self.kernels.write_bytes(&self.view(&t), bytemuck::cast_slice(data));
+        self.kernels
+            .write_bytes(&self.view(&t), bytemuck::cast_slice(data));
         Ok(t)
     }
 
@@ -75,14 +94,16 @@ impl Context {
     pub fn from_u32(&self, name: &str, shape: &[usize], data: &[u32]) -> Result<Tensor> {
         check_len(name, shape, data.len())?;
         let t = self.empty(name, shape, DType::U32, false)?;
-        self.kernels.write_bytes(&self.view(&t), bytemuck::cast_slice(data));
+        self.kernels
+            .write_bytes(&self.view(&t), bytemuck::cast_slice(data));
         Ok(t)
     }
 
     /// Overwrites an f32 tensor's contents.
     pub fn write_f32(&self, t: &Tensor, data: &[f32]) -> Result<()> {
         check_len("write_f32", t.shape(), data.len())?;
-        self.kernels.write_bytes(&self.view(t), bytemuck::cast_slice(data));
+        self.kernels
+            .write_bytes(&self.view(t), bytemuck::cast_slice(data));
         Ok(())
     }
 
@@ -132,7 +153,9 @@ impl Context {
 
     /// Records a backward node producing gradients for the inputs of `outputs`.
     pub(crate) fn record(&self, outputs: &[&Tensor], node: impl Backward + 'static) {
-        self.tape.borrow_mut().push(outputs.iter().map(|t| t.id()).collect(), Box::new(node));
+        self.tape
+            .borrow_mut()
+            .push(outputs.iter().map(|t| t.id()).collect(), Box::new(node));
     }
 
     pub fn tape(&self) -> std::cell::RefMut<'_, Tape> {
@@ -143,7 +166,12 @@ impl Context {
     pub(crate) fn partials(&self) -> Result<View> {
         let mut s = self.scratch.borrow_mut();
         if s.is_none() {
-            *s = Some(self.empty("reduce partials", &[kernels::reduce::MAX_PARTIALS], DType::F32, false)?);
+            *s = Some(self.empty(
+                "reduce partials",
+                &[kernels::reduce::MAX_PARTIALS],
+                DType::F32,
+                false,
+            )?);
         }
         Ok(self.view(s.as_ref().expect("just set")))
     }
@@ -161,7 +189,11 @@ impl Context {
 fn check_len(name: &str, shape: &[usize], len: usize) -> Result<()> {
     let want: usize = shape.iter().product();
     if want != len {
-        return Err(Error::Shape { op: "upload", expected: format!("{want} elements for {name} {shape:?}"), got: format!("{len}") });
+        return Err(Error::Shape {
+            op: "upload",
+            expected: format!("{want} elements for {name} {shape:?}"),
+            got: format!("{len}"),
+        });
     }
     Ok(())
 }

@@ -14,8 +14,18 @@ type CpuForward<'a> = Box<dyn Fn(&[Vec<f64>]) -> Vec<f64> + 'a>;
 
 /// Runs `gpu` on tensors made from `inputs`, compares its output with `cpu`, then compares each
 /// input's gradient with finite differences of `cpu`.
-fn check(ctx: &Context, name: &str, inputs: &[(Vec<f32>, Vec<usize>)], gpu: impl Fn(&Context, &[Tensor]) -> Tensor, cpu: CpuForward, tol: f64) {
-    let tensors: Vec<Tensor> = inputs.iter().map(|(d, s)| ctx.from_f32(name, s, d, true).unwrap()).collect();
+fn check(
+    ctx: &Context,
+    name: &str,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    gpu: impl Fn(&Context, &[Tensor]) -> Tensor,
+    cpu: CpuForward,
+    tol: f64,
+) {
+    let tensors: Vec<Tensor> = inputs
+        .iter()
+        .map(|(d, s)| ctx.from_f32(name, s, d, true).unwrap())
+        .collect();
     let out = gpu(ctx, &tensors);
     let x64: Vec<Vec<f64>> = inputs.iter().map(|(d, _)| to64(d)).collect();
     let want = cpu(&x64);
@@ -29,14 +39,22 @@ fn check(ctx: &Context, name: &str, inputs: &[(Vec<f32>, Vec<usize>)], gpu: impl
     ctx.backward_from(&out, &dout, &mut grads).unwrap();
     let w64 = to64(&w);
     for (i, t) in tensors.iter().enumerate() {
-        let g = grads.get(t).unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
+        let g = grads
+            .get(t)
+            .unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
         let got = pollster::block_on(ctx.to_f32(&g)).unwrap();
         let fd = finite_diff(&x64[i], 1e-5, |xi| {
             let mut all = x64.clone();
             all[i] = xi.to_vec();
             dot(&cpu(&all), &w64)
         });
-        assert_close(&format!("{name} d input {i}"), &got, &fd, tol * 10.0, tol * 10.0);
+        assert_close(
+            &format!("{name} d input {i}"),
+            &got,
+            &fd,
+            tol * 10.0,
+            tol * 10.0,
+        );
     }
 }
 
@@ -53,7 +71,21 @@ fn linear_and_matmul_backward_match_finite_differences() {
             "linear",
             &[(x, vec![b, t, k]), (w, vec![k, n]), (bias, vec![n])],
             |ctx, v| ops::linear(ctx, &v[0], &v[1], Some(&v[2])).unwrap(),
-            Box::new(move |v| r::matmul_forward(&v[0], &v[1], Some(&v[2]), 1, b * t, n, k, false, false, true, 1.0)),
+            Box::new(move |v| {
+                r::matmul_forward(
+                    &v[0],
+                    &v[1],
+                    Some(&v[2]),
+                    1,
+                    b * t,
+                    n,
+                    k,
+                    false,
+                    false,
+                    true,
+                    1.0,
+                )
+            }),
             1e-4,
         );
     }
@@ -62,14 +94,36 @@ fn linear_and_matmul_backward_match_finite_differences() {
         let (batch, m, n, k) = (3, 5, 4, 7);
         let a = randn(&mut rng, batch * m * k, 1.0);
         let bm = randn(&mut rng, batch * k * n, 1.0);
-        let a_shape = if ta { vec![batch, k, m] } else { vec![batch, m, k] };
-        let b_shape = if tb { vec![batch, n, k] } else { vec![batch, k, n] };
+        let a_shape = if ta {
+            vec![batch, k, m]
+        } else {
+            vec![batch, m, k]
+        };
+        let b_shape = if tb {
+            vec![batch, n, k]
+        } else {
+            vec![batch, k, n]
+        };
         check(
             &ctx,
             &format!("matmul ta={ta} tb={tb}"),
             &[(a, a_shape), (bm, b_shape)],
-            |ctx, v| ops::matmul(ctx, &v[0], &v[1], MatmulOpts { trans_a: ta, trans_b: tb, alpha: Some(0.5) }).unwrap(),
-            Box::new(move |v| r::matmul_forward(&v[0], &v[1], None, batch, m, n, k, ta, tb, false, 0.5)),
+            |ctx, v| {
+                ops::matmul(
+                    ctx,
+                    &v[0],
+                    &v[1],
+                    MatmulOpts {
+                        trans_a: ta,
+                        trans_b: tb,
+                        alpha: Some(0.5),
+                    },
+                )
+                .unwrap()
+            },
+            Box::new(move |v| {
+                r::matmul_forward(&v[0], &v[1], None, batch, m, n, k, ta, tb, false, 0.5)
+            }),
             1e-4,
         );
     }
@@ -78,9 +132,25 @@ fn linear_and_matmul_backward_match_finite_differences() {
     check(
         &ctx,
         "tied head",
-        &[(randn(&mut rng, b * t * c, 1.0), vec![b, t, c]), (randn(&mut rng, v * c, 1.0), vec![v, c])],
-        |ctx, x| ops::matmul(ctx, &x[0], &x[1], MatmulOpts { trans_b: true, ..Default::default() }).unwrap(),
-        Box::new(move |x| r::matmul_forward(&x[0], &x[1], None, 1, b * t, v, c, false, true, true, 1.0)),
+        &[
+            (randn(&mut rng, b * t * c, 1.0), vec![b, t, c]),
+            (randn(&mut rng, v * c, 1.0), vec![v, c]),
+        ],
+        |ctx, x| {
+            ops::matmul(
+                ctx,
+                &x[0],
+                &x[1],
+                MatmulOpts {
+                    trans_b: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        },
+        Box::new(move |x| {
+            r::matmul_forward(&x[0], &x[1], None, 1, b * t, v, c, false, true, true, 1.0)
+        }),
         1e-4,
     );
 }
@@ -91,20 +161,59 @@ fn elementwise_ops_backward_match_finite_differences() {
     let mut rng = Rng::new(12);
     for &n in &[1usize, 3, 17, 65] {
         let (a, b) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
-        check(&ctx, "add", &[(a.clone(), vec![n]), (b, vec![n])], |ctx, v| ops::add(ctx, &v[0], &v[1]).unwrap(),
-            Box::new(|v| v[0].iter().zip(&v[1]).map(|(x, y)| x + y).collect()), 1e-5);
-        check(&ctx, "scale", &[(a.clone(), vec![n])], |ctx, v| ops::scale(ctx, &v[0], -0.7).unwrap(),
-            Box::new(|v| v[0].iter().map(|x| -0.7 * x).collect()), 1e-5);
-        check(&ctx, "sum", &[(a.clone(), vec![n])], |ctx, v| ops::sum(ctx, &v[0]).unwrap(),
-            Box::new(|v| vec![v[0].iter().sum()]), 1e-5);
-        check(&ctx, "mean", &[(a.clone(), vec![n])], |ctx, v| ops::mean(ctx, &v[0]).unwrap(),
-            Box::new(|v| vec![v[0].iter().sum::<f64>() / v[0].len() as f64]), 1e-5);
+        check(
+            &ctx,
+            "add",
+            &[(a.clone(), vec![n]), (b, vec![n])],
+            |ctx, v| ops::add(ctx, &v[0], &v[1]).unwrap(),
+            Box::new(|v| v[0].iter().zip(&v[1]).map(|(x, y)| x + y).collect()),
+            1e-5,
+        );
+        check(
+            &ctx,
+            "scale",
+            &[(a.clone(), vec![n])],
+            |ctx, v| ops::scale(ctx, &v[0], -0.7).unwrap(),
+            Box::new(|v| v[0].iter().map(|x| -0.7 * x).collect()),
+            1e-5,
+        );
+        check(
+            &ctx,
+            "sum",
+            &[(a.clone(), vec![n])],
+            |ctx, v| ops::sum(ctx, &v[0]).unwrap(),
+            Box::new(|v| vec![v[0].iter().sum()]),
+            1e-5,
+        );
+        check(
+            &ctx,
+            "mean",
+            &[(a.clone(), vec![n])],
+            |ctx, v| ops::mean(ctx, &v[0]).unwrap(),
+            Box::new(|v| vec![v[0].iter().sum::<f64>() / v[0].len() as f64]),
+            1e-5,
+        );
         // keep inputs away from the kinks, where finite differences are meaningless
-        let away: Vec<f32> = a.iter().map(|x| if x.abs() < 0.05 { x + 0.2 } else { *x }).collect();
-        check(&ctx, "gelu", &[(away.clone(), vec![n])], |ctx, v| ops::gelu(ctx, &v[0]).unwrap(),
-            Box::new(|v| r::gelu_forward(&v[0])), 1e-5);
-        check(&ctx, "relu", &[(away, vec![n])], |ctx, v| ops::relu(ctx, &v[0]).unwrap(),
-            Box::new(|v| r::relu_forward(&v[0])), 1e-5);
+        let away: Vec<f32> = a
+            .iter()
+            .map(|x| if x.abs() < 0.05 { x + 0.2 } else { *x })
+            .collect();
+        check(
+            &ctx,
+            "gelu",
+            &[(away.clone(), vec![n])],
+            |ctx, v| ops::gelu(ctx, &v[0]).unwrap(),
+            Box::new(|v| r::gelu_forward(&v[0])),
+            1e-5,
+        );
+        check(
+            &ctx,
+            "relu",
+            &[(away, vec![n])],
+            |ctx, v| ops::relu(ctx, &v[0]).unwrap(),
+            Box::new(|v| r::relu_forward(&v[0])),
+            1e-5,
+        );
     }
 }
 
@@ -163,13 +272,24 @@ fn embedding_and_cross_entropy_backward_match_finite_differences() {
     check(
         &ctx,
         "embedding",
-        &[(randn(&mut rng, v * c, 1.0), vec![v, c]), (randn(&mut rng, max_t * c, 1.0), vec![max_t, c])],
+        &[
+            (randn(&mut rng, v * c, 1.0), vec![v, c]),
+            (randn(&mut rng, max_t * c, 1.0), vec![max_t, c]),
+        ],
         |ctx, x| ops::embedding(ctx, &tok, &x[0], &x[1]).unwrap(),
         Box::new(move |x| r::embedding_forward(&toks, &x[0], &x[1], t, c)),
         1e-5,
     );
     for &(rows, classes) in &[(1, 1), (3, 17), (9, 5)] {
-        let targets: Vec<u32> = (0..rows).map(|i| if i % 3 == 2 { u32::MAX } else { rng.below(classes) as u32 }).collect();
+        let targets: Vec<u32> = (0..rows)
+            .map(|i| {
+                if i % 3 == 2 {
+                    u32::MAX
+                } else {
+                    rng.below(classes) as u32
+                }
+            })
+            .collect();
         let tg = targets.clone();
         check(
             &ctx,

@@ -1,1 +1,280 @@
-fn main() {}
+//! The `pagetrain` command line: `train` (the default), `info`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::train::{Reporter, StepReport, TrainConfig, Trainer};
+use pagetrain::{Context, ContextOptions, Error};
+
+#[derive(Parser)]
+#[command(
+    name = "pagetrain",
+    version,
+    about = "Train neural networks on any GPU through wgpu"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a GPT (the default when no subcommand is given).
+    Train(TrainArgs),
+    /// List the GPU adapters wgpu sees, the one pagetrain picks, its limits and features.
+    Info,
+}
+
+#[derive(Args, Default)]
+struct TrainArgs {
+    /// Model preset: tiny, small, gpt2-124m.
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    steps: Option<u64>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Training data: a text file (characters become tokens) or a `.bin` uint16 token file.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Directory for the checkpoint.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue training from a checkpoint directory.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Start from the weights of a GPT-2-layout checkpoint directory (e.g. Hugging Face's).
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// Evaluate on the validation split every N steps.
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Characters to sample at the end (0: none).
+    #[arg(long)]
+    sample_len: Option<usize>,
+    /// Print one JSON line with the results at the end.
+    #[arg(long)]
+    json: bool,
+    /// GPU byte budget for tensors, e.g. 512MiB, 2GiB (default: what the adapter allows).
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_budget: Option<u64>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit `{other}` (use KiB, MiB, GiB)")),
+    };
+    Ok((n * mult) as u64)
+}
+
+impl TrainArgs {
+    fn config(&self) -> TrainConfig {
+        let d = TrainConfig::default();
+        TrainConfig {
+            model: self.model.clone().unwrap_or(d.model),
+            steps: self.steps.unwrap_or(d.steps),
+            batch_size: self.batch_size.unwrap_or(d.batch_size),
+            seq_len: self.seq_len.unwrap_or(d.seq_len),
+            lr: self.lr.unwrap_or(d.lr),
+            seed: self.seed.unwrap_or(d.seed),
+            data: self.data.clone(),
+            out: self.out.clone().unwrap_or(d.out),
+            resume: self.resume.clone(),
+            init_from: self.init_from.clone(),
+            eval_every: self.eval_every.unwrap_or(d.eval_every),
+            sample_len: self.sample_len.unwrap_or(d.sample_len),
+            ..d
+        }
+    }
+}
+
+/// Progress bar on stderr: step, loss, tokens/s.
+struct Bar {
+    bar: ProgressBar,
+}
+
+impl Reporter for Bar {
+    fn on_start(&mut self, t: &Trainer) {
+        let c = t.model.config;
+        self.bar.println(format!(
+            "model: {} layers, {} heads, {} channels, block {}, vocab {} — {:.2}M parameters",
+            c.n_layer,
+            c.n_head,
+            c.n_embd,
+            c.block_size,
+            c.vocab_size,
+            c.num_params() as f64 / 1e6
+        ));
+        self.bar.println(format!(
+            "data: {} ({} tokens, {} train / {} val)",
+            t.data.path.display(),
+            t.data.len(),
+            t.data.split_len(pagetrain::train::Split::Train),
+            t.data.split_len(pagetrain::train::Split::Val)
+        ));
+        self.bar.set_position(t.step);
+    }
+    fn on_step(&mut self, r: &StepReport) {
+        self.bar.set_position(r.step);
+        self.bar.set_message(format!(
+            "loss {:.4} | lr {:.2e} | {:.0} tok/s",
+            r.loss, r.lr, r.tokens_per_s
+        ));
+    }
+    fn on_eval(&mut self, step: u64, val: f32) {
+        self.bar.println(format!("step {step}: val loss {val:.4}"));
+    }
+    fn on_message(&mut self, msg: &str) {
+        self.bar.println(msg);
+    }
+}
+
+async fn train(args: TrainArgs) -> Result<(), Error> {
+    let cfg = args.config();
+    cfg.validate()?;
+    let ctx = Context::new(&ContextOptions {
+        gpu_budget: args.gpu_budget,
+        ..Default::default()
+    })
+    .await?;
+    eprintln!("adapter: {}", ctx.gpu.describe());
+    let mut trainer = Trainer::new(&ctx, cfg, None)?;
+    let bar = ProgressBar::new(trainer.cfg.steps);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} step {pos}/{len} [{bar:30}] {msg} ({elapsed} / ~{eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    let mut reporter = Bar { bar };
+    let summary = trainer.run(&ctx, &mut reporter).await?;
+    reporter.bar.finish_and_clear();
+    eprintln!(
+        "final: train loss {:.4}, val loss {:.4} (unigram baseline {:.4}), {:.0} tokens/s, {} steps, {} parameters",
+        summary.final_train_loss, summary.final_val_loss, summary.baseline_loss, summary.tokens_per_s, summary.steps, summary.params
+    );
+    for (entry, n, secs) in ctx.kernels.profile() {
+        eprintln!(
+            "profile: {entry:<28} {n:>7} dispatches {:>9.1} ms {:>8.3} ms each",
+            secs * 1e3,
+            secs * 1e3 / n as f64
+        );
+    }
+    if !summary.sample.is_empty() {
+        eprintln!("sample:\n{}\n", summary.sample);
+    }
+    if args.json {
+        let mut v = serde_json::to_value(&summary).expect("serializable");
+        if let Some(o) = v.as_object_mut() {
+            o.remove("losses");
+        }
+        println!("{v}");
+    }
+    Ok(())
+}
+
+async fn info() -> Result<(), Error> {
+    let adapters = pagetrain::device::list_adapters().await;
+    println!("adapters wgpu sees:");
+    for a in &adapters {
+        println!(
+            "  {} ({:?}, {:?}) driver: {}{}",
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
+            if a.compute {
+                ""
+            } else {
+                "  [no compute: unusable]"
+            }
+        );
+    }
+    let gpu = pagetrain::device::Gpu::new(&Default::default()).await?;
+    let l = &gpu.limits;
+    println!("chosen: {}", gpu.describe());
+    println!("  max buffer size:            {} bytes", l.max_buffer_size);
+    println!(
+        "  max storage binding:        {} bytes",
+        l.max_storage_buffer_binding_size
+    );
+    println!(
+        "  max storage buffers/stage:  {}",
+        l.max_storage_buffers_per_shader_stage
+    );
+    println!(
+        "  max workgroup storage:      {} bytes",
+        l.max_compute_workgroup_storage_size
+    );
+    println!(
+        "  max invocations/workgroup:  {}",
+        l.max_compute_invocations_per_workgroup
+    );
+    println!(
+        "  max workgroups/dimension:   {}",
+        l.max_compute_workgroups_per_dimension
+    );
+    println!(
+        "  storage offset alignment:   {}",
+        l.min_storage_buffer_offset_alignment
+    );
+    let f = gpu.features;
+    println!(
+        "  features: shader-f16 {}, subgroups {}, timestamp queries {}, mappable primary buffers {}",
+        f.contains(wgpu::Features::SHADER_F16),
+        f.contains(wgpu::Features::SUBGROUP),
+        f.contains(wgpu::Features::TIMESTAMP_QUERY),
+        f.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+    );
+    println!(
+        "  shader runtime checks: {}",
+        if gpu.shader_checks {
+            "on"
+        } else {
+            "off (PAGETRAIN_SHADER_CHECKS=1 turns them on)"
+        }
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => pollster::block_on(train(TrainArgs::default())),
+        Some(Command::Train(args)) => pollster::block_on(train(args)),
+        Some(Command::Info) => pollster::block_on(info()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            if let Some(hint) = e.hint() {
+                eprintln!("HINT: {hint}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

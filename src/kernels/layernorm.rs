@@ -1,6 +1,6 @@
 //! Launchers for `shaders/layernorm.wgsl`.
 
-use super::{grid_1d, grid_rows, Kernels, LAYERNORM};
+use super::{grid_1d, row_launch, Kernels, LAYERNORM};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -14,13 +14,36 @@ struct Params {
 }
 
 fn params(rows: usize, c: usize, eps: f32) -> Params {
-    Params { rows: rows as u32, c: c as u32, eps, _pad: 0 }
+    Params {
+        rows: rows as u32,
+        c: c as u32,
+        eps,
+        _pad: 0,
+    }
 }
 
 /// out (N,C), mean (N), rstd (N) from x (N,C), weight (C), bias (C).
 #[allow(clippy::too_many_arguments)]
-pub fn forward(k: &Kernels, out: &View, mean: &View, rstd: &View, x: &View, w: &View, b: &View, rows: usize, c: usize, eps: f32) -> Result<()> {
-    k.dispatch(LAYERNORM, "layernorm_forward", &[out, mean, rstd, x, w, b], &params(rows, c, eps), grid_rows(rows as u64))
+pub fn forward(
+    k: &Kernels,
+    out: &View,
+    mean: &View,
+    rstd: &View,
+    x: &View,
+    w: &View,
+    b: &View,
+    rows: usize,
+    c: usize,
+    eps: f32,
+) -> Result<()> {
+    let (entry, grid) = row_launch(rows, c, "layernorm_forward", "layernorm_forward_rows");
+    k.dispatch(
+        LAYERNORM,
+        entry,
+        &[out, mean, rstd, x, w, b],
+        &params(rows, c, eps),
+        grid,
+    )
 }
 
 /// dx (N,C) += ..., and dweight (C), dbias (C) += ... (accumulating).
@@ -40,7 +63,14 @@ pub fn backward(
 ) -> Result<()> {
     let p = params(rows, c, 0.0);
     if let Some(dx) = dx {
-        k.dispatch(LAYERNORM, "layernorm_backward", &[dx, dout, x, w, mean, rstd], &p, grid_rows(rows as u64))?;
+        let (entry, grid) = row_launch(rows, c, "layernorm_backward", "layernorm_backward_rows");
+        k.dispatch(LAYERNORM, entry, &[dx, dout, x, w, mean, rstd], &p, grid)?;
     }
-    k.dispatch(LAYERNORM, "layernorm_backward_params", &[dw, db, dout, x, mean, rstd], &p, grid_1d(c as u64))
+    k.dispatch(
+        LAYERNORM,
+        "layernorm_backward_params",
+        &[dw, db, dout, x, mean, rstd],
+        &p,
+        grid_1d(c as u64),
+    )
 }

@@ -1,6 +1,6 @@
 //! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched, transposes by strides.
 
-use super::{Kernels, MATMUL, MAX_GROUPS};
+use super::{Kernels, MatmulVariant, MATMUL, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -42,19 +42,57 @@ pub struct Gemm {
 
 impl Gemm {
     pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 }
+        Gemm {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+        }
     }
 }
 
 const TILE: usize = 64;
 
 /// Records `c = alpha·op(a)·op(b) + beta·c (+ bias)`. `bias` (N) is added when given; `dummy`
-/// is any small buffer that stands in for it otherwise.
-pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, dummy: &View, g: Gemm) -> Result<()> {
+/// is any small buffer that stands in for it otherwise. The variant is the adapter's tuning.
+pub fn matmul(
+    k: &Kernels,
+    c: &View,
+    a: &View,
+    b: &View,
+    bias: Option<&View>,
+    dummy: &View,
+    g: Gemm,
+) -> Result<()> {
+    matmul_variant(k, k.tuning.matmul, c, a, b, bias, dummy, g)
+}
+
+/// [`matmul`] with an explicit variant (tests check both on every adapter).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_variant(
+    k: &Kernels,
+    variant: MatmulVariant,
+    c: &View,
+    a: &View,
+    b: &View,
+    bias: Option<&View>,
+    dummy: &View,
+    g: Gemm,
+) -> Result<()> {
     let tiles_n = g.n.div_ceil(TILE);
     let tiles_m = g.m.div_ceil(TILE);
-    if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
-        return Err(Error::invalid("matmul", format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension")));
+    if tiles_n > MAX_GROUPS as usize
+        || tiles_m > MAX_GROUPS as usize
+        || g.batch > MAX_GROUPS as usize
+    {
+        return Err(Error::invalid(
+            "matmul",
+            format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
+        ));
     }
     let (a_rs, a_cs) = if g.trans_a { (1, g.m) } else { (g.k, 1) };
     let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
@@ -76,5 +114,19 @@ pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, du
         _pad: [0; 2],
     };
     let bias = bias.unwrap_or(dummy);
-    k.dispatch(MATMUL, "matmul", &[c, a, b, bias], &p, [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32])
+    let entry = match variant {
+        MatmulVariant::Tiled => "matmul",
+        MatmulVariant::Direct => "matmul_direct",
+    };
+    k.dispatch(
+        MATMUL,
+        entry,
+        &[c, a, b, bias],
+        &p,
+        [
+            tiles_n.max(1) as u32,
+            tiles_m.max(1) as u32,
+            g.batch.max(1) as u32,
+        ],
+    )
 }

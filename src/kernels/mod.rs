@@ -32,7 +32,10 @@ pub struct Shader {
 
 macro_rules! shader {
     ($name:literal) => {
-        Shader { name: $name, source: include_str!(concat!("../../shaders/", $name, ".wgsl")) }
+        Shader {
+            name: $name,
+            source: include_str!(concat!("../../shaders/", $name, ".wgsl")),
+        }
     };
 }
 
@@ -48,8 +51,18 @@ pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
 
 /// Every shader family, for validation and warm-up.
-pub const ALL: &[Shader] =
-    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
+pub const ALL: &[Shader] = &[
+    ACTIVATION,
+    ATTENTION,
+    CROSS_ENTROPY,
+    ELEMENTWISE,
+    EMBEDDING,
+    LAYERNORM,
+    MATMUL,
+    OPTIM,
+    REDUCE,
+    SOFTMAX,
+];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
 pub const WG: u32 = 256;
@@ -81,6 +94,52 @@ pub fn grid_rows(rows: u64) -> [u32; 3] {
     }
 }
 
+/// Rows up to this long are processed one thread per row (`*_rows` entries): no workgroup
+/// barriers, which cost far more than they save on short rows (16× on lavapipe for C = 64).
+pub const SHORT_ROW: usize = 128;
+
+/// The entry and grid for a row kernel: `wide` (a workgroup per row) or `short` (a thread per row).
+pub fn row_launch(
+    rows: usize,
+    len: usize,
+    wide: &'static str,
+    short: &'static str,
+) -> (&'static str, [u32; 3]) {
+    if len <= SHORT_ROW {
+        (short, grid_1d(rows as u64))
+    } else {
+        (wide, grid_rows(rows as u64))
+    }
+}
+
+/// Per-adapter kernel choices, made once when the kernels are created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    pub matmul: MatmulVariant,
+}
+
+/// Which matmul entry point runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulVariant {
+    /// Workgroup-memory tiles (GPUs).
+    Tiled,
+    /// No workgroup memory (CPU adapters, where barriers are expensive).
+    Direct,
+}
+
+impl Tuning {
+    /// Direct matmul on CPU adapters, tiled elsewhere; `PAGETRAIN_MATMUL=tiled|direct` overrides.
+    pub fn for_adapter(info: &wgpu::AdapterInfo) -> Tuning {
+        let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
+            Ok("tiled") => MatmulVariant::Tiled,
+            Ok("direct") => MatmulVariant::Direct,
+            _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
+            _ => MatmulVariant::Tiled,
+        };
+        Tuning { matmul }
+    }
+}
+
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     uniforms: Vec<u8>,
@@ -94,7 +153,10 @@ pub struct Kernels {
     pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
     pending: RefCell<Pending>,
     arena: wgpu::Buffer,
+    pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
+    /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
+    profile: Option<RefCell<HashMap<&'static str, (u64, f64)>>>,
 }
 
 impl Kernels {
@@ -106,12 +168,20 @@ impl Kernels {
             mapped_at_creation: false,
         });
         Kernels {
+            tuning: Tuning::for_adapter(&gpu.info),
             gpu,
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
-            pending: RefCell::new(Pending { encoder: None, uniforms: Vec::new(), dispatches: 0 }),
+            pending: RefCell::new(Pending {
+                encoder: None,
+                uniforms: Vec::new(),
+                dispatches: 0,
+            }),
             arena,
             dispatch_count: std::cell::Cell::new(0),
+            profile: std::env::var("PAGETRAIN_PROFILE")
+                .is_ok_and(|v| v != "0")
+                .then(|| RefCell::new(HashMap::new())),
         }
     }
 
@@ -139,12 +209,21 @@ impl Kernels {
             // SAFETY: every kernel guards its reads and writes against the sizes in its Params
             // (tests run them on canary-guarded buffers and awkward shapes); dropping wgpu's
             // runtime bounds checks is what makes them fast on NVIDIA (15× on a matmul).
-            unsafe { self.gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+            unsafe {
+                self.gpu
+                    .device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
         };
         self.gpu
             .check(shader.name)
-            .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
-        self.modules.borrow_mut().insert(shader.name, module.clone());
+            .map_err(|e| Error::ShaderCompile {
+                kernel: shader.name.into(),
+                msg: e.to_string(),
+            })?;
+        self.modules
+            .borrow_mut()
+            .insert(shader.name, module.clone());
         Ok(module)
     }
 
@@ -154,18 +233,24 @@ impl Kernels {
             return Ok(p.clone());
         }
         let module = self.module(shader)?;
-        let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        self.gpu
-            .check(entry)
-            .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
-        self.pipelines.borrow_mut().insert((shader.name, entry), pipeline.clone());
+        let pipeline = self
+            .gpu
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
+            kernel: format!("{}::{entry}", shader.name),
+            msg: e.to_string(),
+        })?;
+        self.pipelines
+            .borrow_mut()
+            .insert((shader.name, entry), pipeline.clone());
         Ok(pipeline)
     }
 
@@ -209,33 +294,64 @@ impl Kernels {
                 size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
             }),
         });
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let bind_group = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(entry),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
         let device = &self.gpu.device;
-        let encoder = pending
-            .encoder
-            .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            })
+        });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(entry),
+                timestamp_writes: None,
+            });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         pending.dispatches += 1;
         self.dispatch_count.set(self.dispatch_count.get() + 1);
+        drop(pending);
+        if let Some(profile) = &self.profile {
+            self.flush();
+            let start = std::time::Instant::now();
+            self.gpu.wait_idle()?;
+            let mut p = profile.borrow_mut();
+            let e = p.entry(entry).or_default();
+            e.0 += 1;
+            e.1 += start.elapsed().as_secs_f64();
+        }
         Ok(())
+    }
+
+    /// Per-entry (dispatches, seconds) when `PAGETRAIN_PROFILE=1`, slowest first.
+    pub fn profile(&self) -> Vec<(&'static str, u64, f64)> {
+        let mut v: Vec<_> = self
+            .profile
+            .as_ref()
+            .map(|p| p.borrow().iter().map(|(k, (n, s))| (*k, *n, *s)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
     }
 
     /// Runs `f` on the pending encoder (for copies and clears ordered with the dispatches).
     pub fn with_encoder<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
         let mut pending = self.pending.borrow_mut();
         let device = &self.gpu.device;
-        let encoder = pending
-            .encoder
-            .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            })
+        });
         f(encoder)
     }
 
@@ -244,7 +360,9 @@ impl Kernels {
         let mut pending = self.pending.borrow_mut();
         if let Some(encoder) = pending.encoder.take() {
             if !pending.uniforms.is_empty() {
-                self.gpu.queue.write_buffer(&self.arena, 0, &pending.uniforms);
+                self.gpu
+                    .queue
+                    .write_buffer(&self.arena, 0, &pending.uniforms);
             }
             self.gpu.queue.submit([encoder.finish()]);
         }
@@ -261,7 +379,9 @@ impl Kernels {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.with_encoder(|enc| enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size));
+        self.with_encoder(|enc| {
+            enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size)
+        });
         self.flush();
         let (tx, rx) = futures::channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -269,12 +389,19 @@ impl Kernels {
         });
         self.gpu.wait_idle()?;
         rx.await
-            .map_err(|_| Error::Gpu { context: "readback".into(), msg: "map callback dropped".into() })?
-            .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
+            .map_err(|_| Error::Gpu {
+                context: "readback".into(),
+                msg: "map callback dropped".into(),
+            })?
+            .map_err(|e| Error::Gpu {
+                context: "readback".into(),
+                msg: e.to_string(),
+            })?;
         let data = {
-            let mapped = staging
-                .get_mapped_range(..)
-                .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
+            let mapped = staging.get_mapped_range(..).map_err(|e| Error::Gpu {
+                context: "readback".into(),
+                msg: e.to_string(),
+            })?;
             mapped[..bytes as usize].to_vec()
         };
         staging.unmap();

@@ -1,6 +1,6 @@
 //! Launchers for `shaders/softmax.wgsl`: row softmax, optionally causal and scaled.
 
-use super::{grid_rows, Kernels, SOFTMAX};
+use super::{row_launch, Kernels, SOFTMAX};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -14,14 +14,43 @@ struct Params {
 }
 
 /// y (R,L) = softmax(scale·x) per row; `causal_t > 0` masks j > (row % causal_t).
-pub fn forward(k: &Kernels, y: &View, x: &View, rows: usize, len: usize, causal_t: usize, scale: f32) -> Result<()> {
-    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
-    k.dispatch(SOFTMAX, "softmax_forward", &[y, x], &p, grid_rows(rows as u64))
+pub fn forward(
+    k: &Kernels,
+    y: &View,
+    x: &View,
+    rows: usize,
+    len: usize,
+    causal_t: usize,
+    scale: f32,
+) -> Result<()> {
+    let p = Params {
+        rows: rows as u32,
+        len: len as u32,
+        causal_t: causal_t as u32,
+        scale,
+    };
+    let (entry, grid) = row_launch(rows, len, "softmax_forward", "softmax_forward_rows");
+    k.dispatch(SOFTMAX, entry, &[y, x], &p, grid)
 }
 
 /// dx (R,L) += scale · y ⊙ (dy − rowsum(dy ⊙ y)).
 #[allow(clippy::too_many_arguments)]
-pub fn backward(k: &Kernels, dx: &View, y: &View, dy: &View, rows: usize, len: usize, causal_t: usize, scale: f32) -> Result<()> {
-    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
-    k.dispatch(SOFTMAX, "softmax_backward", &[dx, y, dy], &p, grid_rows(rows as u64))
+pub fn backward(
+    k: &Kernels,
+    dx: &View,
+    y: &View,
+    dy: &View,
+    rows: usize,
+    len: usize,
+    causal_t: usize,
+    scale: f32,
+) -> Result<()> {
+    let p = Params {
+        rows: rows as u32,
+        len: len as u32,
+        causal_t: causal_t as u32,
+        scale,
+    };
+    let (entry, grid) = row_launch(rows, len, "softmax_backward", "softmax_backward_rows");
+    k.dispatch(SOFTMAX, entry, &[dx, y, dy], &p, grid)
 }

@@ -22,7 +22,14 @@ fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
     let out = ctx.empty("activation", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
     k::forward(&ctx.kernels, f, &ctx.view(&out), &ctx.view(x), x.len())?;
     if out.requires_grad() {
-        ctx.record(&[&out], ActivationBackward { f, x: x.clone(), out: out.clone() });
+        ctx.record(
+            &[&out],
+            ActivationBackward {
+                f,
+                x: x.clone(),
+                out: out.clone(),
+            },
+        );
     }
     Ok(out)
 }
@@ -41,9 +48,18 @@ impl Backward for ActivationBackward {
         }
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         if let Some(dx) = grads.of(ctx, &self.x)? {
-            k::backward(&ctx.kernels, self.f, &ctx.view(&dx), &ctx.view(&self.x), &ctx.view(&dout), dx.len())?;
+            k::backward(
+                &ctx.kernels,
+                self.f,
+                &ctx.view(&dx),
+                &ctx.view(&self.x),
+                &ctx.view(&dout),
+                dx.len(),
+            )?;
         }
         Ok(())
     }

@@ -12,9 +12,22 @@ pub fn add(ctx: &Context, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     expect_f32("add", a)?;
     expect_same_shape("add", a, b)?;
     let out = ctx.empty("add", a.shape(), a.dtype(), ctx.wants_grad(&[a, b]))?;
-    k::add_forward(&ctx.kernels, &ctx.view(&out), &ctx.view(a), &ctx.view(b), a.len())?;
+    k::add_forward(
+        &ctx.kernels,
+        &ctx.view(&out),
+        &ctx.view(a),
+        &ctx.view(b),
+        a.len(),
+    )?;
     if out.requires_grad() {
-        ctx.record(&[&out], AddBackward { a: a.clone(), b: b.clone(), out: out.clone() });
+        ctx.record(
+            &[&out],
+            AddBackward {
+                a: a.clone(),
+                b: b.clone(),
+                out: out.clone(),
+            },
+        );
     }
     Ok(out)
 }
@@ -30,7 +43,9 @@ impl Backward for AddBackward {
         "add"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         for input in [&self.a, &self.b] {
             if let Some(g) = grads.of(ctx, input)? {
                 k::axpy(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), 1.0, g.len())?;
@@ -46,7 +61,14 @@ pub fn scale(ctx: &Context, x: &Tensor, alpha: f32) -> Result<Tensor> {
     let out = ctx.empty("scale", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
     k::scale_forward(&ctx.kernels, &ctx.view(&out), &ctx.view(x), alpha, x.len())?;
     if out.requires_grad() {
-        ctx.record(&[&out], ScaleBackward { x: x.clone(), out: out.clone(), alpha });
+        ctx.record(
+            &[&out],
+            ScaleBackward {
+                x: x.clone(),
+                out: out.clone(),
+                alpha,
+            },
+        );
     }
     Ok(out)
 }
@@ -62,9 +84,17 @@ impl Backward for ScaleBackward {
         "scale"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         if let Some(g) = grads.of(ctx, &self.x)? {
-            k::axpy(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), self.alpha, g.len())?;
+            k::axpy(
+                &ctx.kernels,
+                &ctx.view(&g),
+                &ctx.view(&dout),
+                self.alpha,
+                g.len(),
+            )?;
         }
         Ok(())
     }
@@ -83,10 +113,30 @@ pub fn mean(ctx: &Context, x: &Tensor) -> Result<Tensor> {
 fn reduce_all(ctx: &Context, x: &Tensor, scale: f32, name: &'static str) -> Result<Tensor> {
     expect_f32(name, x)?;
     let out = ctx.empty(name, &[1], x.dtype(), ctx.wants_grad(&[x]))?;
-    let spec = reduce::SumSpec { squares: false, scale, slot: 0, accumulate: false };
-    reduce::sum(&ctx.kernels, &ctx.view(&out), &ctx.view(x), &ctx.partials()?, x.len(), spec)?;
+    let spec = reduce::SumSpec {
+        squares: false,
+        scale,
+        slot: 0,
+        accumulate: false,
+    };
+    reduce::sum(
+        &ctx.kernels,
+        &ctx.view(&out),
+        &ctx.view(x),
+        &ctx.partials()?,
+        x.len(),
+        spec,
+    )?;
     if out.requires_grad() {
-        ctx.record(&[&out], ReduceBackward { x: x.clone(), out: out.clone(), scale, name });
+        ctx.record(
+            &[&out],
+            ReduceBackward {
+                x: x.clone(),
+                out: out.clone(),
+                scale,
+                name,
+            },
+        );
     }
     Ok(out)
 }
@@ -103,9 +153,17 @@ impl Backward for ReduceBackward {
         self.name
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         if let Some(g) = grads.of(ctx, &self.x)? {
-            k::axpy_scalar(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), self.scale, g.len())?;
+            k::axpy_scalar(
+                &ctx.kernels,
+                &ctx.view(&g),
+                &ctx.view(&dout),
+                self.scale,
+                g.len(),
+            )?;
         }
         Ok(())
     }

@@ -8,20 +8,53 @@ use crate::kernels::layernorm as k;
 use crate::tensor::{DType, Tensor};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dim: x (..., C), weight (C), bias (C).
-pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+pub fn layernorm(
+    ctx: &Context,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
     expect_f32("layernorm", x)?;
     let c = x.last_dim();
     if weight.shape() != [c] || bias.shape() != [c] {
-        return Err(Error::shape("layernorm", format!("weight and bias [{c}] for x {:?}", x.shape()), (weight.shape(), bias.shape())));
+        return Err(Error::shape(
+            "layernorm",
+            format!("weight and bias [{c}] for x {:?}", x.shape()),
+            (weight.shape(), bias.shape()),
+        ));
     }
     let rows = x.rows();
-    let out = ctx.empty("layernorm", x.shape(), DType::F32, ctx.wants_grad(&[x, weight, bias]))?;
+    let out = ctx.empty(
+        "layernorm",
+        x.shape(),
+        DType::F32,
+        ctx.wants_grad(&[x, weight, bias]),
+    )?;
     let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
     let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
     let v = |t: &Tensor| ctx.view(t);
-    k::forward(&ctx.kernels, &v(&out), &v(&mean), &v(&rstd), &v(x), &v(weight), &v(bias), rows, c, eps)?;
+    k::forward(
+        &ctx.kernels,
+        &v(&out),
+        &v(&mean),
+        &v(&rstd),
+        &v(x),
+        &v(weight),
+        &v(bias),
+        rows,
+        c,
+        eps,
+    )?;
     if out.requires_grad() {
-        let node = LayerNormBackward { x: x.clone(), weight: weight.clone(), bias: bias.clone(), mean, rstd, out: out.clone() };
+        let node = LayerNormBackward {
+            x: x.clone(),
+            weight: weight.clone(),
+            bias: bias.clone(),
+            mean,
+            rstd,
+            out: out.clone(),
+        };
         ctx.record(&[&out], node);
     }
     Ok(out)
@@ -41,7 +74,9 @@ impl Backward for LayerNormBackward {
         "layernorm"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         let dx = grads.of(ctx, &self.x)?;
         // The params kernel writes both; a side that needs no gradient gets a throwaway buffer.
         let c = self.x.last_dim();

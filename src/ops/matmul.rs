@@ -40,7 +40,13 @@ fn dims2(t: &Tensor, trans: bool) -> (usize, usize) {
     }
 }
 
-fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<Tensor> {
+fn product(
+    ctx: &Context,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    opts: MatmulOpts,
+) -> Result<Tensor> {
     expect_f32("matmul", a)?;
     expect_f32("matmul", b)?;
     if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
@@ -60,18 +66,30 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
         let (m, k) = dims2(a, opts.trans_a);
         let lead = &a.shape()[..a.shape().len() - 2];
         if !shared_b && lead != &b.shape()[..b.shape().len() - 2] {
-            return Err(Error::shape("matmul", format!("batch dims {lead:?}"), b.shape()));
+            return Err(Error::shape(
+                "matmul",
+                format!("batch dims {lead:?}"),
+                b.shape(),
+            ));
         }
         let mut shape = lead.to_vec();
         shape.extend([m, dims2(b, opts.trans_b).1]);
         (lead.iter().product::<usize>(), m, k, shape)
     };
     if shared_b && batch > 1 {
-        return Err(Error::shape("matmul", "batched b for a transposed batched a", b.shape()));
+        return Err(Error::shape(
+            "matmul",
+            "batched b for a transposed batched a",
+            b.shape(),
+        ));
     }
     let (kb, n) = dims2(b, opts.trans_b);
     if ka != kb {
-        return Err(Error::shape("matmul", format!("inner dims equal (a {:?}, b {:?})", a.shape(), b.shape()), (ka, kb)));
+        return Err(Error::shape(
+            "matmul",
+            format!("inner dims equal (a {:?}, b {:?})", a.shape(), b.shape()),
+            (ka, kb),
+        ));
     }
     if let Some(bias) = bias {
         if bias.shape() != [n] {
@@ -80,11 +98,37 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
     }
     let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
     let out = ctx.empty("matmul", &out_shape, DType::F32, ctx.wants_grad(&inputs))?;
-    let g = Gemm { batch, m, n, k: ka, trans_a: opts.trans_a, trans_b: opts.trans_b, alpha: opts.alpha.unwrap_or(1.0), beta: 0.0 };
+    let g = Gemm {
+        batch,
+        m,
+        n,
+        k: ka,
+        trans_a: opts.trans_a,
+        trans_b: opts.trans_b,
+        alpha: opts.alpha.unwrap_or(1.0),
+        beta: 0.0,
+    };
     let bias_view = bias.map(|t| ctx.view(t));
-    k::matmul(&ctx.kernels, &ctx.view(&out), &ctx.view(a), &ctx.view(b), bias_view.as_ref(), &ctx.dummy()?, g)?;
+    k::matmul(
+        &ctx.kernels,
+        &ctx.view(&out),
+        &ctx.view(a),
+        &ctx.view(b),
+        bias_view.as_ref(),
+        &ctx.dummy()?,
+        g,
+    )?;
     if out.requires_grad() {
-        ctx.record(&[&out], MatmulBackward { a: a.clone(), b: b.clone(), bias: bias.cloned(), out: out.clone(), g });
+        ctx.record(
+            &[&out],
+            MatmulBackward {
+                a: a.clone(),
+                b: b.clone(),
+                bias: bias.cloned(),
+                out: out.clone(),
+                g,
+            },
+        );
     }
     Ok(out)
 }
@@ -105,21 +149,42 @@ impl Backward for MatmulBackward {
     // With C = α·op(A)·op(B): d op(A) = α·dC·op(B)ᵀ and d op(B) = α·op(A)ᵀ·dC, each written in the
     // storage layout of A and B by choosing which operand is read transposed.
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dc) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dc) = grads.get(&self.out) else {
+            return Ok(());
+        };
         let g = self.g;
         let (ta, tb) = (g.trans_a, g.trans_b);
         let dummy = ctx.dummy()?;
         let (dcv, av, bv) = (ctx.view(&dc), ctx.view(&self.a), ctx.view(&self.b));
-        let base = Gemm { batch: g.batch, alpha: g.alpha, beta: 1.0, ..g };
+        let base = Gemm {
+            batch: g.batch,
+            alpha: g.alpha,
+            beta: 1.0,
+            ..g
+        };
         if let Some(da) = grads.of(ctx, &self.a)? {
             let dav = ctx.view(&da);
             if !ta {
                 // dA (M,K) = dC (M,N) · op(B)ᵀ
-                let gg = Gemm { m: g.m, n: g.k, k: g.n, trans_a: false, trans_b: !tb, ..base };
+                let gg = Gemm {
+                    m: g.m,
+                    n: g.k,
+                    k: g.n,
+                    trans_a: false,
+                    trans_b: !tb,
+                    ..base
+                };
                 k::matmul(&ctx.kernels, &dav, &dcv, &bv, None, &dummy, gg)?;
             } else {
                 // dA (K,M) = op(B) (K,N) · dCᵀ
-                let gg = Gemm { m: g.k, n: g.m, k: g.n, trans_a: tb, trans_b: true, ..base };
+                let gg = Gemm {
+                    m: g.k,
+                    n: g.m,
+                    k: g.n,
+                    trans_a: tb,
+                    trans_b: true,
+                    ..base
+                };
                 k::matmul(&ctx.kernels, &dav, &bv, &dcv, None, &dummy, gg)?;
             }
         }
@@ -127,11 +192,25 @@ impl Backward for MatmulBackward {
             let dbv = ctx.view(&db);
             if !tb {
                 // dB (K,N) = op(A)ᵀ · dC (M,N)
-                let gg = Gemm { m: g.k, n: g.n, k: g.m, trans_a: !ta, trans_b: false, ..base };
+                let gg = Gemm {
+                    m: g.k,
+                    n: g.n,
+                    k: g.m,
+                    trans_a: !ta,
+                    trans_b: false,
+                    ..base
+                };
                 k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;
             } else {
                 // dB (N,K) = dCᵀ · op(A) (M,K)
-                let gg = Gemm { m: g.n, n: g.k, k: g.m, trans_a: true, trans_b: ta, ..base };
+                let gg = Gemm {
+                    m: g.n,
+                    n: g.k,
+                    k: g.m,
+                    trans_a: true,
+                    trans_b: ta,
+                    ..base
+                };
                 k::matmul(&ctx.kernels, &dbv, &dcv, &av, None, &dummy, gg)?;
             }
         }

@@ -11,9 +11,23 @@ use crate::tensor::{DType, Tensor};
 pub fn softmax(ctx: &Context, x: &Tensor) -> Result<Tensor> {
     expect_f32("softmax", x)?;
     let out = ctx.empty("softmax", x.shape(), DType::F32, ctx.wants_grad(&[x]))?;
-    k::forward(&ctx.kernels, &ctx.view(&out), &ctx.view(x), x.rows(), x.last_dim(), 0, 1.0)?;
+    k::forward(
+        &ctx.kernels,
+        &ctx.view(&out),
+        &ctx.view(x),
+        x.rows(),
+        x.last_dim(),
+        0,
+        1.0,
+    )?;
     if out.requires_grad() {
-        ctx.record(&[&out], SoftmaxBackward { x: x.clone(), out: out.clone() });
+        ctx.record(
+            &[&out],
+            SoftmaxBackward {
+                x: x.clone(),
+                out: out.clone(),
+            },
+        );
     }
     Ok(out)
 }
@@ -28,10 +42,21 @@ impl Backward for SoftmaxBackward {
         "softmax"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
         if let Some(dx) = grads.of(ctx, &self.x)? {
             let (rows, len) = (self.x.rows(), self.x.last_dim());
-            k::backward(&ctx.kernels, &ctx.view(&dx), &ctx.view(&self.out), &ctx.view(&dout), rows, len, 0, 1.0)?;
+            k::backward(
+                &ctx.kernels,
+                &ctx.view(&dx),
+                &ctx.view(&self.out),
+                &ctx.view(&dout),
+                rows,
+                len,
+                0,
+                1.0,
+            )?;
         }
         Ok(())
     }

@@ -27,10 +27,28 @@ impl GradClip {
         let partials = ctx.partials()?;
         let sumsq = ctx.view(&self.sumsq);
         for (i, p) in params.iter().enumerate() {
-            let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: i, accumulate: false };
-            reduce::sum(&ctx.kernels, &sumsq, &ctx.view(&p.grad), &partials, p.grad.len(), spec)?;
+            let spec = reduce::SumSpec {
+                squares: true,
+                scale: 1.0,
+                slot: i,
+                accumulate: false,
+            };
+            reduce::sum(
+                &ctx.kernels,
+                &sumsq,
+                &ctx.view(&p.grad),
+                &partials,
+                p.grad.len(),
+                spec,
+            )?;
         }
-        optim::clip_scale(&ctx.kernels, &ctx.view(&self.clip), &sumsq, params.len(), max_norm)
+        optim::clip_scale(
+            &ctx.kernels,
+            &ctx.view(&self.clip),
+            &sumsq,
+            params.len(),
+            max_norm,
+        )
     }
 
     /// The global gradient norm of the last `compute` (waits for the GPU).

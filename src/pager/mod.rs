@@ -54,20 +54,39 @@ impl Pager {
     /// `budget`: the most GPU bytes the pool may hold; `None` takes the adapter's largest buffer × 4.
     pub fn new(gpu: Rc<Gpu>, budget: Option<u64>) -> Self {
         let budget = budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
-        Pager { gpu, state: RefCell::new(State { next_id: 1, slots: HashMap::new(), pool: Pool::new(budget) }) }
+        Pager {
+            gpu,
+            state: RefCell::new(State {
+                next_id: 1,
+                slots: HashMap::new(),
+                pool: Pool::new(budget),
+            }),
+        }
     }
 
     /// Reserves `bytes` for a new tensor named `name` (its contents are undefined).
     pub fn alloc(&self, name: &str, bytes: u64) -> Result<TensorId> {
         let limit = self.gpu.max_binding_bytes();
         if bytes > limit {
-            return Err(Error::TooLarge { tensor: name.into(), bytes, limit, what: "storage-binding limit" });
+            return Err(Error::TooLarge {
+                tensor: name.into(),
+                bytes,
+                limit,
+                what: "storage-binding limit",
+            });
         }
         let mut st = self.state.borrow_mut();
         let buffer = st.pool.take(&self.gpu.device, name, bytes.max(4))?;
         let id = st.next_id;
         st.next_id += 1;
-        st.slots.insert(id, Slot { name: name.to_string(), bytes, buffer });
+        st.slots.insert(
+            id,
+            Slot {
+                name: name.to_string(),
+                bytes,
+                buffer,
+            },
+        );
         Ok(id)
     }
 
@@ -75,11 +94,20 @@ impl Pager {
     pub fn view(&self, id: TensorId) -> View {
         let st = self.state.borrow();
         let slot = &st.slots[&id];
-        View { buffer: slot.buffer.clone(), offset: 0, size: slot.bytes.max(4).div_ceil(4) * 4 }
+        View {
+            buffer: slot.buffer.clone(),
+            offset: 0,
+            size: slot.bytes.max(4).div_ceil(4) * 4,
+        }
     }
 
     pub fn name(&self, id: TensorId) -> String {
-        self.state.borrow().slots.get(&id).map(|s| s.name.clone()).unwrap_or_default()
+        self.state
+            .borrow()
+            .slots
+            .get(&id)
+            .map(|s| s.name.clone())
+            .unwrap_or_default()
     }
 
     /// Called when the last handle to `id` is dropped.

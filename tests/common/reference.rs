@@ -3,7 +3,19 @@
 
 /// C[b] = alpha·op(A[b])·op(B[b]) (+ bias): a is (batch,M,K) or (batch,K,M) when `ta`; b is
 /// (batch,K,N) or (batch,N,K) when `tb` (batch stride 0 for a shared b: pass `b_shared`).
-pub fn matmul_forward(a: &[f64], b: &[f64], bias: Option<&[f64]>, batch: usize, m: usize, n: usize, k: usize, ta: bool, tb: bool, b_shared: bool, alpha: f64) -> Vec<f64> {
+pub fn matmul_forward(
+    a: &[f64],
+    b: &[f64],
+    bias: Option<&[f64]>,
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    ta: bool,
+    tb: bool,
+    b_shared: bool,
+    alpha: f64,
+) -> Vec<f64> {
     let mut c = vec![0.0; batch * m * n];
     for bt in 0..batch {
         let ao = bt * m * k;
@@ -12,8 +24,16 @@ pub fn matmul_forward(a: &[f64], b: &[f64], bias: Option<&[f64]>, batch: usize, 
             for j in 0..n {
                 let mut s = 0.0;
                 for kk in 0..k {
-                    let av = if ta { a[ao + kk * m + i] } else { a[ao + i * k + kk] };
-                    let bv = if tb { b[bo + j * k + kk] } else { b[bo + kk * n + j] };
+                    let av = if ta {
+                        a[ao + kk * m + i]
+                    } else {
+                        a[ao + i * k + kk]
+                    };
+                    let bv = if tb {
+                        b[bo + j * k + kk]
+                    } else {
+                        b[bo + kk * n + j]
+                    };
                     s += av * bv;
                 }
                 c[bt * m * n + i * n + j] = alpha * s + bias.map_or(0.0, |bb| bb[j]);
@@ -26,7 +46,9 @@ pub fn matmul_forward(a: &[f64], b: &[f64], bias: Option<&[f64]>, batch: usize, 
 const GELU_SCALE: f64 = 0.7978845608028654;
 
 pub fn gelu_forward(x: &[f64]) -> Vec<f64> {
-    x.iter().map(|&v| 0.5 * v * (1.0 + (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh())).collect()
+    x.iter()
+        .map(|&v| 0.5 * v * (1.0 + (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh()))
+        .collect()
 }
 
 pub fn gelu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
@@ -34,7 +56,8 @@ pub fn gelu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
         .zip(dout)
         .map(|(&v, &d)| {
             let t = (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh();
-            d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v))
+            d * (0.5 * (1.0 + t)
+                + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v))
         })
         .collect()
 }
@@ -44,11 +67,21 @@ pub fn relu_forward(x: &[f64]) -> Vec<f64> {
 }
 
 pub fn relu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
-    x.iter().zip(dout).map(|(&v, &d)| if v > 0.0 { d } else { 0.0 }).collect()
+    x.iter()
+        .zip(dout)
+        .map(|(&v, &d)| if v > 0.0 { d } else { 0.0 })
+        .collect()
 }
 
 /// (out, mean, rstd)
-pub fn layernorm_forward(x: &[f64], w: &[f64], b: &[f64], rows: usize, c: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+pub fn layernorm_forward(
+    x: &[f64],
+    w: &[f64],
+    b: &[f64],
+    rows: usize,
+    c: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut out = vec![0.0; rows * c];
     let mut means = vec![0.0; rows];
     let mut rstds = vec![0.0; rows];
@@ -67,7 +100,14 @@ pub fn layernorm_forward(x: &[f64], w: &[f64], b: &[f64], rows: usize, c: usize,
 }
 
 /// (dx, dw, db)
-pub fn layernorm_backward(dout: &[f64], x: &[f64], w: &[f64], rows: usize, c: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+pub fn layernorm_backward(
+    dout: &[f64],
+    x: &[f64],
+    w: &[f64],
+    rows: usize,
+    c: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (_, means, rstds) = layernorm_forward(x, w, &vec![0.0; c], rows, c, eps);
     let mut dx = vec![0.0; rows * c];
     let mut dw = vec![0.0; c];
@@ -87,12 +127,25 @@ pub fn layernorm_backward(dout: &[f64], x: &[f64], w: &[f64], rows: usize, c: us
     (dx, dw, db)
 }
 
-pub fn softmax_forward(x: &[f64], rows: usize, len: usize, causal_t: usize, scale: f64) -> Vec<f64> {
+pub fn softmax_forward(
+    x: &[f64],
+    rows: usize,
+    len: usize,
+    causal_t: usize,
+    scale: f64,
+) -> Vec<f64> {
     let mut y = vec![0.0; rows * len];
     for r in 0..rows {
-        let valid = if causal_t == 0 { len } else { (r % causal_t + 1).min(len) };
+        let valid = if causal_t == 0 {
+            len
+        } else {
+            (r % causal_t + 1).min(len)
+        };
         let row = &x[r * len..r * len + valid];
-        let m = row.iter().map(|v| v * scale).fold(f64::NEG_INFINITY, f64::max);
+        let m = row
+            .iter()
+            .map(|v| v * scale)
+            .fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = row.iter().map(|v| (v * scale - m).exp()).sum();
         for j in 0..valid {
             y[r * len + j] = (row[j] * scale - m).exp() / s;
@@ -124,13 +177,19 @@ pub fn attention_forward(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) ->
                 let q = |dd: usize| qkv[(bi * t + i) * 3 * c + hi * d + dd];
                 let mut scores = vec![0.0; i + 1];
                 for (j, s) in scores.iter_mut().enumerate() {
-                    *s = (0..d).map(|dd| q(dd) * qkv[(bi * t + j) * 3 * c + c + hi * d + dd]).sum::<f64>() * scale;
+                    *s = (0..d)
+                        .map(|dd| q(dd) * qkv[(bi * t + j) * 3 * c + c + hi * d + dd])
+                        .sum::<f64>()
+                        * scale;
                 }
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 for dd in 0..d {
                     out[(bi * t + i) * c + hi * d + dd] = (0..=i)
-                        .map(|j| (scores[j] - m).exp() / z * qkv[(bi * t + j) * 3 * c + 2 * c + hi * d + dd])
+                        .map(|j| {
+                            (scores[j] - m).exp() / z
+                                * qkv[(bi * t + j) * 3 * c + 2 * c + hi * d + dd]
+                        })
                         .sum();
                 }
             }
@@ -151,7 +210,14 @@ pub fn embedding_forward(tokens: &[u32], wte: &[f64], wpe: &[f64], t: usize, c: 
 }
 
 /// (dwte, dwpe)
-pub fn embedding_backward(tokens: &[u32], dout: &[f64], v: usize, max_t: usize, t: usize, c: usize) -> (Vec<f64>, Vec<f64>) {
+pub fn embedding_backward(
+    tokens: &[u32],
+    dout: &[f64],
+    v: usize,
+    max_t: usize,
+    t: usize,
+    c: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let mut dwte = vec![0.0; v * c];
     let mut dwpe = vec![0.0; max_t * c];
     for (r, &tok) in tokens.iter().enumerate() {
@@ -164,7 +230,12 @@ pub fn embedding_backward(tokens: &[u32], dout: &[f64], v: usize, max_t: usize, 
 }
 
 /// Per-row losses (0 for ignored rows) and their mean over valid rows.
-pub fn cross_entropy_forward(logits: &[f64], targets: &[u32], v: usize, ignore: u32) -> (Vec<f64>, f64) {
+pub fn cross_entropy_forward(
+    logits: &[f64],
+    targets: &[u32],
+    v: usize,
+    ignore: u32,
+) -> (Vec<f64>, f64) {
     let rows = targets.len();
     let mut losses = vec![0.0; rows];
     let mut count = 0;
@@ -178,11 +249,21 @@ pub fn cross_entropy_forward(logits: &[f64], targets: &[u32], v: usize, ignore: 
         losses[r] = lse - row[targets[r] as usize];
         count += 1;
     }
-    let mean = if count == 0 { 0.0 } else { losses.iter().sum::<f64>() / count as f64 };
+    let mean = if count == 0 {
+        0.0
+    } else {
+        losses.iter().sum::<f64>() / count as f64
+    };
     (losses, mean)
 }
 
-pub fn cross_entropy_backward(logits: &[f64], targets: &[u32], v: usize, ignore: u32, dloss: f64) -> Vec<f64> {
+pub fn cross_entropy_backward(
+    logits: &[f64],
+    targets: &[u32],
+    v: usize,
+    ignore: u32,
+    dloss: f64,
+) -> Vec<f64> {
     let rows = targets.len();
     let count = targets.iter().filter(|&&t| t != ignore).count().max(1) as f64;
     let mut d = vec![0.0; rows * v];
@@ -206,11 +287,25 @@ pub fn sum_forward(x: &[f64], squares: bool) -> f64 {
 }
 
 pub fn sum_rows(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    (0..cols).map(|j| (0..rows).map(|r| x[r * cols + j]).sum()).collect()
+    (0..cols)
+        .map(|j| (0..rows).map(|r| x[r * cols + j]).sum())
+        .collect()
 }
 
 /// One AdamW step; returns (param, m, v).
-pub fn adamw_update(p: &[f64], g: &[f64], m: &[f64], v: &[f64], lr: f64, b1: f64, b2: f64, eps: f64, wd: f64, t: i32, clip: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+pub fn adamw_update(
+    p: &[f64],
+    g: &[f64],
+    m: &[f64],
+    v: &[f64],
+    lr: f64,
+    b1: f64,
+    b2: f64,
+    eps: f64,
+    wd: f64,
+    t: i32,
+    clip: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
     let mut out = (p.to_vec(), m.to_vec(), v.to_vec());
     for i in 0..p.len() {
@@ -224,7 +319,15 @@ pub fn adamw_update(p: &[f64], g: &[f64], m: &[f64], v: &[f64], lr: f64, b1: f64
 }
 
 /// One SGD-with-momentum step; returns (param, buf).
-pub fn sgd_update(p: &[f64], g: &[f64], buf: &[f64], lr: f64, momentum: f64, wd: f64, clip: f64) -> (Vec<f64>, Vec<f64>) {
+pub fn sgd_update(
+    p: &[f64],
+    g: &[f64],
+    buf: &[f64],
+    lr: f64,
+    momentum: f64,
+    wd: f64,
+    clip: f64,
+) -> (Vec<f64>, Vec<f64>) {
     let mut out = (p.to_vec(), buf.to_vec());
     for i in 0..p.len() {
         let gi = g[i] * clip + wd * p[i];

@@ -1,0 +1,395 @@
+//! Checkpoints in safetensors with Hugging Face GPT-2 names and layouts: `model.safetensors` +
+//! `config.json` load unchanged into transformers' `GPT2LMHeadModel`; `optimizer.safetensors`
+//! holds the AdamW moments. Files are written atomically (temp file, fsync, rename) and carry the
+//! step in their metadata, so a reader can tell a torn pair.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::nn::{Gpt, GptConfig, Module, Param};
+use crate::optim::AdamW;
+use crate::tensor::Tensor;
+
+pub const FORMAT_VERSION: u32 = 1;
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+
+/// Where a run stands, saved next to the weights.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    pub step: u64,
+    /// State of the data sampler's RNG.
+    pub data_rng: u64,
+    /// Character vocabulary of a text-trained model (None for token-file data).
+    pub vocab: Option<Vec<char>>,
+    pub config: GptConfig,
+}
+
+/// A tensor read from a checkpoint, converted to f32.
+#[derive(Clone, Debug)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// What `load` finds in a checkpoint directory.
+pub struct Checkpoint {
+    pub config: GptConfig,
+    /// Present in checkpoints written by pagetrain.
+    pub state: Option<TrainState>,
+    pub weights: HashMap<String, HostTensor>,
+    /// AdamW moments by `<param>.exp_avg` / `<param>.exp_avg_sq`, and the step count `t`.
+    pub optimizer: Option<(HashMap<String, HostTensor>, u64)>,
+}
+
+fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+/// Hugging Face's `config.json` for a GPT-2 of this shape.
+pub fn hf_config_json(c: &GptConfig) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "scale_attn_weights": true,
+        "tie_word_embeddings": true,
+        "torch_dtype": "float32",
+    })
+}
+
+fn config_from_hf(path: &Path, v: &serde_json::Value) -> Result<GptConfig> {
+    let get = |key: &str| -> Result<usize> {
+        v.get(key)
+            .and_then(|x| x.as_u64())
+            .map(|x| x as usize)
+            .ok_or_else(|| ckpt_err(path, format!("config.json lacks `{key}`")))
+    };
+    if let Some(act) = v.get("activation_function").and_then(|a| a.as_str()) {
+        if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+            return Err(ckpt_err(
+                path,
+                format!("activation `{act}` is not GPT-2's tanh GELU"),
+            ));
+        }
+    }
+    let c = GptConfig {
+        n_layer: get("n_layer")?,
+        n_head: get("n_head")?,
+        n_embd: get("n_embd")?,
+        block_size: get("n_positions")?,
+        vocab_size: get("vocab_size")?,
+    };
+    c.validate().map_err(|e| ckpt_err(path, e.to_string()))?;
+    Ok(c)
+}
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    if let Some(dir) = path.parent() {
+        // Make the rename itself durable.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+async fn host_tensors(
+    ctx: &Context,
+    named: Vec<(String, &Tensor)>,
+) -> Result<Vec<(String, Vec<usize>, Vec<u8>)>> {
+    let mut out = Vec::with_capacity(named.len());
+    for (name, t) in named {
+        let data = ctx.to_f32(t).await?;
+        out.push((
+            name,
+            t.shape().to_vec(),
+            bytemuck::cast_slice(&data).to_vec(),
+        ));
+    }
+    Ok(out)
+}
+
+fn serialize(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+    meta: HashMap<String, String>,
+) -> Result<Vec<u8>> {
+    let views = tensors
+        .iter()
+        .map(|(n, s, d)| TensorView::new(Dtype::F32, s.clone(), d).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ckpt_err(path, e.to_string()))?;
+    safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(path, e.to_string()))
+}
+
+/// Writes model, optimizer and config into `dir` (created if missing).
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn save(
+    ctx: &Context,
+    dir: &Path,
+    model: &Gpt,
+    opt: &AdamW,
+    state: &TrainState,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(dir, e.to_string()))?;
+    let meta = |extra: &[(&str, String)]| {
+        let mut m: HashMap<String, String> = HashMap::from([
+            ("format".into(), "pt".into()),
+            (
+                "pagetrain_format_version".into(),
+                FORMAT_VERSION.to_string(),
+            ),
+            ("step".into(), state.step.to_string()),
+            ("train_state".into(), state_json.clone()),
+        ]);
+        m.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        m
+    };
+    let params = model.params();
+    let weights = host_tensors(
+        ctx,
+        params.iter().map(|p| (p.name.clone(), &p.value)).collect(),
+    )
+    .await?;
+    let moments: Vec<(String, &Tensor)> = params
+        .iter()
+        .zip(opt.m.iter().zip(&opt.v))
+        .flat_map(|(p, (m, v))| {
+            [
+                (format!("{}.exp_avg", p.name), m),
+                (format!("{}.exp_avg_sq", p.name), v),
+            ]
+        })
+        .collect();
+    let moments = host_tensors(ctx, moments).await?;
+
+    let model_path = dir.join(MODEL_FILE);
+    let opt_path = dir.join(OPTIMIZER_FILE);
+    let config_json = serde_json::to_vec_pretty(&hf_config_json(&model.config))
+        .map_err(|e| ckpt_err(dir, e.to_string()))?;
+    write_atomic(
+        &opt_path,
+        &serialize(&opt_path, &moments, meta(&[("adam_t", opt.t.to_string())]))?,
+    )?;
+    write_atomic(&dir.join(CONFIG_FILE), &config_json)?;
+    write_atomic(&model_path, &serialize(&model_path, &weights, meta(&[]))?)?;
+    Ok(())
+}
+
+fn read_safetensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
+            Dtype::F16 => view
+                .data()
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => view
+                .data()
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ckpt_err(
+                    path,
+                    format!("tensor `{name}` has dtype {other:?}; f32, f16 and bf16 are supported"),
+                ))
+            }
+        };
+        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+            return Err(ckpt_err(
+                path,
+                format!("tensor `{name}` holds a non-finite value at {i}"),
+            ));
+        }
+        tensors.insert(
+            name,
+            HostTensor {
+                shape: view.shape().to_vec(),
+                data,
+            },
+        );
+    }
+    Ok((tensors, meta))
+}
+
+/// Reads a checkpoint directory written by pagetrain, or any GPT-2-layout one (`config.json` +
+/// `model.safetensors`, as Hugging Face saves them).
+pub fn load(dir: &Path) -> Result<Checkpoint> {
+    if !dir.is_dir() {
+        return Err(ckpt_err(dir, "is not a directory"));
+    }
+    let model_path = dir.join(MODEL_FILE);
+    let (mut weights, meta) = read_safetensors(&model_path)?;
+    // GPT2Model checkpoints name tensors without the `transformer.` prefix.
+    if weights
+        .keys()
+        .any(|k| k.starts_with("h.") || k == "wte.weight")
+    {
+        weights = weights
+            .into_iter()
+            .map(|(k, v)| (format!("transformer.{k}"), v))
+            .collect();
+    }
+    let state: Option<TrainState> = match meta.get("train_state") {
+        Some(s) => Some(
+            serde_json::from_str(s)
+                .map_err(|e| ckpt_err(&model_path, format!("bad train_state metadata: {e}")))?,
+        ),
+        None => None,
+    };
+    let config = match &state {
+        Some(s) => s.config,
+        None => {
+            let path = dir.join(CONFIG_FILE);
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ckpt_err(&path, e.to_string()))?;
+            config_from_hf(&path, &v)?
+        }
+    };
+    let opt_path = dir.join(OPTIMIZER_FILE);
+    let optimizer = if opt_path.exists() {
+        let (moments, ometa) = read_safetensors(&opt_path)?;
+        if ometa.get("step") != meta.get("step") {
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "optimizer step {:?} and model step {:?} differ: torn checkpoint",
+                    ometa.get("step"),
+                    meta.get("step")
+                ),
+            ));
+        }
+        let t = ometa
+            .get("adam_t")
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| ckpt_err(&opt_path, "missing adam_t"))?;
+        Some((moments, t))
+    } else {
+        None
+    };
+    Ok(Checkpoint {
+        config,
+        state,
+        weights,
+        optimizer,
+    })
+}
+
+fn take<'a>(
+    path: &Path,
+    map: &'a HashMap<String, HostTensor>,
+    name: &str,
+    want: &[usize],
+) -> Result<&'a HostTensor> {
+    let t = map
+        .get(name)
+        .ok_or_else(|| ckpt_err(path, format!("missing tensor `{name}`")))?;
+    if t.shape != want {
+        return Err(ckpt_err(
+            path,
+            format!(
+                "tensor `{name}` has shape {:?}, the model needs {want:?}",
+                t.shape
+            ),
+        ));
+    }
+    Ok(t)
+}
+
+/// Copies the checkpoint's weights into `model` (every parameter must be present, shapes equal).
+pub fn load_weights(
+    ctx: &Context,
+    dir: &Path,
+    model: &Gpt,
+    weights: &HashMap<String, HostTensor>,
+) -> Result<()> {
+    let params: Vec<&Param> = model.params();
+    // Check everything before writing anything.
+    for p in &params {
+        take(dir, weights, &p.name, p.value.shape())?;
+    }
+    for p in params {
+        ctx.write_f32(&p.value, &weights[&p.name].data)?;
+    }
+    Ok(())
+}
+
+/// Copies the AdamW moments and step count into `opt`.
+pub fn load_optimizer(
+    ctx: &Context,
+    dir: &Path,
+    model: &Gpt,
+    opt: &mut AdamW,
+    moments: &HashMap<String, HostTensor>,
+    t: u64,
+) -> Result<()> {
+    let params = model.params();
+    for p in &params {
+        take(
+            dir,
+            moments,
+            &format!("{}.exp_avg", p.name),
+            p.value.shape(),
+        )?;
+        take(
+            dir,
+            moments,
+            &format!("{}.exp_avg_sq", p.name),
+            p.value.shape(),
+        )?;
+    }
+    for (i, p) in params.iter().enumerate() {
+        ctx.write_f32(&opt.m[i], &moments[&format!("{}.exp_avg", p.name)].data)?;
+        ctx.write_f32(&opt.v[i], &moments[&format!("{}.exp_avg_sq", p.name)].data)?;
+    }
+    opt.t = t;
+    Ok(())
+}
+
+/// The directory's model file, for messages.
+pub fn model_path(dir: &Path) -> PathBuf {
+    dir.join(MODEL_FILE)
+}

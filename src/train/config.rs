@@ -1,0 +1,102 @@
+//! Training hyperparameters, checked before anything touches the GPU.
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// Everything a training run needs to know. `Default` is the built-in demo run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Model preset: `tiny`, `small`, `gpt2-124m`.
+    pub model: String,
+    pub steps: u64,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// Peak learning rate (after warmup; cosine decay to lr/10).
+    pub lr: f32,
+    pub warmup_steps: u64,
+    pub weight_decay: f32,
+    /// Global gradient-norm clip (≤ 0: off).
+    pub grad_clip: f32,
+    pub seed: u64,
+    /// Text or `.bin` token file; `None`: the built-in demo corpus.
+    pub data: Option<PathBuf>,
+    /// Where the checkpoint goes.
+    pub out: PathBuf,
+    /// Continue from this checkpoint directory.
+    pub resume: Option<PathBuf>,
+    /// Start from the weights of this GPT-2-layout checkpoint directory.
+    pub init_from: Option<PathBuf>,
+    /// Validation batches at each evaluation.
+    pub eval_batches: usize,
+    /// Evaluate every this many steps (0: only at the end).
+    pub eval_every: u64,
+    /// Characters to sample at the end (0: none).
+    pub sample_len: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: "tiny".into(),
+            steps: 600,
+            batch_size: 16,
+            seq_len: 64,
+            lr: 3e-3,
+            warmup_steps: 30,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            seed: 1337,
+            data: None,
+            out: PathBuf::from("runs/default"),
+            resume: None,
+            init_from: None,
+            eval_batches: 8,
+            eval_every: 0,
+            sample_len: 300,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Rejects nonsense with a message naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid("hyperparameter", msg));
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("--lr must be a positive number, got {}", self.lr));
+        }
+        if self.batch_size == 0 {
+            return bad("--batch-size must be at least 1".into());
+        }
+        if self.seq_len == 0 {
+            return bad("--seq-len must be at least 1".into());
+        }
+        if self.steps == 0 {
+            return bad("--steps must be at least 1".into());
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(format!(
+                "weight decay must be >= 0, got {}",
+                self.weight_decay
+            ));
+        }
+        if self.eval_batches == 0 {
+            return bad("eval batches must be at least 1".into());
+        }
+        if self.resume.is_some() && self.init_from.is_some() {
+            return bad("--resume and --init-from exclude each other".into());
+        }
+        Ok(())
+    }
+
+    /// Learning rate at `step` (0-based): linear warmup, then cosine decay to lr/10.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        let min_lr = self.lr / 10.0;
+        if step < self.warmup_steps {
+            return self.lr * (step + 1) as f32 / self.warmup_steps as f32;
+        }
+        let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f32;
+        let progress = ((step - self.warmup_steps) as f32 / span).min(1.0);
+        min_lr + 0.5 * (self.lr - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
+    }
+}

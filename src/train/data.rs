@@ -1,0 +1,308 @@
+//! Token data: plain text (characters become tokens), nanoGPT-style raw uint16 `.bin` files and
+//! llm.c's headered `.bin` files (both memory-mapped), split into train and validation parts.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+
+/// llm.c's token file header: 256 little-endian i32s, [0] magic, [1] version, [2] token count.
+const LLMC_MAGIC: i32 = 20240520;
+const LLMC_HEADER_BYTES: usize = 256 * 4;
+/// GPT-2's vocabulary size: the default for token files.
+pub const GPT2_VOCAB: usize = 50257;
+
+/// How tokens map to text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Vocab {
+    /// Character-level: token i is `chars[i]`.
+    Chars(Vec<char>),
+    /// Token ids from a file, `size` of them; no text decoding here.
+    Ids { size: usize },
+}
+
+impl Vocab {
+    pub fn size(&self) -> usize {
+        match self {
+            Vocab::Chars(c) => c.len(),
+            Vocab::Ids { size } => *size,
+        }
+    }
+
+    /// The sorted distinct characters of `text`.
+    pub fn from_text(text: &str) -> Vocab {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        Vocab::Chars(chars)
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let Vocab::Chars(chars) = self else {
+            return Err(Error::invalid(
+                "encode",
+                "this vocabulary has no characters (token-file data)",
+            ));
+        };
+        text.chars()
+            .enumerate()
+            .map(|(i, ch)| {
+                chars.binary_search(&ch).map(|t| t as u32).map_err(|_| {
+                    Error::invalid(
+                        "text",
+                        format!("character {ch:?} at {i} is not in the model's vocabulary"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        match self {
+            Vocab::Chars(chars) => tokens
+                .iter()
+                .map(|&t| chars.get(t as usize).copied().unwrap_or('\u{fffd}'))
+                .collect(),
+            Vocab::Ids { .. } => tokens
+                .iter()
+                .map(|t| format!("<{t}>"))
+                .collect::<Vec<_>>()
+                .join(""),
+        }
+    }
+}
+
+enum Store {
+    Owned(Vec<u32>),
+    #[cfg(not(target_arch = "wasm32"))]
+    U16 {
+        map: memmap2::Mmap,
+        offset: usize,
+        len: usize,
+    },
+}
+
+/// A token sequence with a train / validation split (the last `val_fraction` is validation).
+pub struct Dataset {
+    store: Store,
+    pub vocab: Vocab,
+    pub path: PathBuf,
+    n_train: usize,
+}
+
+/// Which part of the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Val,
+}
+
+impl Dataset {
+    /// Character-level data from text; `vocab` fixes the token ids (e.g. a checkpoint's), otherwise
+    /// the text's own characters.
+    pub fn from_text(
+        text: &str,
+        path: impl Into<PathBuf>,
+        vocab: Option<Vocab>,
+    ) -> Result<Dataset> {
+        let path = path.into();
+        if text.is_empty() {
+            return Err(Error::Data {
+                path,
+                msg: "is empty".into(),
+            });
+        }
+        let vocab = vocab.unwrap_or_else(|| Vocab::from_text(text));
+        let tokens = vocab.encode(text).map_err(|e| Error::Data {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        Ok(Self::with_split(Store::Owned(tokens), vocab, path))
+    }
+
+    /// Token ids already in memory (< `vocab_size`).
+    pub fn from_tokens(
+        tokens: Vec<u32>,
+        vocab_size: usize,
+        path: impl Into<PathBuf>,
+    ) -> Result<Dataset> {
+        let path = path.into();
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab_size)
+        {
+            return Err(Error::Data {
+                path,
+                msg: format!(
+                    "token {t} at position {i} is not below the vocabulary size {vocab_size}"
+                ),
+            });
+        }
+        Ok(Self::with_split(
+            Store::Owned(tokens),
+            Vocab::Ids { size: vocab_size },
+            path,
+        ))
+    }
+
+    fn with_split(store: Store, vocab: Vocab, path: PathBuf) -> Dataset {
+        let mut d = Dataset {
+            store,
+            vocab,
+            path,
+            n_train: 0,
+        };
+        d.n_train = d.len() - d.len() / 10;
+        d
+    }
+
+    /// Opens `path`: `.bin` as uint16 tokens (llm.c header or raw), anything else as UTF-8 text.
+    /// `vocab` (from a checkpoint) fixes the token ids; token files default to GPT-2's 50257.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: &Path, vocab: Option<Vocab>) -> Result<Dataset> {
+        let data_err = |msg: String| Error::Data {
+            path: path.to_path_buf(),
+            msg,
+        };
+        if path.extension().is_some_and(|e| e == "bin") {
+            let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+            // SAFETY: the map is read-only and we never write the file; a file truncated by
+            // another process while mapped would fault, as with any mmap reader.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+            let (offset, len) = token_layout(&map).map_err(data_err)?;
+            #[cfg(unix)]
+            let _ = map.advise(memmap2::Advice::Sequential);
+            let vocab_size = vocab.as_ref().map_or(GPT2_VOCAB, Vocab::size);
+            let store = Store::U16 { map, offset, len };
+            let d = Self::with_split(store, Vocab::Ids { size: vocab_size }, path.to_path_buf());
+            if let Some((i, t)) = (0..d.len())
+                .map(|i| (i, d.token(i)))
+                .find(|&(_, t)| t as usize >= vocab_size)
+            {
+                return Err(data_err(format!(
+                    "token {t} at position {i} is not below the vocabulary size {vocab_size}"
+                )));
+            }
+            Ok(d)
+        } else {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+            Self::from_text(&text, path, vocab)
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.store {
+            Store::Owned(v) => v.len(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Store::U16 { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn token(&self, i: usize) -> u32 {
+        match &self.store {
+            Store::Owned(v) => v[i],
+            #[cfg(not(target_arch = "wasm32"))]
+            Store::U16 { map, offset, .. } => {
+                u16::from_le_bytes([map[offset + 2 * i], map[offset + 2 * i + 1]]) as u32
+            }
+        }
+    }
+
+    fn range(&self, split: Split) -> (usize, usize) {
+        match split {
+            Split::Train => (0, self.n_train),
+            Split::Val => (self.n_train, self.len()),
+        }
+    }
+
+    pub fn split_len(&self, split: Split) -> usize {
+        let (a, b) = self.range(split);
+        b - a
+    }
+
+    /// Errors unless both splits hold at least one window of `seq_len + 1` tokens.
+    pub fn check_fits(&self, seq_len: usize) -> Result<()> {
+        for split in [Split::Train, Split::Val] {
+            let n = self.split_len(split);
+            if n < seq_len + 1 {
+                return Err(Error::Data {
+                    path: self.path.clone(),
+                    msg: format!(
+                        "too short: its {split:?} split has {n} tokens, a window of --seq-len {seq_len} needs {} ({} tokens in all)",
+                        seq_len + 1,
+                        self.len()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `b` random windows of `t + 1` tokens from `split`: inputs (B·T) and next-token targets (B·T).
+    pub fn batch(&self, split: Split, rng: &mut Rng, b: usize, t: usize) -> (Vec<u32>, Vec<u32>) {
+        let (start, end) = self.range(split);
+        let mut x = Vec::with_capacity(b * t);
+        let mut y = Vec::with_capacity(b * t);
+        for _ in 0..b {
+            let s = start + rng.below(end - start - t);
+            x.extend((s..s + t).map(|i| self.token(i)));
+            y.extend((s + 1..s + t + 1).map(|i| self.token(i)));
+        }
+        (x, y)
+    }
+
+    /// Entropy (nats) of the training split's token frequencies: the loss of the best model that
+    /// ignores context. A model that learns must go far below it.
+    pub fn unigram_entropy(&self) -> f32 {
+        let mut counts = vec![0u64; self.vocab.size()];
+        let (a, b) = self.range(Split::Train);
+        for i in a..b {
+            counts[self.token(i) as usize] += 1;
+        }
+        let n = (b - a) as f64;
+        -counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| c as f64 / n * (c as f64 / n).ln())
+            .sum::<f64>() as f32
+    }
+}
+
+/// (byte offset, token count) of the uint16 tokens in a `.bin` file.
+fn token_layout(bytes: &[u8]) -> std::result::Result<(usize, usize), String> {
+    if bytes.is_empty() {
+        return Err("is empty".into());
+    }
+    if bytes.len() >= LLMC_HEADER_BYTES {
+        let word =
+            |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        if word(0) == LLMC_MAGIC {
+            if word(1) != 1 {
+                return Err(format!(
+                    "llm.c token file version {} (only 1, uint16 tokens, is known)",
+                    word(1)
+                ));
+            }
+            let n = word(2).max(0) as usize;
+            let have = (bytes.len() - LLMC_HEADER_BYTES) / 2;
+            if have < n {
+                return Err(format!(
+                    "header promises {n} tokens but the file holds {have}: truncated"
+                ));
+            }
+            return Ok((LLMC_HEADER_BYTES, n));
+        }
+    }
+    if bytes.len() % 2 != 0 {
+        return Err(format!(
+            "has an odd length ({} bytes): not uint16 tokens",
+            bytes.len()
+        ));
+    }
+    Ok((0, bytes.len() / 2))
+}
