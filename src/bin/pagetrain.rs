@@ -39,7 +39,7 @@ struct TrainArgs {
     #[arg(long)]
     seq_len: Option<usize>,
     /// Peak learning rate.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
     #[arg(long)]
     seed: Option<u64>,

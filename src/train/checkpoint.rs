@@ -348,8 +348,9 @@ pub fn load_weights(
 ) -> Result<()> {
     let params: Vec<&Param> = model.params();
     // Check everything before writing anything.
+    let path = dir.join(MODEL_FILE);
     for p in &params {
-        take(dir, weights, &p.name, p.value.shape())?;
+        take(&path, weights, &p.name, p.value.shape())?;
     }
     for p in params {
         ctx.write_f32(&p.value, &weights[&p.name].data)?;

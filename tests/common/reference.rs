@@ -336,3 +336,107 @@ pub fn sgd_update(
     }
     out
 }
+
+/// GPT-2 forward as Hugging Face's GPT2LMHeadModel computes it, from checkpoint tensors by their
+/// Hugging Face names (Conv1D weights are (in, out)): tokens (B,T) → logits (B,T,V).
+pub fn gpt2_forward(
+    w: &dyn Fn(&str) -> Vec<f64>,
+    n_layer: usize,
+    n_head: usize,
+    c: usize,
+    v: usize,
+    tokens: &[u32],
+    b: usize,
+    t: usize,
+) -> Vec<f64> {
+    let n = b * t;
+    let mut x = embedding_forward(
+        tokens,
+        &w("transformer.wte.weight"),
+        &w("transformer.wpe.weight"),
+        t,
+        c,
+    );
+    for l in 0..n_layer {
+        let p = |s: &str| w(&format!("transformer.h.{l}.{s}"));
+        let h = layernorm_forward(&x, &p("ln_1.weight"), &p("ln_1.bias"), n, c, 1e-5).0;
+        let qkv = matmul_forward(
+            &h,
+            &p("attn.c_attn.weight"),
+            Some(&p("attn.c_attn.bias")),
+            1,
+            n,
+            3 * c,
+            c,
+            false,
+            false,
+            true,
+            1.0,
+        );
+        let y = attention_forward(&qkv, b, t, c, n_head);
+        let a = matmul_forward(
+            &y,
+            &p("attn.c_proj.weight"),
+            Some(&p("attn.c_proj.bias")),
+            1,
+            n,
+            c,
+            c,
+            false,
+            false,
+            true,
+            1.0,
+        );
+        x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+        let h = layernorm_forward(&x, &p("ln_2.weight"), &p("ln_2.bias"), n, c, 1e-5).0;
+        let f = gelu_forward(&matmul_forward(
+            &h,
+            &p("mlp.c_fc.weight"),
+            Some(&p("mlp.c_fc.bias")),
+            1,
+            n,
+            4 * c,
+            c,
+            false,
+            false,
+            true,
+            1.0,
+        ));
+        let m = matmul_forward(
+            &f,
+            &p("mlp.c_proj.weight"),
+            Some(&p("mlp.c_proj.bias")),
+            1,
+            n,
+            c,
+            4 * c,
+            false,
+            false,
+            true,
+            1.0,
+        );
+        x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
+    }
+    let h = layernorm_forward(
+        &x,
+        &w("transformer.ln_f.weight"),
+        &w("transformer.ln_f.bias"),
+        n,
+        c,
+        1e-5,
+    )
+    .0;
+    matmul_forward(
+        &h,
+        &w("transformer.wte.weight"),
+        None,
+        1,
+        n,
+        v,
+        c,
+        false,
+        true,
+        true,
+        1.0,
+    )
+}

@@ -1,0 +1,110 @@
+//! The `pagetrain` binary as a user meets it: the JSON summary, `info`, and errors with hints.
+
+use std::process::{Command, Output};
+
+fn pagetrain(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagetrain"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run pagetrain")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn out_dir(name: &str) -> String {
+    let d = std::env::temp_dir().join(format!("pagetrain-cli-{}-{name}", std::process::id()));
+    d.to_string_lossy().into_owned()
+}
+
+#[test]
+fn train_json_reports_the_run() {
+    let out = out_dir("json");
+    let o = pagetrain(
+        &[
+            "train",
+            "--steps",
+            "4",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--sample-len",
+            "8",
+            "--json",
+            "--out",
+            &out,
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let line = stdout.lines().last().expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    for key in [
+        "final_train_loss",
+        "final_val_loss",
+        "baseline_loss",
+        "tokens_per_s",
+        "steps",
+        "params",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {line}");
+    }
+    assert_eq!(v["steps"], 4);
+    assert!(v["final_train_loss"].as_f64().unwrap() > 0.0);
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(std::path::Path::new(&out)
+        .join("model.safetensors")
+        .exists());
+    assert!(std::path::Path::new(&out).join("config.json").exists());
+}
+
+#[test]
+fn info_lists_the_chosen_adapter_and_its_limits() {
+    let o = pagetrain(&["info"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8(o.stdout).unwrap();
+    for needle in ["chosen:", "max storage binding", "shader-f16"] {
+        assert!(s.contains(needle), "`{needle}` not in:\n{s}");
+    }
+}
+
+#[test]
+fn no_adapter_is_an_error_with_a_hint() {
+    // No DX12 on this platform: wgpu finds nothing.
+    let backend = if cfg!(windows) { "metal" } else { "dx12" };
+    let o = pagetrain(&["train", "--steps", "1"], &[("WGPU_BACKEND", backend)]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("no GPU adapter"), "{e}");
+    assert!(e.contains("HINT:"), "{e}");
+}
+
+#[test]
+fn bad_flags_are_errors_naming_the_flag() {
+    for (args, needle) in [
+        (vec!["train", "--lr", "-1"], "--lr"),
+        (vec!["train", "--lr", "0"], "--lr"),
+        (vec!["train", "--batch-size", "0"], "--batch-size"),
+        (vec!["train", "--seq-len", "1000"], "--seq-len 1000"),
+        (
+            vec!["train", "--data", "/nonexistent/corpus.txt"],
+            "/nonexistent/corpus.txt",
+        ),
+        (
+            vec!["train", "--resume", "/nonexistent/run"],
+            "/nonexistent/run",
+        ),
+        (vec!["train", "--gpu-budget", "lots"], "lots"),
+    ] {
+        let o = pagetrain(&args, &[]);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let e = stderr(&o);
+        assert!(e.contains(needle), "{args:?}: `{needle}` not in: {e}");
+        assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
+    }
+}
