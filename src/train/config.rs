@@ -39,7 +39,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: "tiny".into(),
-            steps: 600,
+            steps: 400,
             batch_size: 16,
             seq_len: 64,
             lr: 3e-3,

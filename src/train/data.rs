@@ -1,7 +1,7 @@
 //! Token data: plain text (characters become tokens), nanoGPT-style raw uint16 `.bin` files and
 //! llm.c's headered `.bin` files (both memory-mapped), split into train and validation parts.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -146,6 +146,14 @@ impl Dataset {
         ))
     }
 
+    /// A `.bin` token file's bytes (llm.c header or raw uint16), e.g. fetched by the browser.
+    pub fn from_bin_bytes(bytes: &[u8], vocab_size: usize, path: impl Into<PathBuf>) -> Result<Dataset> {
+        let path = path.into();
+        let (offset, len) = token_layout(bytes).map_err(|msg| Error::Data { path: path.clone(), msg })?;
+        let tokens = bytes[offset..offset + 2 * len].chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect();
+        Self::from_tokens(tokens, vocab_size, path)
+    }
+
     fn with_split(store: Store, vocab: Vocab, path: PathBuf) -> Dataset {
         let mut d = Dataset {
             store,
@@ -160,7 +168,7 @@ impl Dataset {
     /// Opens `path`: `.bin` as uint16 tokens (llm.c header or raw), anything else as UTF-8 text.
     /// `vocab` (from a checkpoint) fixes the token ids; token files default to GPT-2's 50257.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: &Path, vocab: Option<Vocab>) -> Result<Dataset> {
+    pub fn open(path: &std::path::Path, vocab: Option<Vocab>) -> Result<Dataset> {
         let data_err = |msg: String| Error::Data {
             path: path.to_path_buf(),
             msg,

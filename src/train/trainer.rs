@@ -1,8 +1,6 @@
 //! The training loop: batches from the data, forward, backward, AdamW, evaluation, sampling,
 //! checkpoints. Progress goes to a [`Reporter`] (the CLI's progress bar; later the studio).
 
-use std::path::Path;
-
 use super::checkpoint::{self, TrainState};
 use super::config::TrainConfig;
 use super::data::{Dataset, Split, Vocab};
@@ -234,7 +232,7 @@ impl Trainer {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    pub async fn save(&self, ctx: &Context, dir: &Path) -> Result<()> {
+    pub async fn save(&self, ctx: &Context, dir: &std::path::Path) -> Result<()> {
         checkpoint::save(ctx, dir, &self.model, &self.opt, &self.state()).await
     }
 
