@@ -99,7 +99,8 @@ impl Context {
     /// then clears the tape. Parameter gradients in `grads` are accumulated into.
     pub fn backward(&self, loss: &Tensor, grads: &mut Grads, seed: f32) -> Result<()> {
         if let Some(dloss) = grads.of(self, loss)? {
-            elementwise::fill(&self.kernels, &self.view(&dloss), seed, dloss.len())?;
+            let _op = self.op();
+            elementwise::fill(&self.kernels, &self.write(&dloss)?, seed, dloss.len())?;
         }
         self.replay(loss, grads)
     }
@@ -114,10 +115,11 @@ impl Context {
             ));
         }
         if let Some(g) = grads.of(self, out)? {
+            let _op = self.op();
             elementwise::axpy(
                 &self.kernels,
-                &self.view(&g),
-                &self.view(dout),
+                &self.modify(&g)?,
+                &self.read(dout)?,
                 1.0,
                 g.len(),
             )?;

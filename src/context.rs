@@ -2,25 +2,38 @@
 //! autograd tape.
 
 use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::autograd::{Backward, Tape};
 use crate::device::{DeviceOptions, Gpu};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels};
-use crate::pager::{Pager, View};
+use crate::pager::{Access, HostStore, MemStore, Pager, PagerOptions, View};
+use crate::recorder::Recorder;
 use crate::tensor::{DType, Tensor};
+
+/// Where tensors live on the host.
+#[derive(Clone, Debug, Default)]
+pub enum StoreKind {
+    /// In memory (the default; the only choice in the browser).
+    #[default]
+    Memory,
+    /// In memory-mapped files under this directory: RAM is the page cache, the disk the tier below.
+    Mmap(PathBuf),
+}
 
 /// Options for [`Context::new`].
 #[derive(Clone, Debug, Default)]
 pub struct ContextOptions {
     pub device: DeviceOptions,
-    /// GPU byte budget for tensors; `None`: as much as the adapter allows.
-    pub gpu_budget: Option<u64>,
+    pub pager: PagerOptions,
+    pub store: StoreKind,
 }
 
 pub struct Context {
     pub gpu: Rc<Gpu>,
+    pub recorder: Rc<Recorder>,
     pub kernels: Kernels,
     pub pager: Rc<Pager>,
     tape: RefCell<Tape>,
@@ -29,24 +42,60 @@ pub struct Context {
     dummy: RefCell<Option<Tensor>>,
 }
 
+/// Pins taken while this guard lives are released when it drops: the tensors one op binds
+/// stay on the GPU together while its kernels are recorded.
+pub struct OpScope<'a> {
+    pager: &'a Pager,
+    depth: usize,
+}
+
+impl Drop for OpScope<'_> {
+    fn drop(&mut self) {
+        self.pager.unpin_to(self.depth);
+    }
+}
+
 impl Context {
     /// Opens the best adapter (see [`crate::device`]) and builds a context on it.
     pub async fn new(opts: &ContextOptions) -> Result<Context> {
         let gpu = Gpu::new(&opts.device).await?;
-        Ok(Self::from_gpu(gpu, opts.gpu_budget))
+        Self::from_gpu(gpu, opts)
     }
 
-    pub fn from_gpu(gpu: Gpu, gpu_budget: Option<u64>) -> Context {
+    pub fn from_gpu(gpu: Gpu, opts: &ContextOptions) -> Result<Context> {
+        let store: Box<dyn HostStore> = match &opts.store {
+            StoreKind::Memory => Box::new(MemStore::new()),
+            #[cfg(not(target_arch = "wasm32"))]
+            StoreKind::Mmap(dir) => Box::new(crate::pager::MmapStore::new(dir)?),
+            #[cfg(target_arch = "wasm32")]
+            StoreKind::Mmap(dir) => {
+                return Err(Error::invalid(
+                    "store",
+                    format!("no files in the browser: {}", dir.display()),
+                ))
+            }
+        };
+        Ok(Self::with_store(gpu, store, &opts.pager))
+    }
+
+    /// A context over any host store (e.g. one that fails on purpose, in tests).
+    pub fn with_store(gpu: Gpu, store: Box<dyn HostStore>, opts: &PagerOptions) -> Context {
         let gpu = Rc::new(gpu);
+        let recorder = Rc::new(Recorder::new(gpu.clone()));
         Context {
-            kernels: Kernels::new(gpu.clone()),
-            pager: Rc::new(Pager::new(gpu.clone(), gpu_budget)),
+            kernels: Kernels::new(recorder.clone()),
+            pager: Rc::new(Pager::new(gpu.clone(), recorder.clone(), store, opts)),
+            recorder,
             gpu,
             tape: RefCell::new(Tape::default()),
             grad_enabled: Cell::new(true),
             scratch: RefCell::new(None),
             dummy: RefCell::new(None),
         }
+    }
+
+    fn tensor(&self, id: u64, shape: &[usize], dtype: DType, requires_grad: bool) -> Tensor {
+        Tensor::new(id, shape.to_vec(), dtype, requires_grad, self.pager.clone())
     }
 
     /// A tensor with undefined contents.
@@ -59,20 +108,14 @@ impl Context {
     ) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
         let id = self.pager.alloc(name, (elems * dtype.size()) as u64)?;
-        Ok(Tensor::new(
-            id,
-            shape.to_vec(),
-            dtype,
-            requires_grad,
-            self.pager.clone(),
-        ))
+        Ok(self.tensor(id, shape, dtype, requires_grad))
     }
 
-    /// An f32 tensor of zeros.
+    /// An f32 tensor of zeros (cleared on the GPU when first used; nothing is uploaded).
     pub fn zeros(&self, name: &str, shape: &[usize], requires_grad: bool) -> Result<Tensor> {
-        let t = self.empty(name, shape, DType::F32, requires_grad)?;
-        self.kernels.zero(&self.view(&t));
-        Ok(t)
+        let elems: usize = shape.iter().product();
+        let id = self.pager.alloc_zeroed(name, (elems * 4) as u64)?;
+        Ok(self.tensor(id, shape, DType::F32, requires_grad))
     }
 
     /// An f32 tensor holding `data` (row-major, `shape`).
@@ -85,8 +128,7 @@ impl Context {
     ) -> Result<Tensor> {
         check_len(name, shape, data.len())?;
         let t = self.empty(name, shape, DType::F32, requires_grad)?;
-        self.kernels
-            .write_bytes(&self.view(&t), bytemuck::cast_slice(data));
+        self.pager.write(t.id(), bytemuck::cast_slice(data))?;
         Ok(t)
     }
 
@@ -94,17 +136,14 @@ impl Context {
     pub fn from_u32(&self, name: &str, shape: &[usize], data: &[u32]) -> Result<Tensor> {
         check_len(name, shape, data.len())?;
         let t = self.empty(name, shape, DType::U32, false)?;
-        self.kernels
-            .write_bytes(&self.view(&t), bytemuck::cast_slice(data));
+        self.pager.write(t.id(), bytemuck::cast_slice(data))?;
         Ok(t)
     }
 
     /// Overwrites an f32 tensor's contents.
     pub fn write_f32(&self, t: &Tensor, data: &[f32]) -> Result<()> {
         check_len("write_f32", t.shape(), data.len())?;
-        self.kernels
-            .write_bytes(&self.view(t), bytemuck::cast_slice(data));
-        Ok(())
+        self.pager.write(t.id(), bytemuck::cast_slice(data))
     }
 
     /// Copies an f32 tensor back to the host (waits for the GPU).
@@ -112,25 +151,44 @@ impl Context {
         if t.dtype() != DType::F32 {
             return Err(Error::invalid("to_f32", format!("{t:?} is not f32")));
         }
-        let bytes = self.kernels.read_bytes(&self.view(t), t.bytes()).await?;
+        let bytes = self.pager.read(t.id()).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
     /// Copies a u32 tensor back to the host (waits for the GPU).
     pub async fn to_u32(&self, t: &Tensor) -> Result<Vec<u32>> {
-        let bytes = self.kernels.read_bytes(&self.view(t), t.bytes()).await?;
+        let bytes = self.pager.read(t.id()).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// Where the kernels find `t` now.
-    pub fn view(&self, t: &Tensor) -> View {
-        self.pager.view(t.id())
+    /// Starts an op: tensors bound until the guard drops stay resident together.
+    pub fn op(&self) -> OpScope<'_> {
+        OpScope {
+            pager: &self.pager,
+            depth: self.pager.pin_depth(),
+        }
+    }
+
+    /// `t` on the GPU for reading.
+    pub fn read(&self, t: &Tensor) -> Result<View> {
+        self.pager.access(t.id(), Access::Read)
+    }
+
+    /// `t` on the GPU to be overwritten entirely.
+    pub fn write(&self, t: &Tensor) -> Result<View> {
+        self.pager.access(t.id(), Access::Write)
+    }
+
+    /// `t` on the GPU to be read and written (accumulated into).
+    pub fn modify(&self, t: &Tensor) -> Result<View> {
+        self.pager.access(t.id(), Access::ReadWrite)
     }
 
     /// Submits recorded work and waits for it (native) — the end of a step.
     pub fn sync(&self) -> Result<()> {
-        self.kernels.flush();
-        self.gpu.wait_idle()
+        self.recorder.flush();
+        self.gpu.wait_idle()?;
+        self.pager.poll()
     }
 
     /// Whether ops record backward nodes now.
@@ -173,7 +231,7 @@ impl Context {
                 false,
             )?);
         }
-        Ok(self.view(s.as_ref().expect("just set")))
+        self.write(s.as_ref().expect("just set"))
     }
 
     /// A tiny buffer standing in for an absent optional binding (e.g. no bias).
@@ -182,7 +240,7 @@ impl Context {
         if d.is_none() {
             *d = Some(self.zeros("dummy", &[4], false)?);
         }
-        Ok(self.view(d.as_ref().expect("just set")))
+        self.read(d.as_ref().expect("just set"))
     }
 }
 

@@ -34,10 +34,11 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod pager;
+pub mod recorder;
 pub mod rng;
 pub mod tensor;
 pub mod train;
 
-pub use context::{Context, ContextOptions};
+pub use context::{Context, ContextOptions, StoreKind};
 pub use error::{Error, Result};
 pub use tensor::{DType, Tensor};

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::pager::PagerOptions;
 use pagetrain::train::{Reporter, StepReport, TrainConfig, Trainer};
-use pagetrain::{Context, ContextOptions, Error};
+use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
 #[command(
@@ -64,9 +65,20 @@ struct TrainArgs {
     /// Print one JSON line with the results at the end.
     #[arg(long)]
     json: bool,
-    /// GPU byte budget for tensors, e.g. 512MiB, 2GiB (default: what the adapter allows).
-    #[arg(long, value_parser = parse_bytes)]
-    gpu_budget: Option<u64>,
+    /// GPU byte budget for tensors, e.g. 512MiB, 2GiB, or auto (4 × the adapter's largest buffer).
+    #[arg(long, value_parser = parse_budget)]
+    gpu_budget: Option<Option<u64>>,
+    /// Where tensors live on the host: a directory of memory-mapped files (default: OUT/store),
+    /// or `memory`.
+    #[arg(long)]
+    store: Option<String>,
+}
+
+fn parse_budget(s: &str) -> Result<Option<u64>, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    parse_bytes(s).map(Some)
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -153,11 +165,26 @@ impl Reporter for Bar {
 async fn train(args: TrainArgs) -> Result<(), Error> {
     let cfg = args.config();
     cfg.validate()?;
+    let store = match args.store.as_deref() {
+        Some("memory") => StoreKind::Memory,
+        Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
+        None => StoreKind::Mmap(cfg.out.join("store")),
+    };
+    let pager = PagerOptions {
+        budget: args.gpu_budget.flatten(),
+        ..Default::default()
+    };
     let ctx = Context::new(&ContextOptions {
-        gpu_budget: args.gpu_budget,
+        pager,
+        store,
         ..Default::default()
     })
     .await?;
+    eprintln!(
+        "store: {}; GPU budget {} MiB",
+        ctx.pager.describe_store(),
+        ctx.pager.budget() >> 20
+    );
     eprintln!("adapter: {}", ctx.gpu.describe());
     let mut trainer = Trainer::new(&ctx, cfg, None)?;
     let bar = ProgressBar::new(trainer.cfg.steps);

@@ -22,6 +22,7 @@ use std::rc::Rc;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::pager::View;
+use crate::recorder::Recorder;
 
 /// One WGSL source file and its family name.
 #[derive(Clone, Copy, Debug)]
@@ -68,8 +69,6 @@ pub const ALL: &[Shader] = &[
 pub const WG: u32 = 256;
 /// Most workgroups in one dispatch dimension (WebGPU's guaranteed minimum).
 pub const MAX_GROUPS: u32 = 65535;
-const UNIFORM_SLOT: u64 = 256;
-const ARENA_SLOTS: u64 = 4096;
 
 /// Workgroup grid for `threads` threads of `WG` each, folded into 2-D past 65535 groups. Shaders
 /// recover the flat index as `gid.x + gid.y * nwg.x * WG`, then guard against the tail.
@@ -140,19 +139,13 @@ impl Tuning {
     }
 }
 
-struct Pending {
-    encoder: Option<wgpu::CommandEncoder>,
-    uniforms: Vec<u8>,
-    dispatches: u64,
-}
-
-/// Pipelines, the pending encoder and the uniform arena.
+/// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
+/// dispatch recording.
 pub struct Kernels {
     gpu: Rc<Gpu>,
+    recorder: Rc<Recorder>,
     modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
-    pending: RefCell<Pending>,
-    arena: wgpu::Buffer,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
@@ -160,24 +153,14 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    pub fn new(gpu: Rc<Gpu>) -> Self {
-        let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("uniform arena"),
-            size: UNIFORM_SLOT * ARENA_SLOTS,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+    pub fn new(recorder: Rc<Recorder>) -> Self {
+        let gpu = recorder.gpu().clone();
         Kernels {
             tuning: Tuning::for_adapter(&gpu.info),
             gpu,
+            recorder,
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
-            pending: RefCell::new(Pending {
-                encoder: None,
-                uniforms: Vec::new(),
-                dispatches: 0,
-            }),
-            arena,
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE")
                 .is_ok_and(|v| v != "0")
@@ -187,6 +170,10 @@ impl Kernels {
 
     pub fn gpu(&self) -> &Rc<Gpu> {
         &self.gpu
+    }
+
+    pub fn recorder(&self) -> &Rc<Recorder> {
+        &self.recorder
     }
 
     /// Total dispatches recorded so far (for benchmarks).
@@ -265,15 +252,7 @@ impl Kernels {
     ) -> Result<()> {
         let pipeline = self.pipeline(shader, entry)?;
         let bytes = bytemuck::bytes_of(params);
-        debug_assert!(bytes.len() as u64 <= UNIFORM_SLOT);
-        if self.pending.borrow().uniforms.len() as u64 >= UNIFORM_SLOT * ARENA_SLOTS {
-            self.flush();
-        }
-        let mut pending = self.pending.borrow_mut();
-        let offset = pending.uniforms.len() as u64;
-        pending.uniforms.extend_from_slice(bytes);
-        pending.uniforms.resize((offset + UNIFORM_SLOT) as usize, 0);
-
+        let (arena, offset) = self.recorder.uniform(bytes);
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .enumerate()
@@ -289,7 +268,7 @@ impl Kernels {
         entries.push(wgpu::BindGroupEntry {
             binding: buffers.len() as u32,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arena,
+                buffer: &arena,
                 offset,
                 size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
             }),
@@ -302,13 +281,7 @@ impl Kernels {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-        let device = &self.gpu.device;
-        let encoder = pending.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            })
-        });
-        {
+        self.recorder.record(|encoder| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(entry),
                 timestamp_writes: None,
@@ -316,18 +289,18 @@ impl Kernels {
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        }
-        pending.dispatches += 1;
+        });
         self.dispatch_count.set(self.dispatch_count.get() + 1);
-        drop(pending);
         if let Some(profile) = &self.profile {
-            self.flush();
+            self.recorder.flush();
             let start = std::time::Instant::now();
             self.gpu.wait_idle()?;
             let mut p = profile.borrow_mut();
             let e = p.entry(entry).or_default();
             e.0 += 1;
             e.1 += start.elapsed().as_secs_f64();
+        } else {
+            self.recorder.maybe_submit();
         }
         Ok(())
     }
@@ -343,46 +316,24 @@ impl Kernels {
         v
     }
 
-    /// Runs `f` on the pending encoder (for copies and clears ordered with the dispatches).
-    pub fn with_encoder<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
-        let mut pending = self.pending.borrow_mut();
-        let device = &self.gpu.device;
-        let encoder = pending.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            })
-        });
-        f(encoder)
-    }
-
     /// Submits everything recorded so far.
     pub fn flush(&self) {
-        let mut pending = self.pending.borrow_mut();
-        if let Some(encoder) = pending.encoder.take() {
-            if !pending.uniforms.is_empty() {
-                self.gpu
-                    .queue
-                    .write_buffer(&self.arena, 0, &pending.uniforms);
-            }
-            self.gpu.queue.submit([encoder.finish()]);
-        }
-        pending.uniforms.clear();
-        pending.dispatches = 0;
+        self.recorder.flush();
     }
 
-    /// Copies `bytes` bytes of `view` back to the host (flushes pending work first).
-    pub async fn read_bytes(&self, view: &View, bytes: u64) -> Result<Vec<u8>> {
+    /// Copies `bytes` bytes of any buffer view back to the host through a temporary buffer
+    /// (flushes pending work first). For tests and debugging; tensors are read through the pager.
+    pub async fn read_view(&self, view: &View, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
+            label: Some("read_view"),
             size: size.max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.with_encoder(|enc| {
-            enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size)
-        });
-        self.flush();
+        self.recorder
+            .record(|enc| enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size));
+        self.recorder.flush();
         let (tx, rx) = futures::channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -405,29 +356,6 @@ impl Kernels {
             mapped[..bytes as usize].to_vec()
         };
         staging.unmap();
-        staging.destroy();
         Ok(data)
-    }
-
-    /// Writes host bytes into `view` (ordered before later dispatches).
-    pub fn write_bytes(&self, view: &View, data: &[u8]) {
-        // Pending dispatches may read the old contents: submit them before the queue write lands.
-        self.flush();
-        let mut padded;
-        let data = if data.len() % 4 != 0 {
-            padded = data.to_vec();
-            padded.resize(data.len().div_ceil(4) * 4, 0);
-            &padded[..]
-        } else {
-            data
-        };
-        if !data.is_empty() {
-            self.gpu.queue.write_buffer(&view.buffer, view.offset, data);
-        }
-    }
-
-    /// Fills `view` with zero bytes (recorded in order with the dispatches).
-    pub fn zero(&self, view: &View) {
-        self.with_encoder(|enc| enc.clear_buffer(&view.buffer, view.offset, Some(view.size)));
     }
 }

@@ -62,10 +62,11 @@ pub trait Module {
     }
 
     /// Sets every parameter gradient to zero.
-    fn zero_grad(&self, ctx: &Context) {
+    fn zero_grad(&self, ctx: &Context) -> Result<()> {
         for p in self.params() {
-            ctx.kernels.zero(&ctx.view(&p.grad));
+            ctx.pager.zero(p.grad.id())?;
         }
+        Ok(())
     }
 
     fn num_params(&self) -> usize {

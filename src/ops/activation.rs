@@ -20,7 +20,10 @@ pub fn relu(ctx: &Context, x: &Tensor) -> Result<Tensor> {
 fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
     expect_f32("activation", x)?;
     let out = ctx.empty("activation", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
-    k::forward(&ctx.kernels, f, &ctx.view(&out), &ctx.view(x), x.len())?;
+    {
+        let _op = ctx.op();
+        k::forward(&ctx.kernels, f, &ctx.write(&out)?, &ctx.read(x)?, x.len())?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -52,12 +55,13 @@ impl Backward for ActivationBackward {
             return Ok(());
         };
         if let Some(dx) = grads.of(ctx, &self.x)? {
+            let _op = ctx.op();
             k::backward(
                 &ctx.kernels,
                 self.f,
-                &ctx.view(&dx),
-                &ctx.view(&self.x),
-                &ctx.view(&dout),
+                &ctx.modify(&dx)?,
+                &ctx.read(&self.x)?,
+                &ctx.read(&dout)?,
                 dx.len(),
             )?;
         }

@@ -1,5 +1,6 @@
 //! Causal multi-head self-attention, composed of head split, two batched matmuls, a causal
 //! scaled softmax and head merge. The (B,H,T,T) attention probabilities are saved for backward.
+//! Each stage is its own op scope, so only its operands need to be on the GPU together.
 
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
@@ -8,6 +9,38 @@ use crate::kernels::attention::{self as k, Dims};
 use crate::kernels::matmul::{self as mm, Gemm};
 use crate::kernels::softmax;
 use crate::tensor::{DType, Tensor};
+
+/// Per-head batched product `c = op(a) · op(b)` (+ c when accumulating), as one op scope.
+fn heads_matmul(ctx: &Context, c: &Tensor, a: &Tensor, b: &Tensor, g: Gemm) -> Result<()> {
+    let _op = ctx.op();
+    let cv = if g.beta == 0.0 {
+        ctx.write(c)?
+    } else {
+        ctx.modify(c)?
+    };
+    mm::matmul(
+        &ctx.kernels,
+        &cv,
+        &ctx.read(a)?,
+        &ctx.read(b)?,
+        None,
+        &ctx.dummy()?,
+        g,
+    )
+}
+
+fn gemm(batch: usize, m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> Gemm {
+    Gemm {
+        batch,
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+        alpha: 1.0,
+        beta: 0.0,
+    }
+}
 
 /// qkv (B,T,3C) → (B,T,C): `softmax(q·kᵀ/sqrt(D) + causal mask) · v` per head, C = H·D.
 pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Result<Tensor> {
@@ -28,47 +61,47 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
         d: d as u32,
     };
     let heads = [b, n_head, t, d];
+    let bh = b * n_head;
     let q = ctx.empty("attn q", &heads, DType::F32, false)?;
     let kk = ctx.empty("attn k", &heads, DType::F32, false)?;
     let v = ctx.empty("attn v", &heads, DType::F32, false)?;
-    let kern = &ctx.kernels;
-    let view = |t: &Tensor| ctx.view(t);
-    k::split(kern, &view(&q), &view(&kk), &view(&v), &view(qkv), dims)?;
-
-    let bh = b * n_head;
+    {
+        let _op = ctx.op();
+        k::split(
+            &ctx.kernels,
+            &ctx.write(&q)?,
+            &ctx.write(&kk)?,
+            &ctx.write(&v)?,
+            &ctx.read(qkv)?,
+            dims,
+        )?;
+    }
+    // scores = q · kᵀ, probs = causal softmax(scores / sqrt(D))
     let preatt = ctx.empty("attn scores", &[b, n_head, t, t], DType::F32, false)?;
-    let dummy = ctx.dummy()?;
-    // scores = q · kᵀ (per head)
-    let g = Gemm {
-        batch: bh,
-        m: t,
-        n: t,
-        k: d,
-        trans_a: false,
-        trans_b: true,
-        alpha: 1.0,
-        beta: 0.0,
-    };
-    mm::matmul(kern, &view(&preatt), &view(&q), &view(&kk), None, &dummy, g)?;
+    heads_matmul(ctx, &preatt, &q, &kk, gemm(bh, t, t, d, false, true))?;
     let scale = 1.0 / (d as f32).sqrt();
     let att = ctx.empty("attn probs", &[b, n_head, t, t], DType::F32, false)?;
-    softmax::forward(kern, &view(&att), &view(&preatt), bh * t, t, t, scale)?;
+    {
+        let _op = ctx.op();
+        softmax::forward(
+            &ctx.kernels,
+            &ctx.write(&att)?,
+            &ctx.read(&preatt)?,
+            bh * t,
+            t,
+            t,
+            scale,
+        )?;
+    }
     drop(preatt);
-    // y = att · v (per head)
+    // y = probs · v, merged back to (B,T,C)
     let y = ctx.empty("attn y", &heads, DType::F32, false)?;
-    let g = Gemm {
-        batch: bh,
-        m: t,
-        n: d,
-        k: t,
-        trans_a: false,
-        trans_b: false,
-        alpha: 1.0,
-        beta: 0.0,
-    };
-    mm::matmul(kern, &view(&y), &view(&att), &view(&v), None, &dummy, g)?;
+    heads_matmul(ctx, &y, &att, &v, gemm(bh, t, d, t, false, false))?;
     let out = ctx.empty("attention", &[b, t, c], DType::F32, ctx.wants_grad(&[qkv]))?;
-    k::merge(kern, &view(&out), &view(&y), dims)?;
+    {
+        let _op = ctx.op();
+        k::merge(&ctx.kernels, &ctx.write(&out)?, &ctx.read(&y)?, dims)?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -117,114 +150,51 @@ impl Backward for AttentionBackward {
             self.dims.d as usize,
         );
         let bh = b * h;
-        let kern = &ctx.kernels;
-        let view = |t: &Tensor| ctx.view(t);
-        let dummy = ctx.dummy()?;
         let heads = [b, h, t, d];
         let dy = ctx.zeros("attn dy", &heads, false)?;
-        k::merge_backward(kern, &view(&dy), &view(&dout), self.dims)?;
+        {
+            let _op = ctx.op();
+            k::merge_backward(
+                &ctx.kernels,
+                &ctx.modify(&dy)?,
+                &ctx.read(&dout)?,
+                self.dims,
+            )?;
+        }
         // y = att · v: datt = dy · vᵀ, dv = attᵀ · dy
-        let datt = ctx.zeros("attn dprobs", &[b, h, t, t], false)?;
-        let g = Gemm {
-            batch: bh,
-            m: t,
-            n: t,
-            k: d,
-            trans_a: false,
-            trans_b: true,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        mm::matmul(
-            kern,
-            &view(&datt),
-            &view(&dy),
-            &view(&self.v),
-            None,
-            &dummy,
-            g,
-        )?;
+        let datt = ctx.empty("attn dprobs", &[b, h, t, t], DType::F32, false)?;
+        heads_matmul(ctx, &datt, &dy, &self.v, gemm(bh, t, t, d, false, true))?;
         let dv = ctx.empty("attn dv", &heads, DType::F32, false)?;
-        let g = Gemm {
-            batch: bh,
-            m: t,
-            n: d,
-            k: t,
-            trans_a: true,
-            trans_b: false,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        mm::matmul(
-            kern,
-            &view(&dv),
-            &view(&self.att),
-            &view(&dy),
-            None,
-            &dummy,
-            g,
-        )?;
+        heads_matmul(ctx, &dv, &self.att, &dy, gemm(bh, t, d, t, true, false))?;
         drop(dy);
         // scores → probs: dscores = scale · softmax'(datt)
         let dpre = ctx.zeros("attn dscores", &[b, h, t, t], false)?;
-        softmax::backward(
-            kern,
-            &view(&dpre),
-            &view(&self.att),
-            &view(&datt),
-            bh * t,
-            t,
-            t,
-            self.scale,
-        )?;
+        {
+            let _op = ctx.op();
+            softmax::backward(
+                &ctx.kernels,
+                &ctx.modify(&dpre)?,
+                &ctx.read(&self.att)?,
+                &ctx.read(&datt)?,
+                bh * t,
+                t,
+                t,
+                self.scale,
+            )?;
+        }
         drop(datt);
         // scores = q · kᵀ: dq = dscores · k, dk = dscoresᵀ · q
         let dq = ctx.empty("attn dq", &heads, DType::F32, false)?;
-        let g = Gemm {
-            batch: bh,
-            m: t,
-            n: d,
-            k: t,
-            trans_a: false,
-            trans_b: false,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        mm::matmul(
-            kern,
-            &view(&dq),
-            &view(&dpre),
-            &view(&self.k),
-            None,
-            &dummy,
-            g,
-        )?;
+        heads_matmul(ctx, &dq, &dpre, &self.k, gemm(bh, t, d, t, false, false))?;
         let dk = ctx.empty("attn dk", &heads, DType::F32, false)?;
-        let g = Gemm {
-            batch: bh,
-            m: t,
-            n: d,
-            k: t,
-            trans_a: true,
-            trans_b: false,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        mm::matmul(
-            kern,
-            &view(&dk),
-            &view(&dpre),
-            &view(&self.q),
-            None,
-            &dummy,
-            g,
-        )?;
+        heads_matmul(ctx, &dk, &dpre, &self.q, gemm(bh, t, d, t, true, false))?;
+        let _op = ctx.op();
         k::split_backward(
-            kern,
-            &view(&dqkv),
-            &view(&dq),
-            &view(&dk),
-            &view(&dv),
+            &ctx.kernels,
+            &ctx.modify(&dqkv)?,
+            &ctx.read(&dq)?,
+            &ctx.read(&dk)?,
+            &ctx.read(&dv)?,
             self.dims,
         )
     }

@@ -40,13 +40,14 @@ pub fn cross_entropy(
     let targets = ctx.from_u32("targets", &[rows], targets)?;
     let losses = ctx.empty("ce losses", &[rows], DType::F32, false)?;
     let lse = ctx.empty("ce lse", &[rows], DType::F32, false)?;
-    let (kern, view) = (&ctx.kernels, |t: &Tensor| ctx.view(t));
+    let kern = &ctx.kernels;
+    let _op = ctx.op();
     k::forward(
         kern,
-        &view(&losses),
-        &view(&lse),
-        &view(logits),
-        &view(&targets),
+        &ctx.write(&losses)?,
+        &ctx.write(&lse)?,
+        &ctx.read(logits)?,
+        &ctx.read(&targets)?,
         rows,
         v,
         ignore,
@@ -60,8 +61,8 @@ pub fn cross_entropy(
     };
     reduce::sum(
         kern,
-        &view(&out),
-        &view(&losses),
+        &ctx.write(&out)?,
+        &ctx.read(&losses)?,
         &ctx.partials()?,
         rows,
         spec,
@@ -102,14 +103,14 @@ impl Backward for CrossEntropyBackward {
         let Some(dlogits) = grads.of(ctx, &self.logits)? else {
             return Ok(());
         };
-        let view = |t: &Tensor| ctx.view(t);
+        let _op = ctx.op();
         k::backward(
             &ctx.kernels,
-            &view(&dlogits),
-            &view(&self.logits),
-            &view(&self.targets),
-            &view(&self.lse),
-            &view(&dloss),
+            &ctx.modify(&dlogits)?,
+            &ctx.read(&self.logits)?,
+            &ctx.read(&self.targets)?,
+            &ctx.read(&self.lse)?,
+            &ctx.read(&dloss)?,
             self.logits.rows(),
             self.logits.last_dim(),
             self.ignore,

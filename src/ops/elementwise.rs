@@ -12,13 +12,16 @@ pub fn add(ctx: &Context, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     expect_f32("add", a)?;
     expect_same_shape("add", a, b)?;
     let out = ctx.empty("add", a.shape(), a.dtype(), ctx.wants_grad(&[a, b]))?;
-    k::add_forward(
-        &ctx.kernels,
-        &ctx.view(&out),
-        &ctx.view(a),
-        &ctx.view(b),
-        a.len(),
-    )?;
+    {
+        let _op = ctx.op();
+        k::add_forward(
+            &ctx.kernels,
+            &ctx.write(&out)?,
+            &ctx.read(a)?,
+            &ctx.read(b)?,
+            a.len(),
+        )?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -48,7 +51,13 @@ impl Backward for AddBackward {
         };
         for input in [&self.a, &self.b] {
             if let Some(g) = grads.of(ctx, input)? {
-                k::axpy(&ctx.kernels, &ctx.view(&g), &ctx.view(&dout), 1.0, g.len())?;
+                k::axpy(
+                    &ctx.kernels,
+                    &ctx.modify(&g)?,
+                    &ctx.read(&dout)?,
+                    1.0,
+                    g.len(),
+                )?;
             }
         }
         Ok(())
@@ -59,7 +68,16 @@ impl Backward for AddBackward {
 pub fn scale(ctx: &Context, x: &Tensor, alpha: f32) -> Result<Tensor> {
     expect_f32("scale", x)?;
     let out = ctx.empty("scale", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
-    k::scale_forward(&ctx.kernels, &ctx.view(&out), &ctx.view(x), alpha, x.len())?;
+    {
+        let _op = ctx.op();
+        k::scale_forward(
+            &ctx.kernels,
+            &ctx.write(&out)?,
+            &ctx.read(x)?,
+            alpha,
+            x.len(),
+        )?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -88,10 +106,11 @@ impl Backward for ScaleBackward {
             return Ok(());
         };
         if let Some(g) = grads.of(ctx, &self.x)? {
+            let _op = ctx.op();
             k::axpy(
                 &ctx.kernels,
-                &ctx.view(&g),
-                &ctx.view(&dout),
+                &ctx.modify(&g)?,
+                &ctx.read(&dout)?,
                 self.alpha,
                 g.len(),
             )?;
@@ -119,14 +138,17 @@ fn reduce_all(ctx: &Context, x: &Tensor, scale: f32, name: &'static str) -> Resu
         slot: 0,
         accumulate: false,
     };
-    reduce::sum(
-        &ctx.kernels,
-        &ctx.view(&out),
-        &ctx.view(x),
-        &ctx.partials()?,
-        x.len(),
-        spec,
-    )?;
+    {
+        let _op = ctx.op();
+        reduce::sum(
+            &ctx.kernels,
+            &ctx.write(&out)?,
+            &ctx.read(x)?,
+            &ctx.partials()?,
+            x.len(),
+            spec,
+        )?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -157,10 +179,11 @@ impl Backward for ReduceBackward {
             return Ok(());
         };
         if let Some(g) = grads.of(ctx, &self.x)? {
+            let _op = ctx.op();
             k::axpy_scalar(
                 &ctx.kernels,
-                &ctx.view(&g),
-                &ctx.view(&dout),
+                &ctx.modify(&g)?,
+                &ctx.read(&dout)?,
                 self.scale,
                 g.len(),
             )?;

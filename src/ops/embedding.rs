@@ -34,16 +34,19 @@ pub fn embedding(ctx: &Context, tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> 
         DType::F32,
         ctx.wants_grad(&[wte, wpe]),
     )?;
-    k::forward(
-        &ctx.kernels,
-        &ctx.view(&out),
-        &ctx.view(tokens),
-        &ctx.view(wte),
-        &ctx.view(wpe),
-        b * t,
-        t,
-        c,
-    )?;
+    {
+        let _op = ctx.op();
+        k::forward(
+            &ctx.kernels,
+            &ctx.write(&out)?,
+            &ctx.read(tokens)?,
+            &ctx.read(wte)?,
+            &ctx.read(wpe)?,
+            b * t,
+            t,
+            c,
+        )?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -73,16 +76,23 @@ impl Backward for EmbeddingBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        let dwte = grads.of(ctx, &self.wte)?.map(|g| ctx.view(&g));
-        let dwpe = grads.of(ctx, &self.wpe)?.map(|g| ctx.view(&g));
+        let _op = ctx.op();
+        let dwte = grads
+            .of(ctx, &self.wte)?
+            .map(|g| ctx.modify(&g))
+            .transpose()?;
+        let dwpe = grads
+            .of(ctx, &self.wpe)?
+            .map(|g| ctx.modify(&g))
+            .transpose()?;
         let s = self.out.shape();
         let (n, t, c) = (s[0] * s[1], s[1], s[2]);
         k::backward(
             &ctx.kernels,
             dwte.as_ref(),
             dwpe.as_ref(),
-            &ctx.view(&self.tokens),
-            &ctx.view(&dout),
+            &ctx.read(&self.tokens)?,
+            &ctx.read(&dout)?,
             n,
             t,
             c,

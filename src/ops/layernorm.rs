@@ -33,15 +33,16 @@ pub fn layernorm(
     )?;
     let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
     let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
-    let v = |t: &Tensor| ctx.view(t);
+    let _op = ctx.op();
+    let r = |t: &Tensor| ctx.read(t);
     k::forward(
         &ctx.kernels,
-        &v(&out),
-        &v(&mean),
-        &v(&rstd),
-        &v(x),
-        &v(weight),
-        &v(bias),
+        &ctx.write(&out)?,
+        &ctx.write(&mean)?,
+        &ctx.write(&rstd)?,
+        &r(x)?,
+        &r(weight)?,
+        &r(bias)?,
         rows,
         c,
         eps,
@@ -88,18 +89,19 @@ impl Backward for LayerNormBackward {
             Some(g) => g,
             None => ctx.zeros("unused dbias", &[c], false)?,
         };
-        let v = |t: &Tensor| ctx.view(t);
-        let dxv = dx.as_ref().map(v);
+        let _op = ctx.op();
+        let r = |t: &Tensor| ctx.read(t);
+        let dxv = dx.as_ref().map(|t| ctx.modify(t)).transpose()?;
         k::backward(
             &ctx.kernels,
             dxv.as_ref(),
-            &v(&dw),
-            &v(&db),
-            &v(&dout),
-            &v(&self.x),
-            &v(&self.weight),
-            &v(&self.mean),
-            &v(&self.rstd),
+            &ctx.modify(&dw)?,
+            &ctx.modify(&db)?,
+            &r(&dout)?,
+            &r(&self.x)?,
+            &r(&self.weight)?,
+            &r(&self.mean)?,
+            &r(&self.rstd)?,
             self.x.rows(),
             c,
         )

@@ -108,16 +108,19 @@ fn product(
         alpha: opts.alpha.unwrap_or(1.0),
         beta: 0.0,
     };
-    let bias_view = bias.map(|t| ctx.view(t));
-    k::matmul(
-        &ctx.kernels,
-        &ctx.view(&out),
-        &ctx.view(a),
-        &ctx.view(b),
-        bias_view.as_ref(),
-        &ctx.dummy()?,
-        g,
-    )?;
+    {
+        let _op = ctx.op();
+        let bias_view = bias.map(|t| ctx.read(t)).transpose()?;
+        k::matmul(
+            &ctx.kernels,
+            &ctx.write(&out)?,
+            &ctx.read(a)?,
+            &ctx.read(b)?,
+            bias_view.as_ref(),
+            &ctx.dummy()?,
+            g,
+        )?;
+    }
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -154,8 +157,6 @@ impl Backward for MatmulBackward {
         };
         let g = self.g;
         let (ta, tb) = (g.trans_a, g.trans_b);
-        let dummy = ctx.dummy()?;
-        let (dcv, av, bv) = (ctx.view(&dc), ctx.view(&self.a), ctx.view(&self.b));
         let base = Gemm {
             batch: g.batch,
             alpha: g.alpha,
@@ -163,7 +164,13 @@ impl Backward for MatmulBackward {
             ..g
         };
         if let Some(da) = grads.of(ctx, &self.a)? {
-            let dav = ctx.view(&da);
+            let _op = ctx.op();
+            let (dav, dcv, bv, dummy) = (
+                ctx.modify(&da)?,
+                ctx.read(&dc)?,
+                ctx.read(&self.b)?,
+                ctx.dummy()?,
+            );
             if !ta {
                 // dA (M,K) = dC (M,N) · op(B)ᵀ
                 let gg = Gemm {
@@ -189,7 +196,13 @@ impl Backward for MatmulBackward {
             }
         }
         if let Some(db) = grads.of(ctx, &self.b)? {
-            let dbv = ctx.view(&db);
+            let _op = ctx.op();
+            let (dbv, dcv, av, dummy) = (
+                ctx.modify(&db)?,
+                ctx.read(&dc)?,
+                ctx.read(&self.a)?,
+                ctx.dummy()?,
+            );
             if !tb {
                 // dB (K,N) = op(A)ᵀ · dC (M,N)
                 let gg = Gemm {
@@ -216,7 +229,14 @@ impl Backward for MatmulBackward {
         }
         if let Some(bias) = &self.bias {
             if let Some(dbias) = grads.of(ctx, bias)? {
-                reduce::sum_rows(&ctx.kernels, &ctx.view(&dbias), &dcv, g.batch * g.m, g.n)?;
+                let _op = ctx.op();
+                reduce::sum_rows(
+                    &ctx.kernels,
+                    &ctx.modify(&dbias)?,
+                    &ctx.read(&dc)?,
+                    g.batch * g.m,
+                    g.n,
+                )?;
             }
         }
         Ok(())

@@ -11,10 +11,11 @@ use crate::tensor::{DType, Tensor};
 pub fn softmax(ctx: &Context, x: &Tensor) -> Result<Tensor> {
     expect_f32("softmax", x)?;
     let out = ctx.empty("softmax", x.shape(), DType::F32, ctx.wants_grad(&[x]))?;
+    let _op = ctx.op();
     k::forward(
         &ctx.kernels,
-        &ctx.view(&out),
-        &ctx.view(x),
+        &ctx.write(&out)?,
+        &ctx.read(x)?,
         x.rows(),
         x.last_dim(),
         0,
@@ -47,11 +48,12 @@ impl Backward for SoftmaxBackward {
         };
         if let Some(dx) = grads.of(ctx, &self.x)? {
             let (rows, len) = (self.x.rows(), self.x.last_dim());
+            let _op = ctx.op();
             k::backward(
                 &ctx.kernels,
-                &ctx.view(&dx),
-                &ctx.view(&self.out),
-                &ctx.view(&dout),
+                &ctx.modify(&dx)?,
+                &ctx.read(&self.out)?,
+                &ctx.read(&dout)?,
                 rows,
                 len,
                 0,

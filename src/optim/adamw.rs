@@ -89,7 +89,6 @@ impl AdamW {
         self.clip.compute(ctx, params, self.config.max_grad_norm)?;
         self.t += 1;
         let c = self.config;
-        let clip = ctx.view(&self.clip.clip);
         for (i, p) in params.iter().enumerate() {
             let decay = if p.value.shape().len() >= 2 {
                 c.weight_decay
@@ -105,17 +104,14 @@ impl AdamW {
                 t: self.t,
                 grad_scale,
             };
-            let view = |t: &Tensor| ctx.view(t);
-            optim::adamw(
-                &ctx.kernels,
-                &view(&p.value),
-                &view(&self.m[i]),
-                &view(&self.v[i]),
-                &view(&p.grad),
-                &clip,
-                p.value.len(),
-                s,
-            )?;
+            let _op = ctx.op();
+            let (pv, mv, vv) = (
+                ctx.modify(&p.value)?,
+                ctx.modify(&self.m[i])?,
+                ctx.modify(&self.v[i])?,
+            );
+            let (gv, clip) = (ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
+            optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, p.value.len(), s)?;
         }
         Ok(())
     }

@@ -24,28 +24,26 @@ impl GradClip {
 
     /// Records the norm of all `params`' gradients and the clip factor for `max_norm` (≤ 0: none).
     pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32) -> Result<()> {
-        let partials = ctx.partials()?;
-        let sumsq = ctx.view(&self.sumsq);
         for (i, p) in params.iter().enumerate() {
+            let _op = ctx.op();
             let spec = reduce::SumSpec {
                 squares: true,
                 scale: 1.0,
                 slot: i,
                 accumulate: false,
             };
-            reduce::sum(
-                &ctx.kernels,
-                &sumsq,
-                &ctx.view(&p.grad),
-                &partials,
-                p.grad.len(),
-                spec,
-            )?;
+            let (sumsq, grad, partials) = (
+                ctx.modify(&self.sumsq)?,
+                ctx.read(&p.grad)?,
+                ctx.partials()?,
+            );
+            reduce::sum(&ctx.kernels, &sumsq, &grad, &partials, p.grad.len(), spec)?;
         }
+        let _op = ctx.op();
         optim::clip_scale(
             &ctx.kernels,
-            &ctx.view(&self.clip),
-            &sumsq,
+            &ctx.write(&self.clip)?,
+            &ctx.read(&self.sumsq)?,
             params.len(),
             max_norm,
         )

@@ -62,9 +62,14 @@ impl Sgd {
         }
         let c = self.config;
         self.clip.compute(ctx, params, c.max_grad_norm)?;
-        let clip = ctx.view(&self.clip.clip);
         for (p, buf) in params.iter().zip(&self.momentum) {
-            let (pv, bv, gv) = (ctx.view(&p.value), ctx.view(buf), ctx.view(&p.grad));
+            let _op = ctx.op();
+            let (pv, bv, gv, clip) = (
+                ctx.modify(&p.value)?,
+                ctx.modify(buf)?,
+                ctx.read(&p.grad)?,
+                ctx.read(&self.clip.clip)?,
+            );
             optim::sgd(
                 &ctx.kernels,
                 &pv,

@@ -1,18 +1,36 @@
-//! The pager owns every tensor's bytes. Today they live in GPU buffers drawn from a byte-budgeted
-//! pool; the host store, staging rings and the residency planner build on this interface
-//! (`alloc` / `view` / `release`), so ops never hold GPU buffers themselves.
+//! The pager owns every tensor's bytes. Their truth lives in a host store (mmap'ed files or
+//! memory); a pool of GPU buffers under a hard byte budget caches the tensors the kernels need.
+//!
+//! Ops ask for a tensor with an [`Access`]: the pager makes it resident (uploading through the
+//! staging ring, clearing a zero tensor, or nothing for an output that will be overwritten),
+//! evicting others when the budget is short — the one needed farthest in the future, predicted
+//! from the previous step's trace ([`plan`]) — and writing dirty victims back through the
+//! readback ring first. Tensors bound for the op in flight are pinned and never evicted.
+//! Every transfer is recorded into the same command stream as the kernels, so order is program
+//! order.
 
+mod host;
+pub mod plan;
 mod pool;
+mod staging;
+pub mod telemetry;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use host::MmapStore;
+pub use host::{HostRange, HostStore, MemStore};
+pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::Pool;
+use staging::{Job, ReadbackRing, UploadRing};
+pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
 
 use crate::device::Gpu;
 use crate::error::{Error, Result};
+use crate::recorder::Recorder;
 use crate::tensor::TensorId;
 
 /// Where a kernel finds a tensor: a buffer and a byte range.
@@ -23,10 +41,78 @@ pub struct View {
     pub size: u64,
 }
 
-struct Slot {
+/// How a kernel uses a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Every element is overwritten: nothing needs uploading first.
+    Write,
+    /// Read and written (accumulation).
+    ReadWrite,
+}
+
+impl Access {
+    fn writes(self) -> bool {
+        self != Access::Read
+    }
+}
+
+/// What the host holds for a tensor that is not dirty on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contents {
+    /// Never written: any bytes will do.
+    Undefined,
+    /// Logically zero: cleared on the GPU when placed there, never uploaded.
+    Zero,
+    /// The host bytes are the values.
+    Host,
+}
+
+struct Entry {
     name: String,
     bytes: u64,
-    buffer: wgpu::Buffer,
+    host: HostRange,
+    gpu: Option<wgpu::Buffer>,
+    /// The GPU copy is newer than the host's.
+    dirty: bool,
+    contents: Contents,
+    key: Key,
+    last_use: u64,
+    uploads: u32,
+    pins: u32,
+}
+
+impl Entry {
+    /// Bytes moved per transfer (copies are whole 4-byte words).
+    fn copy_len(&self) -> u64 {
+        self.bytes.max(4).div_ceil(4) * 4
+    }
+}
+
+/// Sizes and rules of a pager.
+#[derive(Clone, Debug)]
+pub struct PagerOptions {
+    /// GPU byte budget; `None`: 4 × the adapter's largest buffer.
+    pub budget: Option<u64>,
+    pub policy: Policy,
+    pub upload_slots: usize,
+    pub readback_slots: usize,
+    pub slot_bytes: u64,
+    /// Accesses to look ahead for uploads.
+    pub prefetch_window: usize,
+}
+
+impl Default for PagerOptions {
+    fn default() -> Self {
+        PagerOptions {
+            budget: None,
+            policy: Policy::Belady,
+            upload_slots: 4,
+            readback_slots: 4,
+            slot_bytes: 64 << 20,
+            prefetch_window: 32,
+        }
+    }
 }
 
 /// Memory counters, read by telemetry and `--json`.
@@ -41,31 +127,289 @@ pub struct MemoryStats {
 
 pub struct Pager {
     gpu: Rc<Gpu>,
+    recorder: Rc<Recorder>,
     state: RefCell<State>,
 }
 
 struct State {
+    store: Box<dyn HostStore>,
+    entries: HashMap<TensorId, Entry>,
     next_id: TensorId,
-    slots: HashMap<TensorId, Slot>,
     pool: Pool,
+    upload: UploadRing,
+    readback: ReadbackRing,
+    pinned: Vec<TensorId>,
+    policy: Policy,
+    prefetch_window: usize,
+    in_step: bool,
+    step_ids: Vec<TensorId>,
+    trace: Vec<Key>,
+    future: Option<plan::Future>,
+    diverged: bool,
+    clock: u64,
+    counters: Counters,
+    channel: telemetry::Channel,
 }
 
-impl Pager {
-    /// `budget`: the most GPU bytes the pool may hold; `None` takes the adapter's largest buffer × 4.
-    pub fn new(gpu: Rc<Gpu>, budget: Option<u64>) -> Self {
-        let budget = budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
-        Pager {
-            gpu,
-            state: RefCell::new(State {
-                next_id: 1,
-                slots: HashMap::new(),
-                pool: Pool::new(budget),
-            }),
+/// Writes a finished readback job into the host store (dropped if its tensor is gone).
+fn deliver_into(
+    store: &mut dyn HostStore,
+    entries: &HashMap<TensorId, Entry>,
+    job: Job,
+    data: &[u8],
+) -> Result<()> {
+    if let Some(e) = entries.get(&job.tensor) {
+        let dst = store.bytes_mut(&e.host)?;
+        let (a, b) = (job.offset as usize, (job.offset + job.len) as usize);
+        let b = b.min(dst.len());
+        dst[a..b].copy_from_slice(&data[..b - a]);
+    }
+    Ok(())
+}
+
+impl State {
+    fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
+        let State {
+            store,
+            entries,
+            readback,
+            counters,
+            ..
+        } = self;
+        counters.stall_s += readback.drain(recorder, wait, &mut |job, data| {
+            deliver_into(store.as_mut(), entries, job, data)
+        })?;
+        Ok(())
+    }
+
+    /// Records the write-back of a dirty resident tensor (it stays resident, now clean).
+    fn write_back(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        let (buffer, host, len, bytes) = {
+            let e = &self.entries[&id];
+            (
+                e.gpu.clone().expect("resident"),
+                e.host,
+                e.copy_len(),
+                e.bytes,
+            )
+        };
+        // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
+        self.store.bytes_mut(&host)?;
+        let State {
+            store,
+            entries,
+            readback,
+            counters,
+            ..
+        } = self;
+        counters.stall_s += readback.read(recorder, id, &buffer, 0, len, &mut |job, data| {
+            deliver_into(store.as_mut(), entries, job, data)
+        })?;
+        counters.writebacks += 1;
+        counters.bytes_written_back += bytes;
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.dirty = false;
+        e.contents = Contents::Host;
+        Ok(())
+    }
+
+    fn evict(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        if self.entries[&id].dirty {
+            self.write_back(recorder, id)?;
+        }
+        let e = self.entries.get_mut(&id).expect("exists");
+        if let Some(buf) = e.gpu.take() {
+            self.pool.give(buf);
+        }
+        self.counters.evictions += 1;
+        Ok(())
+    }
+
+    fn next_use(&self, key: Key) -> Option<u32> {
+        let f = self.future.as_ref()?;
+        let cursor = self.trace.len().saturating_sub(1);
+        Some(f.next_use(key, cursor)).filter(|&n| n != u32::MAX)
+    }
+
+    /// A GPU buffer for `id`, evicting by the policy until the pool has room.
+    fn place(
+        &mut self,
+        device: &wgpu::Device,
+        recorder: &Recorder,
+        id: TensorId,
+    ) -> Result<wgpu::Buffer> {
+        let (name, bytes) = {
+            let e = &self.entries[&id];
+            (e.name.clone(), e.bytes)
+        };
+        loop {
+            match self.pool.take(device, &name, bytes.max(4)) {
+                Ok(buf) => return Ok(buf),
+                Err(Error::BudgetTooSmall { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            let candidates: Vec<(TensorId, plan::Candidate)> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
+                .map(|(&i, e)| {
+                    (
+                        i,
+                        plan::Candidate {
+                            key: e.key,
+                            bytes: e.bytes,
+                            last_use: e.last_use,
+                            dirty: e.dirty,
+                        },
+                    )
+                })
+                .collect();
+            let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
+            let future = if self.diverged {
+                None
+            } else {
+                self.future.as_ref()
+            };
+            let cursor = self.trace.len().saturating_sub(1);
+            match plan::choose_victim(self.policy, future, cursor, &cands) {
+                Some(v) => self.evict(recorder, candidates[v].0)?,
+                None => {
+                    let pinned: u64 = self
+                        .entries
+                        .values()
+                        .filter(|e| e.pins > 0 && e.gpu.is_some())
+                        .map(|e| size_class(e.bytes))
+                        .sum();
+                    return Err(Error::BudgetTooSmall {
+                        tensor: name,
+                        needed: pinned + size_class(bytes),
+                        budget: self.pool.budget(),
+                    });
+                }
+            }
         }
     }
 
-    /// Reserves `bytes` for a new tensor named `name` (its contents are undefined).
-    pub fn alloc(&self, name: &str, bytes: u64) -> Result<TensorId> {
+    /// Fills a freshly placed buffer with the tensor's host contents.
+    fn fill(&mut self, recorder: &Recorder, id: TensorId, buffer: &wgpu::Buffer) -> Result<()> {
+        if self.readback.has_jobs_for(id) {
+            self.drain(recorder, true)?;
+        }
+        let e = &self.entries[&id];
+        match e.contents {
+            Contents::Undefined => {}
+            Contents::Zero => {
+                let len = e.copy_len();
+                recorder.record(|enc| enc.clear_buffer(buffer, 0, Some(len)));
+            }
+            Contents::Host => {
+                let len = e.copy_len() as usize;
+                let src = &self.store.bytes(&e.host)?[..len];
+                let start = Now::now();
+                self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
+                self.counters.fill_s += start.elapsed();
+                self.counters.uploads += 1;
+                self.counters.bytes_uploaded += e.bytes;
+                let e = self.entries.get_mut(&id).expect("exists");
+                e.uploads += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Uploads tensors the next accesses will read while there is free room (no evictions),
+    /// and asks the OS to read their host pages ahead.
+    fn prefetch(&mut self, device: &wgpu::Device, recorder: &Recorder) -> Result<()> {
+        if self.diverged || self.prefetch_window == 0 {
+            return Ok(());
+        }
+        let Some(future) = self.future.as_ref() else {
+            return Ok(());
+        };
+        let cursor = self.trace.len();
+        let wanted: Vec<TensorId> = (cursor..cursor + self.prefetch_window)
+            .filter_map(|i| future.at(i))
+            .filter_map(|key| match key {
+                Key::Persistent(id) => Some(id),
+                Key::Step(n) => self.step_ids.get(n as usize).copied(),
+            })
+            .collect();
+        for id in wanted {
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
+            if e.gpu.is_some() || e.contents != Contents::Host || self.readback.has_jobs_for(id) {
+                continue;
+            }
+            if !self.pool.fits_without_eviction(e.bytes.max(4)) {
+                break;
+            }
+            self.store.will_need(&e.host);
+            let buffer = self.pool.take(device, &e.name.clone(), e.bytes.max(4))?;
+            self.fill(recorder, id, &buffer)?;
+            self.entries.get_mut(&id).expect("exists").gpu = Some(buffer);
+            self.counters.prefetches += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Wall clock that also compiles on wasm.
+struct Now(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
+
+impl Now {
+    fn now() -> Self {
+        Now(
+            #[cfg(not(target_arch = "wasm32"))]
+            std::time::Instant::now(),
+        )
+    }
+    fn elapsed(&self) -> f64 {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.elapsed().as_secs_f64();
+        #[cfg(target_arch = "wasm32")]
+        0.0
+    }
+}
+
+impl Pager {
+    pub fn new(
+        gpu: Rc<Gpu>,
+        recorder: Rc<Recorder>,
+        store: Box<dyn HostStore>,
+        opts: &PagerOptions,
+    ) -> Self {
+        let budget = opts
+            .budget
+            .unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
+        let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
+        let state = State {
+            store,
+            entries: HashMap::new(),
+            next_id: 1,
+            pool: Pool::new(budget),
+            upload: UploadRing::new(&gpu.device, opts.upload_slots.max(1), slot_bytes),
+            readback: ReadbackRing::new(&gpu.device, opts.readback_slots.max(1), slot_bytes),
+            pinned: Vec::new(),
+            policy: opts.policy,
+            prefetch_window: opts.prefetch_window,
+            in_step: false,
+            step_ids: Vec::new(),
+            trace: Vec::new(),
+            future: None,
+            diverged: false,
+            clock: 0,
+            counters: Counters::default(),
+            channel: telemetry::Channel::default(),
+        };
+        Pager {
+            gpu,
+            recorder,
+            state: RefCell::new(state),
+        }
+    }
+
+    fn create(&self, name: &str, bytes: u64, contents: Contents) -> Result<TensorId> {
         let limit = self.gpu.max_binding_bytes();
         if bytes > limit {
             return Err(Error::TooLarge {
@@ -76,54 +420,257 @@ impl Pager {
             });
         }
         let mut st = self.state.borrow_mut();
-        let buffer = st.pool.take(&self.gpu.device, name, bytes.max(4))?;
+        if size_class(bytes) > st.pool.budget() {
+            return Err(Error::BudgetTooSmall {
+                tensor: name.into(),
+                needed: size_class(bytes),
+                budget: st.pool.budget(),
+            });
+        }
+        let host = st.store.alloc(bytes as usize)?;
         let id = st.next_id;
         st.next_id += 1;
-        st.slots.insert(
-            id,
-            Slot {
-                name: name.to_string(),
-                bytes,
-                buffer,
-            },
-        );
+        let key = if st.in_step {
+            st.step_ids.push(id);
+            Key::Step(st.step_ids.len() as u32 - 1)
+        } else {
+            Key::Persistent(id)
+        };
+        let entry = Entry {
+            name: name.to_string(),
+            bytes,
+            host,
+            gpu: None,
+            dirty: false,
+            contents,
+            key,
+            last_use: 0,
+            uploads: 0,
+            pins: 0,
+        };
+        st.entries.insert(id, entry);
         Ok(id)
     }
 
-    /// Where tensor `id` lives now.
-    pub fn view(&self, id: TensorId) -> View {
-        let st = self.state.borrow();
-        let slot = &st.slots[&id];
-        View {
-            buffer: slot.buffer.clone(),
+    /// A new tensor of `bytes` bytes with undefined contents.
+    pub fn alloc(&self, name: &str, bytes: u64) -> Result<TensorId> {
+        self.create(name, bytes, Contents::Undefined)
+    }
+
+    /// A new tensor whose bytes are all zero (cleared on the GPU when first placed there).
+    pub fn alloc_zeroed(&self, name: &str, bytes: u64) -> Result<TensorId> {
+        self.create(name, bytes, Contents::Zero)
+    }
+
+    /// Makes `id` resident for a kernel and pins it until the current op scope ends.
+    pub fn access(&self, id: TensorId, access: Access) -> Result<View> {
+        let device = &self.gpu.device;
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        st.clock += 1;
+        let clock = st.clock;
+        let key = st
+            .entries
+            .get(&id)
+            .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?
+            .key;
+        if st.in_step {
+            st.trace.push(key);
+            let pos = st.trace.len() - 1;
+            if st.future.as_ref().is_some_and(|f| f.at(pos) != Some(key)) {
+                st.diverged = true;
+            }
+        }
+        {
+            let e = st.entries.get_mut(&id).expect("checked");
+            e.pins += 1;
+            e.last_use = clock;
+        }
+        st.pinned.push(id);
+        if st.entries[&id].gpu.is_some() {
+            st.counters.hits += 1;
+        } else {
+            st.counters.misses += 1;
+            let buffer = st.place(device, recorder, id)?;
+            if access != Access::Write {
+                if let Err(e) = st.fill(recorder, id, &buffer) {
+                    st.pool.give(buffer);
+                    return Err(e);
+                }
+            }
+            st.entries.get_mut(&id).expect("exists").gpu = Some(buffer);
+            st.prefetch(device, recorder)?;
+        }
+        let e = st.entries.get_mut(&id).expect("exists");
+        if access.writes() {
+            e.dirty = true;
+        }
+        let buffer = e.gpu.clone().expect("resident");
+        Ok(View {
+            buffer,
             offset: 0,
-            size: slot.bytes.max(4).div_ceil(4) * 4,
+            size: e.copy_len(),
+        })
+    }
+
+    /// Number of pins now held (for op scopes).
+    pub fn pin_depth(&self) -> usize {
+        self.state.borrow().pinned.len()
+    }
+
+    /// Unpins everything pinned after `depth`.
+    pub fn unpin_to(&self, depth: usize) {
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            while st.pinned.len() > depth {
+                let id = st.pinned.pop().expect("non-empty");
+                if let Some(e) = st.entries.get_mut(&id) {
+                    e.pins = e.pins.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Overwrites a tensor's values from the host (any GPU copy is dropped).
+    pub fn write(&self, id: TensorId, data: &[u8]) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        if st.readback.has_jobs_for(id) {
+            st.drain(recorder, true)?;
+        }
+        let (host, bytes) = {
+            let e = st
+                .entries
+                .get(&id)
+                .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            (e.host, e.bytes as usize)
+        };
+        if data.len() != bytes {
+            return Err(Error::shape("tensor write", bytes, data.len()));
+        }
+        st.store.bytes_mut(&host)?[..bytes].copy_from_slice(data);
+        let e = st.entries.get_mut(&id).expect("exists");
+        e.contents = Contents::Host;
+        e.dirty = false;
+        if e.pins == 0 {
+            if let Some(buf) = e.gpu.take() {
+                st.pool.give(buf);
+            }
+        } else if let Some(buf) = e.gpu.clone() {
+            // Pinned by the op in flight: refresh the GPU copy in place.
+            let len = st.entries[&id].copy_len() as usize;
+            let src = &st.store.bytes(&host)?[..len];
+            st.counters.stall_s += st.upload.upload(recorder, src, &buf, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Sets a tensor to zero: a clear on the GPU if it is there, nothing at all otherwise.
+    pub fn zero(&self, id: TensorId) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        if st.readback.has_jobs_for(id) {
+            st.drain(recorder, true)?;
+        }
+        let e = st
+            .entries
+            .get_mut(&id)
+            .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if let Some(buf) = &e.gpu {
+            let len = e.copy_len();
+            recorder.record(|enc| enc.clear_buffer(buf, 0, Some(len)));
+        }
+        e.contents = Contents::Zero;
+        e.dirty = false;
+        Ok(())
+    }
+
+    /// A tensor's values (waits for the GPU when its newest copy is there).
+    pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        let (dirty, contents, bytes) = {
+            let e = st
+                .entries
+                .get(&id)
+                .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize)
+        };
+        if dirty {
+            st.write_back(recorder, id)?;
+        }
+        if dirty || st.readback.has_jobs_for(id) {
+            st.drain(recorder, true)?;
+        }
+        if contents == Contents::Zero && !dirty {
+            return Ok(vec![0; bytes]);
+        }
+        let e = &st.entries[&id];
+        Ok(st.store.bytes(&e.host)?[..bytes].to_vec())
+    }
+
+    /// Writes back every dirty tensor and flushes the host store: its files then hold every value.
+    pub fn flush(&self) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        let dirty: Vec<TensorId> = st
+            .entries
+            .iter()
+            .filter(|(_, e)| e.dirty && e.gpu.is_some())
+            .map(|(&i, _)| i)
+            .collect();
+        for id in dirty {
+            st.write_back(recorder, id)?;
+        }
+        recorder.flush();
+        st.drain(recorder, true)?;
+        st.store.flush()
+    }
+
+    /// Delivers finished write-backs without waiting.
+    pub fn poll(&self) -> Result<()> {
+        self.state.borrow_mut().drain(&self.recorder, false)
+    }
+
+    /// Marks the start of a training step: the last step's accesses become the prediction.
+    pub fn begin_step(&self) {
+        let mut st = self.state.borrow_mut();
+        if st.in_step && !st.trace.is_empty() {
+            let trace = std::mem::take(&mut st.trace);
+            st.future = Some(plan::Future::new(trace));
+        }
+        st.trace.clear();
+        st.in_step = true;
+        st.step_ids.clear();
+        st.diverged = false;
+    }
+
+    /// Called when the last handle to `id` is dropped: its GPU buffer and host bytes are freed,
+    /// with no write-back.
+    pub(crate) fn release(&self, id: TensorId) {
+        // `try_borrow_mut`: a drop during a panic unwind must not panic again.
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            if let Some(e) = st.entries.remove(&id) {
+                if let Some(buf) = e.gpu {
+                    st.pool.give(buf);
+                }
+                st.store.free(e.host);
+            }
         }
     }
 
     pub fn name(&self, id: TensorId) -> String {
         self.state
             .borrow()
-            .slots
+            .entries
             .get(&id)
-            .map(|s| s.name.clone())
+            .map(|e| e.name.clone())
             .unwrap_or_default()
-    }
-
-    /// Called when the last handle to `id` is dropped.
-    pub(crate) fn release(&self, id: TensorId) {
-        // `try_borrow_mut`: a drop during a panic unwind must not panic again.
-        if let Ok(mut st) = self.state.try_borrow_mut() {
-            if let Some(slot) = st.slots.remove(&id) {
-                st.pool.give(slot.buffer);
-            }
-        }
     }
 
     pub fn stats(&self) -> MemoryStats {
         let st = self.state.borrow();
         MemoryStats {
-            tensors: st.slots.len(),
+            tensors: st.entries.len(),
             bytes_in_use: st.pool.in_use(),
             bytes_held: st.pool.held(),
             peak_bytes: st.pool.peak(),
@@ -131,8 +678,78 @@ impl Pager {
         }
     }
 
+    pub fn counters(&self) -> Counters {
+        self.state.borrow().counters
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.state.borrow().pool.budget()
+    }
+
+    /// Changes the budget; tensors beyond it are evicted at their next placement.
+    pub fn set_budget(&self, budget: u64) {
+        self.state.borrow_mut().pool.set_budget(budget);
+    }
+
+    pub fn set_policy(&self, policy: Policy) {
+        self.state.borrow_mut().policy = policy;
+    }
+
+    /// Every tensor and the counters, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let st = self.state.borrow();
+        let tensors = st
+            .entries
+            .iter()
+            .map(|(&id, e)| TensorInfo {
+                id,
+                name: e.name.clone(),
+                bytes: e.bytes,
+                location: if e.gpu.is_some() {
+                    Location::Gpu
+                } else if e.contents != Contents::Host {
+                    Location::Nowhere
+                } else if st.store.ram_fraction(&e.host) < 0.5 {
+                    Location::Disk
+                } else {
+                    Location::HostRam
+                },
+                dirty: e.dirty,
+                uploads: e.uploads,
+                last_use: e.last_use,
+                next_use: st.next_use(e.key),
+            })
+            .collect();
+        Snapshot {
+            budget: st.pool.budget(),
+            gpu_bytes: st.pool.held(),
+            peak_gpu_bytes: st.pool.peak(),
+            host_bytes: st.store.capacity() as u64,
+            counters: st.counters,
+            tensors,
+        }
+    }
+
+    /// Snapshots published by [`Pager::publish`] arrive here.
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Snapshot> {
+        self.state.borrow_mut().channel.subscribe()
+    }
+
+    /// Sends a snapshot to every subscriber (cheap when there are none).
+    pub fn publish(&self) {
+        if !self.state.borrow().channel.has_subscribers() {
+            return;
+        }
+        let snap = self.snapshot();
+        self.state.borrow_mut().channel.publish(&snap);
+    }
+
     /// Frees cached GPU buffers that no tensor uses.
     pub fn trim(&self) {
         self.state.borrow_mut().pool.trim();
+    }
+
+    pub fn describe_store(&self) -> String {
+        self.state.borrow().store.describe()
     }
 }

@@ -115,6 +115,17 @@ impl Pool {
         false
     }
 
+    /// Whether a buffer for `bytes` can be had without evicting a tensor.
+    pub fn fits_without_eviction(&self, bytes: u64) -> bool {
+        let class = size_class(bytes);
+        self.free.get(&class).is_some_and(|v| !v.is_empty()) || self.held + class <= self.budget
+    }
+
+    pub fn set_budget(&mut self, budget: u64) {
+        self.budget = budget;
+        while self.held > self.budget && self.destroy_one_free() {}
+    }
+
     /// Destroys every free buffer (e.g. after a phase that needed many temporaries).
     pub fn trim(&mut self) {
         while self.destroy_one_free() {}

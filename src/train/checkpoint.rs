@@ -162,13 +162,21 @@ pub struct CheckpointFiles {
 }
 
 /// Reads model and optimizer state back from the GPU and serializes the checkpoint files.
-pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<CheckpointFiles> {
+pub async fn encode(
+    ctx: &Context,
+    model: &Gpt,
+    opt: &AdamW,
+    state: &TrainState,
+) -> Result<CheckpointFiles> {
     let here = Path::new(MODEL_FILE);
     let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(here, e.to_string()))?;
     let meta = |extra: &[(&str, String)]| {
         let mut m: HashMap<String, String> = HashMap::from([
             ("format".into(), "pt".into()),
-            ("pagetrain_format_version".into(), FORMAT_VERSION.to_string()),
+            (
+                "pagetrain_format_version".into(),
+                FORMAT_VERSION.to_string(),
+            ),
             ("step".into(), state.step.to_string()),
             ("train_state".into(), state_json.clone()),
         ]);
@@ -176,24 +184,44 @@ pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState)
         m
     };
     let params = model.params();
-    let weights = host_tensors(ctx, params.iter().map(|p| (p.name.clone(), &p.value)).collect()).await?;
+    let weights = host_tensors(
+        ctx,
+        params.iter().map(|p| (p.name.clone(), &p.value)).collect(),
+    )
+    .await?;
     let moments: Vec<(String, &Tensor)> = params
         .iter()
         .zip(opt.m.iter().zip(&opt.v))
-        .flat_map(|(p, (m, v))| [(format!("{}.exp_avg", p.name), m), (format!("{}.exp_avg_sq", p.name), v)])
+        .flat_map(|(p, (m, v))| {
+            [
+                (format!("{}.exp_avg", p.name), m),
+                (format!("{}.exp_avg_sq", p.name), v),
+            ]
+        })
         .collect();
     let moments = host_tensors(ctx, moments).await?;
     Ok(CheckpointFiles {
         model: serialize(here, &weights, meta(&[]))?,
-        optimizer: serialize(Path::new(OPTIMIZER_FILE), &moments, meta(&[("adam_t", opt.t.to_string())]))?,
-        config: serde_json::to_vec_pretty(&hf_config_json(&model.config)).map_err(|e| ckpt_err(here, e.to_string()))?,
+        optimizer: serialize(
+            Path::new(OPTIMIZER_FILE),
+            &moments,
+            meta(&[("adam_t", opt.t.to_string())]),
+        )?,
+        config: serde_json::to_vec_pretty(&hf_config_json(&model.config))
+            .map_err(|e| ckpt_err(here, e.to_string()))?,
     })
 }
 
 /// Writes model, optimizer and config into `dir` (created if missing). The model file goes
 /// last: a checkpoint whose model file carries step N has every other file of step N.
 #[cfg(not(target_arch = "wasm32"))]
-pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<()> {
+pub async fn save(
+    ctx: &Context,
+    dir: &Path,
+    model: &Gpt,
+    opt: &AdamW,
+    state: &TrainState,
+) -> Result<()> {
     let files = encode(ctx, model, opt, state).await?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     write_atomic(&dir.join(OPTIMIZER_FILE), &files.optimizer)?;

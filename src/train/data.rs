@@ -147,10 +147,20 @@ impl Dataset {
     }
 
     /// A `.bin` token file's bytes (llm.c header or raw uint16), e.g. fetched by the browser.
-    pub fn from_bin_bytes(bytes: &[u8], vocab_size: usize, path: impl Into<PathBuf>) -> Result<Dataset> {
+    pub fn from_bin_bytes(
+        bytes: &[u8],
+        vocab_size: usize,
+        path: impl Into<PathBuf>,
+    ) -> Result<Dataset> {
         let path = path.into();
-        let (offset, len) = token_layout(bytes).map_err(|msg| Error::Data { path: path.clone(), msg })?;
-        let tokens = bytes[offset..offset + 2 * len].chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect();
+        let (offset, len) = token_layout(bytes).map_err(|msg| Error::Data {
+            path: path.clone(),
+            msg,
+        })?;
+        let tokens = bytes[offset..offset + 2 * len]
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+            .collect();
         Self::from_tokens(tokens, vocab_size, path)
     }
 

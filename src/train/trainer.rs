@@ -153,6 +153,7 @@ impl Trainer {
 
     /// One optimizer step on a fresh training batch; returns the loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
+        ctx.pager.begin_step();
         let (b, t) = (self.cfg.batch_size, self.cfg.seq_len);
         let (x, y) = self.data.batch(Split::Train, &mut self.data_rng, b, t);
         let tokens = ctx.from_u32("tokens", &[b, t], &x)?;
@@ -161,7 +162,7 @@ impl Trainer {
         ctx.backward(&loss, &mut grads, 1.0)?;
         let lr = self.cfg.lr_at(self.step);
         self.opt.step_lr(ctx, &self.model.params(), lr, 1.0)?;
-        self.model.zero_grad(ctx);
+        self.model.zero_grad(ctx)?;
         let value = ctx.to_f32(&loss).await?[0];
         if !value.is_finite() {
             return Err(Error::invalid(

@@ -111,8 +111,8 @@ impl Guarded {
             offset: 0,
             size: self.buffer.size(),
         };
-        let bytes = pollster::block_on(ctx.kernels.read_bytes(&full, self.buffer.size()))
-            .expect("readback");
+        let bytes =
+            pollster::block_on(ctx.kernels.read_view(&full, self.buffer.size())).expect("readback");
         let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         for (i, &c) in all[self.n..].iter().enumerate() {
             assert_eq!(

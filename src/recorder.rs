@@ -1,0 +1,143 @@
+//! The pending command encoder that kernels and the pager record into, in one order: copies the
+//! pager issues for a kernel land before it, and write-backs after the kernels that wrote the
+//! tensor. `flush` submits everything and then runs the hooks waiting for a submission (the
+//! staging rings re-map their buffers there).
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use crate::device::Gpu;
+
+const UNIFORM_SLOT: u64 = 256;
+const ARENA_SLOTS: u64 = 4096;
+/// Recorded commands after which work is submitted, so the GPU starts while the CPU records on.
+const SUBMIT_EVERY: u64 = 96;
+
+type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
+
+pub struct Recorder {
+    gpu: Rc<Gpu>,
+    encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    uniforms: RefCell<Vec<u8>>,
+    arena: wgpu::Buffer,
+    after_submit: RefCell<Vec<Hook>>,
+    commands: Cell<u64>,
+    submissions: Cell<u64>,
+}
+
+impl Recorder {
+    pub fn new(gpu: Rc<Gpu>) -> Self {
+        let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("uniform arena"),
+            size: UNIFORM_SLOT * ARENA_SLOTS,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Recorder {
+            gpu,
+            encoder: RefCell::new(None),
+            uniforms: RefCell::new(Vec::new()),
+            arena,
+            after_submit: RefCell::new(Vec::new()),
+            commands: Cell::new(0),
+            submissions: Cell::new(0),
+        }
+    }
+
+    pub fn gpu(&self) -> &Rc<Gpu> {
+        &self.gpu
+    }
+
+    /// Runs `f` on the pending encoder.
+    pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut enc = self.encoder.borrow_mut();
+        let device = &self.gpu.device;
+        let encoder = enc.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("pagetrain"),
+            })
+        });
+        self.commands.set(self.commands.get() + 1);
+        f(encoder)
+    }
+
+    /// Stores a kernel's uniforms for the next submission; returns the arena and the offset.
+    /// Submits first when the arena is full.
+    pub fn uniform(&self, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+        debug_assert!(bytes.len() as u64 <= UNIFORM_SLOT);
+        if self.uniforms.borrow().len() as u64 >= UNIFORM_SLOT * ARENA_SLOTS {
+            self.flush();
+        }
+        let mut u = self.uniforms.borrow_mut();
+        let offset = u.len() as u64;
+        u.extend_from_slice(bytes);
+        u.resize((offset + UNIFORM_SLOT) as usize, 0);
+        (self.arena.clone(), offset)
+    }
+
+    /// Runs `hook` with the index of the submission that carries the commands recorded so far.
+    pub fn after_submit(&self, hook: impl FnOnce(&wgpu::SubmissionIndex) + 'static) {
+        self.after_submit.borrow_mut().push(Box::new(hook));
+    }
+
+    /// Submits when enough commands are pending that the GPU should start on them.
+    pub fn maybe_submit(&self) {
+        if self.commands.get() >= SUBMIT_EVERY {
+            self.flush();
+        }
+    }
+
+    /// Submits everything recorded so far (and runs the after-submit hooks).
+    pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
+        let encoder = self.encoder.borrow_mut().take();
+        let index = encoder.map(|encoder| {
+            let mut u = self.uniforms.borrow_mut();
+            if !u.is_empty() {
+                // Queue writes land before the submission below and after every earlier one,
+                // so reusing the arena per submission is safe.
+                self.gpu.queue.write_buffer(&self.arena, 0, &u);
+                u.clear();
+            }
+            self.submissions.set(self.submissions.get() + 1);
+            self.gpu.queue.submit([encoder.finish()])
+        });
+        self.commands.set(0);
+        let hooks = std::mem::take(&mut *self.after_submit.borrow_mut());
+        if let Some(index) = &index {
+            for hook in hooks {
+                hook(index);
+            }
+        } else {
+            debug_assert!(hooks.is_empty(), "hooks without recorded commands");
+        }
+        index
+    }
+
+    /// Blocks (native) until `index` — or everything, for `None` — is done on the GPU.
+    pub fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> crate::Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.gpu
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map_err(|e| crate::Error::Gpu {
+                context: "waiting for the GPU".into(),
+                msg: e.to_string(),
+            })?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = index;
+        self.gpu.check("waiting for the GPU")
+    }
+
+    /// Runs ready callbacks (map_async) without blocking.
+    pub fn poll(&self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.gpu.device.poll(wgpu::PollType::Poll);
+    }
+
+    pub fn submissions(&self) -> u64 {
+        self.submissions.get()
+    }
+}
