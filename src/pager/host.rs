@@ -95,10 +95,6 @@ fn aligned(len: usize) -> usize {
     len.max(1).div_ceil(HOST_ALIGN) * HOST_ALIGN
 }
 
-fn segment_size(len: usize) -> usize {
-    len.max(SEGMENT_BYTES)
-}
-
 /// Tensors in memory.
 #[derive(Default)]
 pub struct MemStore {
@@ -118,7 +114,7 @@ impl HostStore for MemStore {
         if let Some(r) = self.alloc.find(len) {
             return Ok(r);
         }
-        let size = segment_size(len);
+        let size = len.max(SEGMENT_BYTES);
         self.segments.push(vec![0; size]);
         self.alloc.add_segment(size);
         Ok(self.alloc.find(len).expect("fresh segment fits"))
@@ -153,6 +149,7 @@ impl HostStore for MemStore {
 #[cfg(not(target_arch = "wasm32"))]
 pub struct MmapStore {
     dir: PathBuf,
+    segment_bytes: usize,
     segments: Vec<Segment>,
     alloc: Allocator,
 }
@@ -168,12 +165,24 @@ struct Segment {
 impl MmapStore {
     /// A store in `dir` (created if missing; segment files from an earlier store are replaced).
     pub fn new(dir: &Path) -> Result<Self> {
+        Self::with_segment_bytes(dir, SEGMENT_BYTES)
+    }
+
+    /// A store whose segment files are at least `segment_bytes` large.
+    pub fn with_segment_bytes(dir: &Path, segment_bytes: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let segment_bytes = segment_bytes.max(HOST_ALIGN);
         Ok(MmapStore {
             dir: dir.to_path_buf(),
+            segment_bytes,
             segments: Vec::new(),
             alloc: Allocator::default(),
         })
+    }
+
+    /// The file behind segment `i`.
+    pub fn segment_path(&self, i: usize) -> Option<&Path> {
+        self.segments.get(i).map(|s| s.path.as_path())
     }
 
     pub fn dir(&self) -> &Path {
@@ -244,7 +253,7 @@ impl HostStore for MmapStore {
         if let Some(r) = self.alloc.find(len) {
             return Ok(r);
         }
-        self.add_segment(segment_size(len))?;
+        self.add_segment(len.max(self.segment_bytes))?;
         Ok(self.alloc.find(len).expect("fresh segment fits"))
     }
 

@@ -749,6 +749,11 @@ impl Pager {
         self.state.borrow_mut().pool.trim();
     }
 
+    /// Where tensor `id`'s bytes are in the host store (for tests that read the files).
+    pub fn host_range(&self, id: TensorId) -> Option<HostRange> {
+        self.state.borrow().entries.get(&id).map(|e| e.host)
+    }
+
     pub fn describe_store(&self) -> String {
         self.state.borrow().store.describe()
     }

@@ -1,0 +1,523 @@
+//! The pager's invariants: contents always equal a plain in-memory model, resident bytes never
+//! exceed the budget, flushed files hold every value, a paged run computes exactly what a
+//! resident one does, and faults are errors that lose nothing.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use pagetrain::autograd::Grads;
+use pagetrain::device::Gpu;
+use pagetrain::kernels::elementwise;
+use pagetrain::nn::{Gpt, GptConfig, Module};
+use pagetrain::optim::{AdamW, AdamWConfig};
+use pagetrain::pager::plan::{self, Key, Policy};
+use pagetrain::pager::{HostRange, HostStore, MemStore, MmapStore, PagerOptions};
+use pagetrain::{Context, Error, Tensor};
+use proptest::prelude::*;
+
+fn gpu() -> Gpu {
+    pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter")
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pagetrain-pager-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Small rings so that even small tests wrap around them.
+fn opts(budget: u64, policy: Policy) -> PagerOptions {
+    PagerOptions {
+        budget: Some(budget),
+        policy,
+        upload_slots: 2,
+        readback_slots: 2,
+        slot_bytes: 8192,
+        prefetch_window: 8,
+    }
+}
+
+fn read(ctx: &Context, t: &Tensor) -> Vec<f32> {
+    pollster::block_on(ctx.to_f32(t)).unwrap()
+}
+
+/// Bitwise equality, reporting the first difference rather than both vectors.
+fn assert_same(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: first difference at {i}: got {} want {}",
+            got[i], want[i]
+        );
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    New(usize),
+    Write(usize, u32),
+    Scale(usize, usize, u32),
+    Add(usize, usize, usize),
+    Read(usize),
+    Drop(usize),
+    Flush,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => prop::sample::select(vec![1usize, 255, 1000, 1500]).prop_map(Op::New),
+        1 => (any::<usize>(), any::<u32>()).prop_map(|(a, s)| Op::Write(a, s)),
+        4 => (any::<usize>(), any::<usize>(), any::<u32>()).prop_map(|(a, b, s)| Op::Scale(a, b, s)),
+        4 => (any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(a, b, c)| Op::Add(a, b, c)),
+        2 => any::<usize>().prop_map(Op::Read),
+        1 => any::<usize>().prop_map(Op::Drop),
+        1 => Just(Op::Flush),
+    ]
+}
+
+/// Tensor sizes come from a few values so that ops find operands of equal length.
+fn values(seed: u32, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((seed as usize).wrapping_mul(31).wrapping_add(i * 7) % 1001) as f32 * 0.25 - 100.0
+        })
+        .collect()
+}
+
+/// An output for an op on `n`-float inputs `avoid`: an existing tensor of that length picked
+/// by `choice`, or a new one (undefined until the op writes it).
+fn output(
+    ctx: &Context,
+    tensors: &mut Vec<(Tensor, Vec<f32>)>,
+    n: usize,
+    avoid: &[usize],
+    choice: usize,
+) -> usize {
+    let same: Vec<usize> = (0..tensors.len())
+        .filter(|i| tensors[*i].1.len() == n && !avoid.contains(i))
+        .collect();
+    if same.is_empty() || choice % 3 == 0 {
+        tensors.push((
+            ctx.empty("out", &[n], pagetrain::DType::F32, false)
+                .unwrap(),
+            vec![f32::NAN; n],
+        ));
+        tensors.len() - 1
+    } else {
+        same[choice % same.len()]
+    }
+}
+
+/// Runs `ops` against the pager and a `HashMap` model. GPU ops are exact in f32 (a scale by a
+/// power of two, an add), so contents must match bit for bit.
+fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&std::path::Path>) {
+    let mut tensors: Vec<(Tensor, Vec<f32>)> = Vec::new();
+    for op in ops {
+        let pick = |i: usize, len: usize| if len == 0 { None } else { Some(i % len) };
+        match *op {
+            Op::New(n) => {
+                let data = values(n as u32, n);
+                tensors.push((ctx.from_f32("t", &[n], &data, false).unwrap(), data));
+            }
+            Op::Write(a, seed) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let data = values(seed, tensors[a].1.len());
+                    ctx.write_f32(&tensors[a].0, &data).unwrap();
+                    tensors[a].1 = data;
+                }
+            }
+            Op::Scale(a, b, s) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let n = tensors[a].1.len();
+                    let c = output(ctx, &mut tensors, n, &[a], b);
+                    let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
+                    let _op = ctx.op();
+                    let (out, x) = (
+                        ctx.write(&tensors[c].0).unwrap(),
+                        ctx.read(&tensors[a].0).unwrap(),
+                    );
+                    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
+                    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+                }
+            }
+            Op::Add(a, b, c) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let n = tensors[a].1.len();
+                    let same: Vec<usize> = (0..tensors.len())
+                        .filter(|&i| tensors[i].1.len() == n)
+                        .collect();
+                    let b = same[b % same.len()];
+                    let c = output(ctx, &mut tensors, n, &[a, b], c);
+                    let _op = ctx.op();
+                    let (out, x, y) = (
+                        ctx.write(&tensors[c].0).unwrap(),
+                        ctx.read(&tensors[a].0).unwrap(),
+                        ctx.read(&tensors[b].0).unwrap(),
+                    );
+                    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
+                    tensors[c].1 = tensors[a]
+                        .1
+                        .iter()
+                        .zip(&tensors[b].1)
+                        .map(|(x, y)| x + y)
+                        .collect();
+                }
+            }
+            Op::Read(a) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    assert_same(
+                        &format!("tensor {a}"),
+                        &read(ctx, &tensors[a].0),
+                        &tensors[a].1,
+                    );
+                }
+            }
+            Op::Drop(a) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    tensors.swap_remove(a);
+                }
+            }
+            Op::Flush => {
+                ctx.pager.flush().unwrap();
+                if let Some(dir) = store_dir {
+                    // The files alone, read back from disk, hold every value.
+                    for (t, want) in &tensors {
+                        let r: HostRange = ctx.pager.host_range(t.id()).unwrap();
+                        let file =
+                            std::fs::read(dir.join(format!("seg-{:05}.bin", r.segment))).unwrap();
+                        let got: Vec<f32> = bytemuck::pod_collect_to_vec(
+                            &file[r.offset..r.offset + want.len() * 4],
+                        );
+                        assert_same("file contents after flush", &got, want);
+                    }
+                }
+            }
+        }
+        let stats = ctx.pager.stats();
+        assert!(
+            stats.bytes_held <= budget,
+            "{} bytes on the GPU over the {budget}-byte budget",
+            stats.bytes_held
+        );
+    }
+    for (t, want) in &tensors {
+        assert_same("at the end", &read(ctx, t), want);
+    }
+    assert!(ctx.pager.stats().peak_bytes <= budget);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(budget, Policy::Belady));
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn mmap_store_matches_a_plain_model_and_its_files(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        let budget = budget_kib * 1024;
+        let dir = tmpdir("prop");
+        let store = MmapStore::with_segment_bytes(&dir, 1 << 16).unwrap();
+        let ctx = Context::with_store(gpu(), Box::new(store), &opts(budget, Policy::Lru));
+        run_against_model(&ctx, &ops, budget, Some(&dir));
+    }
+
+    #[test]
+    fn belady_never_uploads_more_than_lru(
+        step in prop::collection::vec(0u64..12, 1..60),
+        sizes in prop::collection::vec(1u64..8, 12),
+        budget in 8u64..40,
+        repeats in 2usize..4,
+    ) {
+        // The same step repeated, as in training; every key fits the budget alone.
+        let step: Vec<Key> = step.into_iter().map(Key::Persistent).collect();
+        let sizes: HashMap<Key, u64> = (0..12).map(|i| (Key::Persistent(i), sizes[i as usize])).collect();
+        let steps = vec![step; repeats];
+        let opt = plan::simulate(&steps, &sizes, budget, Policy::Belady).unwrap();
+        let lru = plan::simulate(&steps, &sizes, budget, Policy::Lru).unwrap();
+        prop_assert!(opt <= lru, "belady {opt} > lru {lru}");
+    }
+}
+
+fn tiny_gpt_step(
+    ctx: &Context,
+    model: &Gpt,
+    opt: &mut AdamW,
+    tokens: &[u32],
+    targets: &[u32],
+) -> (f32, Vec<Vec<f32>>) {
+    ctx.pager.begin_step();
+    let x = ctx.from_u32("tokens", &[2, 16], tokens).unwrap();
+    let loss = model.loss(ctx, &x, targets).unwrap();
+    let mut grads: Grads = model.grads();
+    ctx.backward(&loss, &mut grads, 1.0).unwrap();
+    let g: Vec<Vec<f32>> = model.params().iter().map(|p| read(ctx, &p.grad)).collect();
+    opt.step(ctx, model).unwrap();
+    model.zero_grad(ctx).unwrap();
+    (read(ctx, &loss)[0], g)
+}
+
+#[test]
+fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
+    let cfg = GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        block_size: 16,
+        vocab_size: 23,
+    };
+    let tokens: Vec<u32> = (0..32).map(|i| (i * 5 % 23) as u32).collect();
+    let targets: Vec<u32> = (0..32).map(|i| (i * 5 % 23 + 1) as u32 % 23).collect();
+    let run = |budget: Option<u64>| {
+        let o = PagerOptions {
+            budget,
+            slot_bytes: 16 << 10,
+            ..Default::default()
+        };
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        let model = Gpt::new(&ctx, cfg, 9).unwrap();
+        let mut opt = AdamW::new(&ctx, &model, AdamWConfig::default()).unwrap();
+        let steps: Vec<(f32, Vec<Vec<f32>>)> = (0..3)
+            .map(|_| tiny_gpt_step(&ctx, &model, &mut opt, &tokens, &targets))
+            .collect();
+        (steps, ctx.pager.stats(), ctx.pager.counters())
+    };
+    let (resident, full, _) = run(None);
+    let footprint = full.peak_bytes;
+    let budget = footprint / 4;
+    let (paged, stats, counters) = run(Some(budget));
+    println!(
+        "footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}",
+        stats.peak_bytes
+    );
+    assert!(
+        stats.peak_bytes <= budget,
+        "peak {} over budget {budget}",
+        stats.peak_bytes
+    );
+    assert!(
+        counters.evictions > 0 && counters.writebacks > 0,
+        "a quarter budget must page: {counters:?}"
+    );
+    for (step, ((l1, g1), (l2, g2))) in resident.iter().zip(&paged).enumerate() {
+        assert_eq!(l1, l2, "loss at step {step}");
+        for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
+            assert_same(&format!("gradient of parameter {i} at step {step}"), b, a);
+        }
+    }
+}
+
+#[test]
+fn a_tensor_larger_than_the_budget_is_budget_too_small() {
+    let ctx = Context::with_store(
+        gpu(),
+        Box::new(MemStore::new()),
+        &opts(64 << 10, Policy::Belady),
+    );
+    match ctx.zeros("huge", &[1 << 16], false) {
+        Err(Error::BudgetTooSmall {
+            tensor,
+            needed,
+            budget,
+        }) => {
+            assert_eq!(tensor, "huge");
+            assert!(needed > budget);
+        }
+        other => panic!(
+            "expected BudgetTooSmall, got {:?}",
+            other.map(|t| t.shape().to_vec())
+        ),
+    }
+    // Each fits alone, but one op needs both on the GPU at once.
+    let a = ctx.zeros("a", &[10_000], false).unwrap();
+    let b = ctx.zeros("b", &[10_000], false).unwrap();
+    let _op = ctx.op();
+    ctx.read(&a).unwrap();
+    let err = ctx.write(&b).unwrap_err();
+    assert!(matches!(err, Error::BudgetTooSmall { .. }), "{err}");
+}
+
+/// A store whose writes can be made to fail, like a disk that filled up.
+struct FlakyStore {
+    inner: MemStore,
+    fail: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl HostStore for FlakyStore {
+    fn alloc(&mut self, len: usize) -> pagetrain::Result<HostRange> {
+        self.inner.alloc(len)
+    }
+    fn free(&mut self, r: HostRange) {
+        self.inner.free(r)
+    }
+    fn bytes(&self, r: &HostRange) -> pagetrain::Result<&[u8]> {
+        self.inner.bytes(r)
+    }
+    fn bytes_mut(&mut self, r: &HostRange) -> pagetrain::Result<&mut [u8]> {
+        if self.fail.get() {
+            return Err(Error::Io {
+                path: "flaky".into(),
+                source: std::io::Error::other("No space left on device"),
+            });
+        }
+        self.inner.bytes_mut(r)
+    }
+    fn flush(&mut self) -> pagetrain::Result<()> {
+        Ok(())
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+}
+
+#[test]
+fn failing_write_back_is_an_error_and_keeps_the_gpu_copy() {
+    let fail = std::rc::Rc::new(std::cell::Cell::new(false));
+    let store = FlakyStore {
+        inner: MemStore::new(),
+        fail: fail.clone(),
+    };
+    let ctx = Context::with_store(gpu(), Box::new(store), &opts(48 << 10, Policy::Lru));
+    let x = ctx.from_f32("x", &[4000], &values(1, 4000), false).unwrap();
+    let y = ctx
+        .empty("y", &[4000], pagetrain::DType::F32, false)
+        .unwrap();
+    {
+        let _op = ctx.op();
+        elementwise::scale_forward(
+            &ctx.kernels,
+            &ctx.write(&y).unwrap(),
+            &ctx.read(&x).unwrap(),
+            2.0,
+            4000,
+        )
+        .unwrap();
+    }
+    // y is dirty on the GPU; making room for z must write it back, and the disk is full.
+    fail.set(true);
+    let z = ctx.zeros("z", &[8000], false).unwrap();
+    let err = {
+        let _op = ctx.op();
+        ctx.write(&z).unwrap_err()
+    };
+    assert!(err.to_string().contains("No space left"), "{err}");
+    fail.set(false);
+    let want: Vec<f32> = values(1, 4000).iter().map(|v| v * 2.0).collect();
+    assert_same("y after the failed write-back", &read(&ctx, &y), &want);
+}
+
+#[test]
+fn store_file_truncated_or_deleted_underneath_is_an_error() {
+    let dir = tmpdir("truncate");
+    let store = MmapStore::with_segment_bytes(&dir, 1 << 16).unwrap();
+    let ctx = Context::with_store(gpu(), Box::new(store), &opts(1 << 20, Policy::Belady));
+    let t = ctx.from_f32("t", &[1000], &values(3, 1000), false).unwrap();
+    let seg = dir.join("seg-00000.bin");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let err = pollster::block_on(ctx.to_f32(&t)).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+    assert!(err.to_string().contains("seg-00000.bin"), "{err}");
+
+    let dir = tmpdir("delete");
+    let store = MmapStore::with_segment_bytes(&dir, 1 << 16).unwrap();
+    let ctx = Context::with_store(gpu(), Box::new(store), &opts(1 << 20, Policy::Belady));
+    let _t = ctx.from_f32("t", &[1000], &values(3, 1000), false).unwrap();
+    std::fs::remove_file(dir.join("seg-00000.bin")).unwrap();
+    let err = ctx.pager.flush().unwrap_err();
+    assert!(err.to_string().contains("deleted"), "{err}");
+}
+
+#[test]
+fn full_disk_is_an_error_at_allocation() {
+    // A 1 MiB tmpfs needs root; where mounting is not allowed the failing-store test above
+    // covers write-back errors, and this one says so.
+    let dir = tmpdir("tmpfs");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping the tmpfs part: cannot mount here");
+        return;
+    }
+    let result = std::panic::catch_unwind(|| {
+        let store = MmapStore::with_segment_bytes(&dir, 512 << 10).unwrap();
+        let ctx = Context::with_store(gpu(), Box::new(store), &opts(1 << 20, Policy::Belady));
+        let a = ctx
+            .from_f32("a", &[100_000], &values(1, 100_000), false)
+            .unwrap();
+        let err = ctx.zeros("b", &[200_000], false).map(|_| ()).unwrap_err();
+        assert!(
+            err.to_string().contains("No space left") || err.to_string().contains("space"),
+            "{err}"
+        );
+        assert_eq!(read(&ctx, &a), values(1, 100_000), "nothing lost");
+    });
+    let _ = std::process::Command::new("umount").arg(&dir).status();
+    result.unwrap();
+}
+
+#[test]
+fn telemetry_reports_where_tensors_are() {
+    let ctx = Context::with_store(
+        gpu(),
+        Box::new(MemStore::new()),
+        &opts(64 << 10, Policy::Belady),
+    );
+    let rx = ctx.pager.subscribe();
+    let a = ctx.from_f32("a", &[8000], &values(1, 8000), false).unwrap();
+    let b = ctx.zeros("b", &[8000], false).unwrap();
+    {
+        let _op = ctx.op();
+        elementwise::scale_forward(
+            &ctx.kernels,
+            &ctx.write(&b).unwrap(),
+            &ctx.read(&a).unwrap(),
+            0.5,
+            8000,
+        )
+        .unwrap();
+    }
+    let c = ctx.from_f32("c", &[8000], &values(2, 8000), false).unwrap();
+    {
+        let _op = ctx.op();
+        ctx.read(&c).unwrap();
+    }
+    ctx.pager.publish();
+    let snap = rx.try_recv().expect("a published snapshot");
+    let find = |t: &Tensor| {
+        snap.tensors
+            .iter()
+            .find(|i| i.id == t.id())
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(find(&c).location, pagetrain::pager::Location::Gpu);
+    assert!(snap.gpu_bytes <= snap.budget);
+    assert!(
+        snap.counters.bytes_uploaded >= 2 * 8000 * 4,
+        "{:?}",
+        snap.counters
+    );
+    assert!(
+        snap.counters.evictions >= 1 && snap.counters.writebacks >= 1,
+        "{:?}",
+        snap.counters
+    );
+    assert_eq!(find(&b).uploads, 0, "b was only ever written on the GPU");
+}
