@@ -26,6 +26,8 @@
 //! D head size, V vocabulary, N rows, K inner dimension.
 
 pub mod autograd;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
 pub mod context;
 pub mod device;
 pub mod error;

@@ -228,6 +228,11 @@ proptest! {
         run_against_model(&ctx, &ops, budget, Some(&dir));
     }
 
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
     #[test]
     fn belady_never_uploads_more_than_lru(
         step in prop::collection::vec(0u64..12, 1..60),

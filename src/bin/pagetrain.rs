@@ -26,6 +26,27 @@ enum Command {
     Train(TrainArgs),
     /// List the GPU adapters wgpu sees, the one pagetrain picks, its limits and features.
     Info,
+    /// Measure transfers: upload through the staging ring vs queue.write_buffer, write-back.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
+    /// Size of each tensor moved.
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    tensor_size: u64,
+    /// Number of tensors moved per measurement.
+    #[arg(long, default_value_t = 8)]
+    tensors: usize,
+    /// Measurements per figure (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Host store: a directory for mmap files, or `memory`.
+    #[arg(long, default_value = "memory")]
+    store: String,
 }
 
 #[derive(Args, Default)]
@@ -222,6 +243,22 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     Ok(())
 }
 
+async fn bench(args: BenchArgs) -> Result<(), Error> {
+    let store = if args.store == "memory" { StoreKind::Memory } else { StoreKind::Mmap(PathBuf::from(&args.store)) };
+    let ctx = Context::new(&ContextOptions { store, ..Default::default() }).await?;
+    let r = pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&r).expect("serializable"));
+    } else {
+        println!("adapter: {}", r.adapter);
+        println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
+        println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
+        println!("  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)", r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer);
+        println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
+    }
+    Ok(())
+}
+
 async fn info() -> Result<(), Error> {
     let adapters = pagetrain::device::list_adapters().await;
     println!("adapters wgpu sees:");
@@ -293,6 +330,7 @@ fn main() -> ExitCode {
         None => pollster::block_on(train(TrainArgs::default())),
         Some(Command::Train(args)) => pollster::block_on(train(args)),
         Some(Command::Info) => pollster::block_on(info()),
+        Some(Command::Bench(args)) => pollster::block_on(bench(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

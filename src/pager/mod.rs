@@ -564,6 +564,22 @@ impl Pager {
         Ok(())
     }
 
+    /// Moves a tensor off the GPU now (written back first if dirty).
+    pub fn evict(&self, id: TensorId) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        match st.entries.get(&id) {
+            Some(e) if e.gpu.is_some() && e.pins == 0 => st.evict(&self.recorder, id),
+            Some(_) => Ok(()),
+            None => Err(Error::invalid("tensor", format!("#{id} was released"))),
+        }
+    }
+
+    /// Waits until every write-back recorded so far has landed in the host store.
+    pub fn drain(&self) -> Result<()> {
+        self.recorder.flush();
+        self.state.borrow_mut().drain(&self.recorder, true)
+    }
+
     /// Sets a tensor to zero: a clear on the GPU if it is there, nothing at all otherwise.
     pub fn zero(&self, id: TensorId) -> Result<()> {
         let recorder = &*self.recorder;
