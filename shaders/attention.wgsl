@@ -7,11 +7,17 @@
 // One thread per element of the (B,H,T,D) side, 256 per workgroup, 2-D folded grid.
 // CPU reference: tests/common/reference.rs `attention_forward` (the whole attention).
 
+// The (B,H,T,D) side holds batch entries first..first+b of the (B,T,·) side, so attention can
+// run one batch entry at a time.
 struct Params {
     b: u32,
     t: u32,
     h: u32,
     d: u32,
+    first: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // split: 0 q, 1 k, 2 v, 3 qkv, 4 params
@@ -40,7 +46,7 @@ fn btc_index(i: u32, prm: Params) -> u32 {
     let d = i % prm.d;
     let t = (i / prm.d) % prm.t;
     let h = (i / (prm.d * prm.t)) % prm.h;
-    let b = i / (prm.d * prm.t * prm.h);
+    let b = prm.first + i / (prm.d * prm.t * prm.h);
     return (b * prm.t + t) * prm.h * prm.d + h * prm.d + d;
 }
 
@@ -54,7 +60,7 @@ fn attention_split(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let d = i % p.d;
     let t = (i / p.d) % p.t;
     let h = (i / (p.d * p.t)) % p.h;
-    let b = i / (p.d * p.t * p.h);
+    let b = p.first + i / (p.d * p.t * p.h);
     let src = (b * p.t + t) * 3u * c + h * p.d + d;
     q[i] = qkv[src];
     k[i] = qkv[src + c];
@@ -71,7 +77,7 @@ fn attention_split_backward(@builtin(global_invocation_id) gid: vec3<u32>, @buil
     let d = i % p.d;
     let t = (i / p.d) % p.t;
     let h = (i / (p.d * p.t)) % p.h;
-    let b = i / (p.d * p.t * p.h);
+    let b = p.first + i / (p.d * p.t * p.h);
     let dst = (b * p.t + t) * 3u * c + h * p.d + d;
     dqkv[dst] += dq[i];
     dqkv[dst + c] += dk[i];

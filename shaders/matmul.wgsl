@@ -1,6 +1,7 @@
 // matmul: C[b] = alpha * op(A[b]) . op(B[b]) + beta * C[b] (+ bias), for b < batch.
 //   c (batch, M, N) row-major;  a: op(A)[m,k] = a[b*stride_a + m*a_rs + k*a_cs];
 //   b: op(B)[k,n] = b[b*stride_b + k*b_rs + n*b_cs];  bias (N) added when has_bias = 1.
+// a_off, b_off, c_off shift all three by whole elements, so a product can work on a row chunk.
 // Strides express transposes: A (M,K) has a_rs = K, a_cs = 1; Aᵀ of a (K,M) array has a_rs = 1, a_cs = M.
 // beta = 1 accumulates (backward passes add into gradients); beta = 0 never reads C.
 // Tiling: one workgroup of 16x16 threads computes a 64x64 tile of C, each thread a 4x4 block held in
@@ -26,8 +27,13 @@ struct Params {
     b_cs: u32,
     alpha: f32,
     beta: f32,
+    // element offsets of the first batch entry of a, b and c (chunks of larger tensors)
+    a_off: u32,
+    b_off: u32,
+    c_off: u32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> c: array<f32>;
@@ -50,9 +56,9 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     let tid = ty * 16u + tx;
     let m0 = wid.y * TILE;
     let n0 = wid.x * TILE;
-    let a_base = wid.z * p.stride_a;
-    let b_base = wid.z * p.stride_b;
-    let c_base = wid.z * p.stride_c;
+    let a_base = p.a_off + wid.z * p.stride_a;
+    let b_base = p.b_off + wid.z * p.stride_b;
+    let c_base = p.c_off + wid.z * p.stride_c;
     let a_k_fast = p.a_cs == 1u;
     let b_n_fast = p.b_cs == 1u;
 
@@ -143,9 +149,9 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     if (m_base >= p.m || n_base >= p.n) {
         return;
     }
-    let a_base = wid.z * p.stride_a;
-    let b_base = wid.z * p.stride_b;
-    let c_base = wid.z * p.stride_c;
+    let a_base = p.a_off + wid.z * p.stride_a;
+    let b_base = p.b_off + wid.z * p.stride_b;
+    let c_base = p.c_off + wid.z * p.stride_c;
     // Clamp out-of-range rows/columns onto the last valid one: reads stay in bounds, results
     // for them are computed and then not stored.
     var ar: array<u32, 4>;

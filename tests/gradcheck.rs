@@ -262,6 +262,25 @@ fn attention_backward_matches_finite_differences() {
 }
 
 #[test]
+fn attention_in_batch_chunks_matches_finite_differences() {
+    // A 64 KiB budget makes attention run 2 + 1 batch entries at a time.
+    let opts = pagetrain::pager::PagerOptions { budget: Some(64 << 10), slot_bytes: 16 << 10, ..Default::default() };
+    let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
+    let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+    let mut rng = Rng::new(16);
+    let (b, t, c, h) = (3, 17, 12, 3);
+    let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+    check(
+        &ctx,
+        "attention in chunks",
+        &[(qkv, vec![b, t, 3 * c])],
+        |ctx, v| ops::causal_self_attention(ctx, &v[0], h).unwrap(),
+        Box::new(move |v| r::attention_forward(&v[0], b, t, c, h)),
+        1e-4,
+    );
+}
+
+#[test]
 fn embedding_and_cross_entropy_backward_match_finite_differences() {
     let ctx = ctx();
     let mut rng = Rng::new(15);

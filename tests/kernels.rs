@@ -51,6 +51,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 trans_b: tb,
                 alpha: 0.75,
                 beta: if accumulate { 1.0 } else { 0.0 },
+                offsets: [0; 3],
             };
             let bias_view = with_bias.then(|| gbias.view());
             kernels::matmul::matmul_variant(
@@ -89,6 +90,28 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 1e-5 * (k as f64).sqrt(),
             );
         }
+    }
+}
+
+#[test]
+fn matmul_offsets_select_row_chunks() {
+    // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch.
+    let ctx = ctx();
+    let mut rng = Rng::new(21);
+    let (m, n, k) = (17, 33, 9);
+    let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
+    for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+        let a = randn(&mut rng, oa + m * k, 1.0);
+        let b = randn(&mut rng, ob + n * k, 1.0);
+        let mut c0 = randn(&mut rng, oc + m * n, 1.0);
+        let (ga, gb, gc) = (Guarded::new(&ctx, a.len(), Some(&a)), Guarded::new(&ctx, b.len(), Some(&b)), Guarded::new(&ctx, c0.len(), Some(&c0)));
+        let g = Gemm { offsets: [oa, ob, oc], trans_b: true, ..Gemm::new(m, n, k) };
+        kernels::matmul::matmul_variant(&ctx.kernels, variant, &gc.view(), &ga.view(), &gb.view(), None, &ga.view(), g).unwrap();
+        let chunk = r::matmul_forward(&to64(&a[oa..]), &to64(&b[ob..]), None, 1, m, n, k, false, true, true, 1.0);
+        let mut want: Vec<f64> = to64(&c0[..oc]);
+        want.extend(chunk);
+        c0.clear();
+        assert_close(&format!("matmul offsets {variant:?}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
     }
 }
 
@@ -591,12 +614,7 @@ fn attention_head_split_and_merge_round_trip() {
     let (b, t, h, d) = (2usize, 17usize, 3usize, 5usize);
     let c = h * d;
     let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-    let dims = kernels::attention::Dims {
-        b: b as u32,
-        t: t as u32,
-        h: h as u32,
-        d: d as u32,
-    };
+    let dims = kernels::attention::Dims { b: b as u32, t: t as u32, h: h as u32, d: d as u32, first: 0, _pad: [0; 3] };
     let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
     let n = b * h * t * d;
     let (q, k, v) = (

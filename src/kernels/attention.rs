@@ -4,7 +4,8 @@ use super::{grid_1d, Kernels, ATTENTION};
 use crate::error::Result;
 use crate::pager::View;
 
-/// Attention dimensions: batch, time, heads, head size.
+/// Attention dimensions: batch entries in this launch, time, heads, head size, and the index of
+/// the first batch entry in the (B,T,·) tensors.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Dims {
@@ -12,6 +13,8 @@ pub struct Dims {
     pub t: u32,
     pub h: u32,
     pub d: u32,
+    pub first: u32,
+    pub _pad: [u32; 3],
 }
 
 impl Dims {

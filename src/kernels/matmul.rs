@@ -21,7 +21,10 @@ struct Params {
     b_cs: u32,
     alpha: f32,
     beta: f32,
-    _pad: [u32; 2],
+    a_off: u32,
+    b_off: u32,
+    c_off: u32,
+    _pad: [u32; 3],
 }
 
 /// Shape and layout of one (batched) product `C = alpha·op(A)·op(B) + beta·C (+ bias)`.
@@ -38,6 +41,8 @@ pub struct Gemm {
     pub alpha: f32,
     /// 0 overwrites C, 1 accumulates into it.
     pub beta: f32,
+    /// Element offsets where A, B and C start in their buffers (row chunks of larger tensors).
+    pub offsets: [usize; 3],
 }
 
 impl Gemm {
@@ -51,6 +56,7 @@ impl Gemm {
             trans_b: false,
             alpha: 1.0,
             beta: 0.0,
+            offsets: [0; 3],
         }
     }
 }
@@ -111,7 +117,10 @@ pub fn matmul_variant(
         b_cs: b_cs as u32,
         alpha: g.alpha,
         beta: g.beta,
-        _pad: [0; 2],
+        a_off: g.offsets[0] as u32,
+        b_off: g.offsets[1] as u32,
+        c_off: g.offsets[2] as u32,
+        _pad: [0; 3],
     };
     let bias = bias.unwrap_or(dummy);
     let entry = match variant {

@@ -39,95 +39,81 @@ fn gemm(batch: usize, m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool
         trans_b,
         alpha: 1.0,
         beta: 0.0,
+        offsets: [0; 3],
     }
+}
+
+/// Bytes of attention scores one chunk of batch entries may hold: the (b,H,T,T) scores are the
+/// largest tensors of a step, so attention runs a few batch entries at a time, each chunk its
+/// own set of tensors that the pager can place and evict on their own.
+fn chunk_entries(ctx: &Context, h: usize, t: usize, b: usize) -> usize {
+    let target = (64u64 << 20).min(ctx.pager.budget() / 8).max(1);
+    ((target / (h * t * t * 4).max(1) as u64) as usize).clamp(1, b)
+}
+
+/// The saved tensors of one chunk of batch entries.
+struct Chunk {
+    dims: Dims,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    att: Tensor,
 }
 
 /// qkv (B,T,3C) → (B,T,C): `softmax(q·kᵀ/sqrt(D) + causal mask) · v` per head, C = H·D.
 pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let s = qkv.shape();
     if s.len() != 3 || s[2] % 3 != 0 || n_head == 0 || (s[2] / 3) % n_head != 0 {
-        return Err(Error::shape(
-            "causal_self_attention",
-            format!("(B,T,3C) with C divisible by {n_head} heads"),
-            s,
-        ));
+        return Err(Error::shape("causal_self_attention", format!("(B,T,3C) with C divisible by {n_head} heads"), s));
     }
     let (b, t, c) = (s[0], s[1], s[2] / 3);
     let d = c / n_head;
-    let dims = Dims {
-        b: b as u32,
-        t: t as u32,
-        h: n_head as u32,
-        d: d as u32,
-    };
-    let heads = [b, n_head, t, d];
-    let bh = b * n_head;
-    let q = ctx.empty("attn q", &heads, DType::F32, false)?;
-    let kk = ctx.empty("attn k", &heads, DType::F32, false)?;
-    let v = ctx.empty("attn v", &heads, DType::F32, false)?;
-    {
-        let _op = ctx.op();
-        k::split(
-            &ctx.kernels,
-            &ctx.write(&q)?,
-            &ctx.write(&kk)?,
-            &ctx.write(&v)?,
-            &ctx.read(qkv)?,
-            dims,
-        )?;
-    }
-    // scores = q · kᵀ, probs = causal softmax(scores / sqrt(D))
-    let preatt = ctx.empty("attn scores", &[b, n_head, t, t], DType::F32, false)?;
-    heads_matmul(ctx, &preatt, &q, &kk, gemm(bh, t, t, d, false, true))?;
     let scale = 1.0 / (d as f32).sqrt();
-    let att = ctx.empty("attn probs", &[b, n_head, t, t], DType::F32, false)?;
-    {
-        let _op = ctx.op();
-        softmax::forward(
-            &ctx.kernels,
-            &ctx.write(&att)?,
-            &ctx.read(&preatt)?,
-            bh * t,
-            t,
-            t,
-            scale,
-        )?;
-    }
-    drop(preatt);
-    // y = probs · v, merged back to (B,T,C)
-    let y = ctx.empty("attn y", &heads, DType::F32, false)?;
-    heads_matmul(ctx, &y, &att, &v, gemm(bh, t, d, t, false, false))?;
     let out = ctx.empty("attention", &[b, t, c], DType::F32, ctx.wants_grad(&[qkv]))?;
-    {
-        let _op = ctx.op();
-        k::merge(&ctx.kernels, &ctx.write(&out)?, &ctx.read(&y)?, dims)?;
+    let per = chunk_entries(ctx, n_head, t, b);
+    let mut chunks = Vec::new();
+    for first in (0..b).step_by(per) {
+        let nb = per.min(b - first);
+        let dims = Dims { b: nb as u32, t: t as u32, h: n_head as u32, d: d as u32, first: first as u32, _pad: [0; 3] };
+        let bh = nb * n_head;
+        let heads = [nb, n_head, t, d];
+        let q = ctx.empty("attn q", &heads, DType::F32, false)?;
+        let kk = ctx.empty("attn k", &heads, DType::F32, false)?;
+        let v = ctx.empty("attn v", &heads, DType::F32, false)?;
+        {
+            let _op = ctx.op();
+            k::split(&ctx.kernels, &ctx.write(&q)?, &ctx.write(&kk)?, &ctx.write(&v)?, &ctx.read(qkv)?, dims)?;
+        }
+        // scores = q · kᵀ, probs = causal softmax(scores / sqrt(D))
+        let preatt = ctx.empty("attn scores", &[nb, n_head, t, t], DType::F32, false)?;
+        heads_matmul(ctx, &preatt, &q, &kk, gemm(bh, t, t, d, false, true))?;
+        let att = ctx.empty("attn probs", &[nb, n_head, t, t], DType::F32, false)?;
+        {
+            let _op = ctx.op();
+            softmax::forward(&ctx.kernels, &ctx.write(&att)?, &ctx.read(&preatt)?, bh * t, t, t, scale)?;
+        }
+        drop(preatt);
+        // y = probs · v, merged into this chunk's rows of (B,T,C)
+        let y = ctx.empty("attn y", &heads, DType::F32, false)?;
+        heads_matmul(ctx, &y, &att, &v, gemm(bh, t, d, t, false, false))?;
+        {
+            let _op = ctx.op();
+            k::merge(&ctx.kernels, &ctx.modify(&out)?, &ctx.read(&y)?, dims)?;
+        }
+        if out.requires_grad() {
+            chunks.push(Chunk { dims, q, k: kk, v, att });
+        }
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            AttentionBackward {
-                qkv: qkv.clone(),
-                q,
-                k: kk,
-                v,
-                att,
-                out: out.clone(),
-                dims,
-                scale,
-            },
-        );
+        ctx.record(&[&out], AttentionBackward { qkv: qkv.clone(), chunks, out: out.clone(), scale });
     }
     Ok(out)
 }
 
 struct AttentionBackward {
     qkv: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    att: Tensor,
+    chunks: Vec<Chunk>,
     out: Tensor,
-    dims: Dims,
     scale: f32,
 }
 
@@ -137,65 +123,39 @@ impl Backward for AttentionBackward {
     }
 
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else {
-            return Ok(());
-        };
-        let Some(dqkv) = grads.of(ctx, &self.qkv)? else {
-            return Ok(());
-        };
-        let (b, t, h, d) = (
-            self.dims.b as usize,
-            self.dims.t as usize,
-            self.dims.h as usize,
-            self.dims.d as usize,
-        );
-        let bh = b * h;
-        let heads = [b, h, t, d];
-        let dy = ctx.zeros("attn dy", &heads, false)?;
-        {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        let Some(dqkv) = grads.of(ctx, &self.qkv)? else { return Ok(()) };
+        for chunk in self.chunks.iter().rev() {
+            let dims = chunk.dims;
+            let (b, t, h, d) = (dims.b as usize, dims.t as usize, dims.h as usize, dims.d as usize);
+            let bh = b * h;
+            let heads = [b, h, t, d];
+            let dy = ctx.zeros("attn dy", &heads, false)?;
+            {
+                let _op = ctx.op();
+                k::merge_backward(&ctx.kernels, &ctx.modify(&dy)?, &ctx.read(&dout)?, dims)?;
+            }
+            // y = att · v: datt = dy · vᵀ, dv = attᵀ · dy
+            let datt = ctx.empty("attn dprobs", &[b, h, t, t], DType::F32, false)?;
+            heads_matmul(ctx, &datt, &dy, &chunk.v, gemm(bh, t, t, d, false, true))?;
+            let dv = ctx.empty("attn dv", &heads, DType::F32, false)?;
+            heads_matmul(ctx, &dv, &chunk.att, &dy, gemm(bh, t, d, t, true, false))?;
+            drop(dy);
+            // scores → probs: dscores = scale · softmax'(datt)
+            let dpre = ctx.zeros("attn dscores", &[b, h, t, t], false)?;
+            {
+                let _op = ctx.op();
+                softmax::backward(&ctx.kernels, &ctx.modify(&dpre)?, &ctx.read(&chunk.att)?, &ctx.read(&datt)?, bh * t, t, t, self.scale)?;
+            }
+            drop(datt);
+            // scores = q · kᵀ: dq = dscores · k, dk = dscoresᵀ · q
+            let dq = ctx.empty("attn dq", &heads, DType::F32, false)?;
+            heads_matmul(ctx, &dq, &dpre, &chunk.k, gemm(bh, t, d, t, false, false))?;
+            let dk = ctx.empty("attn dk", &heads, DType::F32, false)?;
+            heads_matmul(ctx, &dk, &dpre, &chunk.q, gemm(bh, t, d, t, true, false))?;
             let _op = ctx.op();
-            k::merge_backward(
-                &ctx.kernels,
-                &ctx.modify(&dy)?,
-                &ctx.read(&dout)?,
-                self.dims,
-            )?;
+            k::split_backward(&ctx.kernels, &ctx.modify(&dqkv)?, &ctx.read(&dq)?, &ctx.read(&dk)?, &ctx.read(&dv)?, dims)?;
         }
-        // y = att · v: datt = dy · vᵀ, dv = attᵀ · dy
-        let datt = ctx.empty("attn dprobs", &[b, h, t, t], DType::F32, false)?;
-        heads_matmul(ctx, &datt, &dy, &self.v, gemm(bh, t, t, d, false, true))?;
-        let dv = ctx.empty("attn dv", &heads, DType::F32, false)?;
-        heads_matmul(ctx, &dv, &self.att, &dy, gemm(bh, t, d, t, true, false))?;
-        drop(dy);
-        // scores → probs: dscores = scale · softmax'(datt)
-        let dpre = ctx.zeros("attn dscores", &[b, h, t, t], false)?;
-        {
-            let _op = ctx.op();
-            softmax::backward(
-                &ctx.kernels,
-                &ctx.modify(&dpre)?,
-                &ctx.read(&self.att)?,
-                &ctx.read(&datt)?,
-                bh * t,
-                t,
-                t,
-                self.scale,
-            )?;
-        }
-        drop(datt);
-        // scores = q · kᵀ: dq = dscores · k, dk = dscoresᵀ · q
-        let dq = ctx.empty("attn dq", &heads, DType::F32, false)?;
-        heads_matmul(ctx, &dq, &dpre, &self.k, gemm(bh, t, d, t, false, false))?;
-        let dk = ctx.empty("attn dk", &heads, DType::F32, false)?;
-        heads_matmul(ctx, &dk, &dpre, &self.q, gemm(bh, t, d, t, true, false))?;
-        let _op = ctx.op();
-        k::split_backward(
-            &ctx.kernels,
-            &ctx.modify(&dqkv)?,
-            &ctx.read(&dq)?,
-            &ctx.read(&dk)?,
-            &ctx.read(&dv)?,
-            self.dims,
-        )
+        Ok(())
     }
 }

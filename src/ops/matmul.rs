@@ -107,6 +107,7 @@ fn product(
         trans_b: opts.trans_b,
         alpha: opts.alpha.unwrap_or(1.0),
         beta: 0.0,
+        offsets: [0; 3],
     };
     {
         let _op = ctx.op();
