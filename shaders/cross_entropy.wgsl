@@ -8,11 +8,17 @@
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
 // CPU references: tests/common/reference.rs `cross_entropy_forward`, `cross_entropy_backward`.
 
+// row0: where this launch's rows start in targets, losses and lse (logits hold just these rows),
+// so a large (N,V) head can be computed one chunk of rows at a time.
 struct Params {
     rows: u32,
     v: u32,
     ignore: u32,
     inv_count: f32,
+    row0: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // forward: 0 losses, 1 lse, 2 logits, 3 targets, 4 params
@@ -68,12 +74,12 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     }
     if (lid == 0u) {
         let lse = row_max + log(red[0]);
-        lse_out[row] = lse;
-        let t = targets[row];
+        lse_out[p.row0 + row] = lse;
+        let t = targets[p.row0 + row];
         if (t == p.ignore) {
-            losses[row] = 0.0;
+            losses[p.row0 + row] = 0.0;
         } else {
-            losses[row] = lse - logits[base + t];
+            losses[p.row0 + row] = lse - logits[base + t];
         }
     }
 }
@@ -86,11 +92,11 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     }
     let row = i / pb.v;
     let j = i % pb.v;
-    let t = tg[row];
+    let t = tg[pb.row0 + row];
     if (t == pb.ignore) {
         return;
     }
-    let prob = exp(lg[i] - lse_in[row]);
+    let prob = exp(lg[i] - lse_in[pb.row0 + row]);
     let onehot = select(0.0, 1.0, j == t);
     losses[i] += dloss[0] * pb.inv_count * (prob - onehot);
 }
@@ -111,7 +117,7 @@ fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
         acc += exp(logits[base + j] - m);
     }
     let lse = m + log(acc);
-    lse_out[row] = lse;
-    let t = targets[row];
-    losses[row] = select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore);
+    lse_out[p.row0 + row] = lse;
+    let t = targets[p.row0 + row];
+    losses[p.row0 + row] = select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore);
 }

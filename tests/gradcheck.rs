@@ -264,7 +264,11 @@ fn attention_backward_matches_finite_differences() {
 #[test]
 fn attention_in_batch_chunks_matches_finite_differences() {
     // A 64 KiB budget makes attention run 2 + 1 batch entries at a time.
-    let opts = pagetrain::pager::PagerOptions { budget: Some(64 << 10), slot_bytes: 16 << 10, ..Default::default() };
+    let opts = pagetrain::pager::PagerOptions {
+        budget: Some(64 << 10),
+        slot_bytes: 16 << 10,
+        ..Default::default()
+    };
     let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
     let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
     let mut rng = Rng::new(16);
@@ -278,6 +282,47 @@ fn attention_in_batch_chunks_matches_finite_differences() {
         Box::new(move |v| r::attention_forward(&v[0], b, t, c, h)),
         1e-4,
     );
+}
+
+#[test]
+fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
+    let mut rng = Rng::new(17);
+    let (n, c, v) = (9, 5, 37);
+    let targets: Vec<u32> = (0..n)
+        .map(|i| {
+            if i == 4 {
+                u32::MAX
+            } else {
+                rng.below(v) as u32
+            }
+        })
+        .collect();
+    // A 16 KiB budget splits the 9 rows of logits into chunks of 2 rows (and a last of 1).
+    for budget in [None, Some(16u64 << 10)] {
+        let opts = pagetrain::pager::PagerOptions {
+            budget,
+            slot_bytes: 16 << 10,
+            ..Default::default()
+        };
+        let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
+        let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+        let tg = targets.clone();
+        check(
+            &ctx,
+            &format!("lm_head_loss budget {budget:?}"),
+            &[
+                (randn(&mut rng, n * c, 1.0), vec![n, c]),
+                (randn(&mut rng, v * c, 1.0), vec![v, c]),
+            ],
+            |ctx, x| ops::lm_head_loss(ctx, &x[0], &x[1], &targets, Some(u32::MAX)).unwrap(),
+            Box::new(move |x| {
+                let logits =
+                    r::matmul_forward(&x[0], &x[1], None, 1, n, v, c, false, true, true, 1.0);
+                vec![r::cross_entropy_forward(&logits, &tg, v, u32::MAX).1]
+            }),
+            1e-5,
+        );
+    }
 }
 
 #[test]

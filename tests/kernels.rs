@@ -104,14 +104,50 @@ fn matmul_offsets_select_row_chunks() {
         let a = randn(&mut rng, oa + m * k, 1.0);
         let b = randn(&mut rng, ob + n * k, 1.0);
         let mut c0 = randn(&mut rng, oc + m * n, 1.0);
-        let (ga, gb, gc) = (Guarded::new(&ctx, a.len(), Some(&a)), Guarded::new(&ctx, b.len(), Some(&b)), Guarded::new(&ctx, c0.len(), Some(&c0)));
-        let g = Gemm { offsets: [oa, ob, oc], trans_b: true, ..Gemm::new(m, n, k) };
-        kernels::matmul::matmul_variant(&ctx.kernels, variant, &gc.view(), &ga.view(), &gb.view(), None, &ga.view(), g).unwrap();
-        let chunk = r::matmul_forward(&to64(&a[oa..]), &to64(&b[ob..]), None, 1, m, n, k, false, true, true, 1.0);
+        let (ga, gb, gc) = (
+            Guarded::new(&ctx, a.len(), Some(&a)),
+            Guarded::new(&ctx, b.len(), Some(&b)),
+            Guarded::new(&ctx, c0.len(), Some(&c0)),
+        );
+        let g = Gemm {
+            offsets: [oa, ob, oc],
+            trans_b: true,
+            ..Gemm::new(m, n, k)
+        };
+        kernels::matmul::matmul_variant(
+            &ctx.kernels,
+            variant,
+            &gc.view(),
+            &ga.view(),
+            &gb.view(),
+            None,
+            &ga.view(),
+            g,
+        )
+        .unwrap();
+        let chunk = r::matmul_forward(
+            &to64(&a[oa..]),
+            &to64(&b[ob..]),
+            None,
+            1,
+            m,
+            n,
+            k,
+            false,
+            true,
+            true,
+            1.0,
+        );
         let mut want: Vec<f64> = to64(&c0[..oc]);
         want.extend(chunk);
         c0.clear();
-        assert_close(&format!("matmul offsets {variant:?}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
+        assert_close(
+            &format!("matmul offsets {variant:?}"),
+            &gc.read(&ctx),
+            &want,
+            1e-4,
+            1e-5,
+        );
     }
 }
 
@@ -491,9 +527,12 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
             &lse.view(),
             &gl.view(),
             &gt.view(),
-            rows,
-            v,
-            ignore,
+            kernels::cross_entropy::Rows {
+                rows,
+                v,
+                ignore,
+                row0: 0,
+            },
         )
         .unwrap();
         let (wl, _) = r::cross_entropy_forward(&to64(&logits), &targets, v, ignore);
@@ -515,9 +554,12 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
             &gt.view(),
             &lse.view(),
             &dloss.view(),
-            rows,
-            v,
-            ignore,
+            kernels::cross_entropy::Rows {
+                rows,
+                v,
+                ignore,
+                row0: 0,
+            },
             1.0 / count as f32,
         )
         .unwrap();
@@ -614,7 +656,14 @@ fn attention_head_split_and_merge_round_trip() {
     let (b, t, h, d) = (2usize, 17usize, 3usize, 5usize);
     let c = h * d;
     let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-    let dims = kernels::attention::Dims { b: b as u32, t: t as u32, h: h as u32, d: d as u32, first: 0, _pad: [0; 3] };
+    let dims = kernels::attention::Dims {
+        b: b as u32,
+        t: t as u32,
+        h: h as u32,
+        d: d as u32,
+        first: 0,
+        _pad: [0; 3],
+    };
     let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
     let n = b * h * t * d;
     let (q, k, v) = (

@@ -244,17 +244,40 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
 }
 
 async fn bench(args: BenchArgs) -> Result<(), Error> {
-    let store = if args.store == "memory" { StoreKind::Memory } else { StoreKind::Mmap(PathBuf::from(&args.store)) };
-    let ctx = Context::new(&ContextOptions { store, ..Default::default() }).await?;
-    let r = pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
+    let store = if args.store == "memory" {
+        StoreKind::Memory
+    } else {
+        StoreKind::Mmap(PathBuf::from(&args.store))
+    };
+    let ctx = Context::new(&ContextOptions {
+        store,
+        ..Default::default()
+    })
+    .await?;
+    let r =
+        pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
     if args.json {
         println!("{}", serde_json::to_string(&r).expect("serializable"));
     } else {
         println!("adapter: {}", r.adapter);
-        println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
-        println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
-        println!("  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)", r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer);
-        println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
+        println!(
+            "{} tensors of {} MiB, best of {}",
+            r.tensors,
+            r.tensor_bytes >> 20,
+            args.repeats
+        );
+        println!(
+            "  upload, staging ring:        {:8.2} GB/s",
+            r.upload_ring_gbps
+        );
+        println!(
+            "  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)",
+            r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer
+        );
+        println!(
+            "  write-back, readback ring:   {:8.2} GB/s",
+            r.writeback_gbps
+        );
     }
     Ok(())
 }

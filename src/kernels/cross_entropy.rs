@@ -11,29 +11,44 @@ struct Params {
     v: u32,
     ignore: u32,
     inv_count: f32,
+    row0: u32,
+    _pad: [u32; 3],
 }
 
-/// losses (N), lse (N) from logits (N,V) and targets (N); rows with target `ignore` give 0.
-#[allow(clippy::too_many_arguments)]
+/// Which rows a launch covers: `rows` rows of `v` classes held in the logits it is given, which
+/// are rows `row0..row0 + rows` of the targets, losses and lse. Targets equal to `ignore` count
+/// for nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    pub rows: usize,
+    pub v: usize,
+    pub ignore: u32,
+    pub row0: usize,
+}
+
+fn params(r: Rows, inv_count: f32) -> Params {
+    Params {
+        rows: r.rows as u32,
+        v: r.v as u32,
+        ignore: r.ignore,
+        inv_count,
+        row0: r.row0 as u32,
+        _pad: [0; 3],
+    }
+}
+
+/// losses, lse (rows of `r`) from logits (r.rows, V) and targets.
 pub fn forward(
     k: &Kernels,
     losses: &View,
     lse: &View,
     logits: &View,
     targets: &View,
-    rows: usize,
-    v: usize,
-    ignore: u32,
+    r: Rows,
 ) -> Result<()> {
-    let p = Params {
-        rows: rows as u32,
-        v: v as u32,
-        ignore,
-        inv_count: 0.0,
-    };
     let (entry, grid) = row_launch(
-        rows,
-        v,
+        r.rows,
+        r.v,
         "cross_entropy_forward",
         "cross_entropy_forward_rows",
     );
@@ -41,12 +56,12 @@ pub fn forward(
         CROSS_ENTROPY,
         entry,
         &[losses, lse, logits, targets],
-        &p,
+        &params(r, 0.0),
         grid,
     )
 }
 
-/// dlogits (N,V) += dloss[0] · inv_count · (softmax − onehot).
+/// dlogits (r.rows, V) += dloss[0] · inv_count · (softmax − onehot).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     k: &Kernels,
@@ -55,22 +70,15 @@ pub fn backward(
     targets: &View,
     lse: &View,
     dloss: &View,
-    rows: usize,
-    v: usize,
-    ignore: u32,
+    r: Rows,
     inv_count: f32,
 ) -> Result<()> {
-    let p = Params {
-        rows: rows as u32,
-        v: v as u32,
-        ignore,
-        inv_count,
-    };
+    let p = params(r, inv_count);
     k.dispatch(
         CROSS_ENTROPY,
         "cross_entropy_backward",
         &[dlogits, logits, targets, lse, dloss],
         &p,
-        grid_1d((rows * v) as u64),
+        grid_1d((r.rows * r.v) as u64),
     )
 }

@@ -129,6 +129,27 @@ impl Gpt {
 
     /// tokens (B,T) u32 → logits (B,T,V).
     pub fn forward(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
+        let x = self.hidden(ctx, tokens)?;
+        ops::matmul(
+            ctx,
+            &x,
+            &self.wte.value,
+            MatmulOpts {
+                trans_b: true,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T). The head
+    /// and the loss run fused, a chunk of rows at a time (the logits are never all held).
+    pub fn loss(&self, ctx: &Context, tokens: &Tensor, targets: &[u32]) -> Result<Tensor> {
+        let x = self.hidden(ctx, tokens)?;
+        ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None)
+    }
+
+    /// tokens (B,T) u32 → the final LayerNorm's output (B,T,C).
+    pub fn hidden(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
         let t = tokens.shape().get(1).copied().unwrap_or(0);
         if t > self.config.block_size {
             return Err(Error::shape(
@@ -141,22 +162,7 @@ impl Gpt {
         for block in &self.blocks {
             x = block.forward(ctx, &x)?;
         }
-        let x = self.ln_f.forward(ctx, &x)?;
-        ops::matmul(
-            ctx,
-            &x,
-            &self.wte.value,
-            MatmulOpts {
-                trans_b: true,
-                ..Default::default()
-            },
-        )
-    }
-
-    /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T).
-    pub fn loss(&self, ctx: &Context, tokens: &Tensor, targets: &[u32]) -> Result<Tensor> {
-        let logits = self.forward(ctx, tokens)?;
-        ops::cross_entropy(ctx, &logits, targets, None)
+        self.ln_f.forward(ctx, &x)
     }
 }
 

@@ -64,7 +64,11 @@ struct Chunk {
 pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let s = qkv.shape();
     if s.len() != 3 || s[2] % 3 != 0 || n_head == 0 || (s[2] / 3) % n_head != 0 {
-        return Err(Error::shape("causal_self_attention", format!("(B,T,3C) with C divisible by {n_head} heads"), s));
+        return Err(Error::shape(
+            "causal_self_attention",
+            format!("(B,T,3C) with C divisible by {n_head} heads"),
+            s,
+        ));
     }
     let (b, t, c) = (s[0], s[1], s[2] / 3);
     let d = c / n_head;
@@ -74,7 +78,14 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
     let mut chunks = Vec::new();
     for first in (0..b).step_by(per) {
         let nb = per.min(b - first);
-        let dims = Dims { b: nb as u32, t: t as u32, h: n_head as u32, d: d as u32, first: first as u32, _pad: [0; 3] };
+        let dims = Dims {
+            b: nb as u32,
+            t: t as u32,
+            h: n_head as u32,
+            d: d as u32,
+            first: first as u32,
+            _pad: [0; 3],
+        };
         let bh = nb * n_head;
         let heads = [nb, n_head, t, d];
         let q = ctx.empty("attn q", &heads, DType::F32, false)?;
@@ -82,7 +93,14 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
         let v = ctx.empty("attn v", &heads, DType::F32, false)?;
         {
             let _op = ctx.op();
-            k::split(&ctx.kernels, &ctx.write(&q)?, &ctx.write(&kk)?, &ctx.write(&v)?, &ctx.read(qkv)?, dims)?;
+            k::split(
+                &ctx.kernels,
+                &ctx.write(&q)?,
+                &ctx.write(&kk)?,
+                &ctx.write(&v)?,
+                &ctx.read(qkv)?,
+                dims,
+            )?;
         }
         // scores = q · kᵀ, probs = causal softmax(scores / sqrt(D))
         let preatt = ctx.empty("attn scores", &[nb, n_head, t, t], DType::F32, false)?;
@@ -90,7 +108,15 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
         let att = ctx.empty("attn probs", &[nb, n_head, t, t], DType::F32, false)?;
         {
             let _op = ctx.op();
-            softmax::forward(&ctx.kernels, &ctx.write(&att)?, &ctx.read(&preatt)?, bh * t, t, t, scale)?;
+            softmax::forward(
+                &ctx.kernels,
+                &ctx.write(&att)?,
+                &ctx.read(&preatt)?,
+                bh * t,
+                t,
+                t,
+                scale,
+            )?;
         }
         drop(preatt);
         // y = probs · v, merged into this chunk's rows of (B,T,C)
@@ -101,11 +127,25 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
             k::merge(&ctx.kernels, &ctx.modify(&out)?, &ctx.read(&y)?, dims)?;
         }
         if out.requires_grad() {
-            chunks.push(Chunk { dims, q, k: kk, v, att });
+            chunks.push(Chunk {
+                dims,
+                q,
+                k: kk,
+                v,
+                att,
+            });
         }
     }
     if out.requires_grad() {
-        ctx.record(&[&out], AttentionBackward { qkv: qkv.clone(), chunks, out: out.clone(), scale });
+        ctx.record(
+            &[&out],
+            AttentionBackward {
+                qkv: qkv.clone(),
+                chunks,
+                out: out.clone(),
+                scale,
+            },
+        );
     }
     Ok(out)
 }
@@ -123,11 +163,20 @@ impl Backward for AttentionBackward {
     }
 
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
-        let Some(dqkv) = grads.of(ctx, &self.qkv)? else { return Ok(()) };
+        let Some(dout) = grads.get(&self.out) else {
+            return Ok(());
+        };
+        let Some(dqkv) = grads.of(ctx, &self.qkv)? else {
+            return Ok(());
+        };
         for chunk in self.chunks.iter().rev() {
             let dims = chunk.dims;
-            let (b, t, h, d) = (dims.b as usize, dims.t as usize, dims.h as usize, dims.d as usize);
+            let (b, t, h, d) = (
+                dims.b as usize,
+                dims.t as usize,
+                dims.h as usize,
+                dims.d as usize,
+            );
             let bh = b * h;
             let heads = [b, h, t, d];
             let dy = ctx.zeros("attn dy", &heads, false)?;
@@ -145,7 +194,16 @@ impl Backward for AttentionBackward {
             let dpre = ctx.zeros("attn dscores", &[b, h, t, t], false)?;
             {
                 let _op = ctx.op();
-                softmax::backward(&ctx.kernels, &ctx.modify(&dpre)?, &ctx.read(&chunk.att)?, &ctx.read(&datt)?, bh * t, t, t, self.scale)?;
+                softmax::backward(
+                    &ctx.kernels,
+                    &ctx.modify(&dpre)?,
+                    &ctx.read(&chunk.att)?,
+                    &ctx.read(&datt)?,
+                    bh * t,
+                    t,
+                    t,
+                    self.scale,
+                )?;
             }
             drop(datt);
             // scores = q · kᵀ: dq = dscores · k, dk = dscoresᵀ · q
@@ -154,7 +212,14 @@ impl Backward for AttentionBackward {
             let dk = ctx.empty("attn dk", &heads, DType::F32, false)?;
             heads_matmul(ctx, &dk, &dpre, &chunk.q, gemm(bh, t, d, t, true, false))?;
             let _op = ctx.op();
-            k::split_backward(&ctx.kernels, &ctx.modify(&dqkv)?, &ctx.read(&dq)?, &ctx.read(&dk)?, &ctx.read(&dv)?, dims)?;
+            k::split_backward(
+                &ctx.kernels,
+                &ctx.modify(&dqkv)?,
+                &ctx.read(&dq)?,
+                &ctx.read(&dk)?,
+                &ctx.read(&dv)?,
+                dims,
+            )?;
         }
         Ok(())
     }

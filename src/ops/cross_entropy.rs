@@ -1,22 +1,23 @@
-//! Softmax cross-entropy, mean over the rows whose target is not ignored.
+//! Softmax cross-entropy, mean over the rows whose target is not ignored: on given logits, or
+//! fused with the output head (`lm_head_loss`), which never holds more than a chunk of the
+//! (N,V) logits — for GPT-2's 50257-token vocabulary they are the largest tensor of a step.
 
 use super::expect_f32;
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::{cross_entropy as k, reduce};
+use crate::kernels::cross_entropy::{self as k, Rows};
+use crate::kernels::matmul::{self as mm, Gemm};
+use crate::kernels::reduce;
 use crate::tensor::{DType, Tensor};
 
-/// logits (..., V), targets (rows) → scalar mean loss over rows whose target ≠ `ignore_index`.
-/// Targets must be < V (or the ignore index).
-pub fn cross_entropy(
-    ctx: &Context,
-    logits: &Tensor,
+/// Checks targets against `v` classes; returns (ignore id, 1 / number of counted rows).
+fn check_targets(
     targets: &[u32],
+    rows: usize,
+    v: usize,
     ignore_index: Option<u32>,
-) -> Result<Tensor> {
-    expect_f32("cross_entropy", logits)?;
-    let (rows, v) = (logits.rows(), logits.last_dim());
+) -> Result<(u32, f32)> {
     if targets.len() != rows {
         return Err(Error::shape(
             "cross_entropy",
@@ -36,23 +37,18 @@ pub fn cross_entropy(
         ));
     }
     let count = targets.iter().filter(|&&t| t != ignore).count();
-    let inv_count = if count == 0 { 0.0 } else { 1.0 / count as f32 };
-    let targets = ctx.from_u32("targets", &[rows], targets)?;
-    let losses = ctx.empty("ce losses", &[rows], DType::F32, false)?;
-    let lse = ctx.empty("ce lse", &[rows], DType::F32, false)?;
-    let kern = &ctx.kernels;
+    Ok((ignore, if count == 0 { 0.0 } else { 1.0 / count as f32 }))
+}
+
+/// loss[0] = inv_count · Σ losses.
+fn mean_loss(
+    ctx: &Context,
+    losses: &Tensor,
+    inv_count: f32,
+    requires_grad: bool,
+) -> Result<Tensor> {
+    let out = ctx.empty("loss", &[1], DType::F32, requires_grad)?;
     let _op = ctx.op();
-    k::forward(
-        kern,
-        &ctx.write(&losses)?,
-        &ctx.write(&lse)?,
-        &ctx.read(logits)?,
-        &ctx.read(&targets)?,
-        rows,
-        v,
-        ignore,
-    )?;
-    let out = ctx.empty("loss", &[1], DType::F32, ctx.wants_grad(&[logits]))?;
     let spec = reduce::SumSpec {
         squares: false,
         scale: inv_count,
@@ -60,13 +56,47 @@ pub fn cross_entropy(
         accumulate: false,
     };
     reduce::sum(
-        kern,
+        &ctx.kernels,
         &ctx.write(&out)?,
-        &ctx.read(&losses)?,
+        &ctx.read(losses)?,
         &ctx.partials()?,
-        rows,
+        losses.len(),
         spec,
     )?;
+    Ok(out)
+}
+
+/// logits (..., V), targets (rows) → scalar mean loss over rows whose target ≠ `ignore_index`.
+pub fn cross_entropy(
+    ctx: &Context,
+    logits: &Tensor,
+    targets: &[u32],
+    ignore_index: Option<u32>,
+) -> Result<Tensor> {
+    expect_f32("cross_entropy", logits)?;
+    let (rows, v) = (logits.rows(), logits.last_dim());
+    let (ignore, inv_count) = check_targets(targets, rows, v, ignore_index)?;
+    let targets = ctx.from_u32("targets", &[rows], targets)?;
+    let losses = ctx.empty("ce losses", &[rows], DType::F32, false)?;
+    let lse = ctx.empty("ce lse", &[rows], DType::F32, false)?;
+    {
+        let _op = ctx.op();
+        let r = Rows {
+            rows,
+            v,
+            ignore,
+            row0: 0,
+        };
+        k::forward(
+            &ctx.kernels,
+            &ctx.write(&losses)?,
+            &ctx.write(&lse)?,
+            &ctx.read(logits)?,
+            &ctx.read(&targets)?,
+            r,
+        )?;
+    }
+    let out = mean_loss(ctx, &losses, inv_count, ctx.wants_grad(&[logits]))?;
     if out.requires_grad() {
         ctx.record(
             &[&out],
@@ -104,17 +134,204 @@ impl Backward for CrossEntropyBackward {
             return Ok(());
         };
         let _op = ctx.op();
-        k::backward(
+        let r = Rows {
+            rows: self.logits.rows(),
+            v: self.logits.last_dim(),
+            ignore: self.ignore,
+            row0: 0,
+        };
+        let (d, l, t, lse, dl) = (
+            ctx.modify(&dlogits)?,
+            ctx.read(&self.logits)?,
+            ctx.read(&self.targets)?,
+            ctx.read(&self.lse)?,
+            ctx.read(&dloss)?,
+        );
+        k::backward(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count)
+    }
+}
+
+/// Rows of logits computed at once: at most 64 MiB of them, and an eighth of the GPU budget.
+fn chunk_rows(ctx: &Context, rows: usize, v: usize) -> usize {
+    let target = (64u64 << 20).min(ctx.pager.budget() / 8);
+    ((target / (v as u64 * 4)) as usize).clamp(1, rows.max(1))
+}
+
+/// `logits = x · wteᵀ` for rows `r0..r0+n` of x (N,C) into `logits` (n,V).
+fn head_chunk(
+    ctx: &Context,
+    logits: &Tensor,
+    x: &Tensor,
+    wte: &Tensor,
+    r0: usize,
+    n: usize,
+) -> Result<()> {
+    let (c, v) = (x.last_dim(), wte.shape()[0]);
+    let _op = ctx.op();
+    let g = Gemm {
+        trans_b: true,
+        offsets: [r0 * c, 0, 0],
+        ..Gemm::new(n, v, c)
+    };
+    mm::matmul(
+        &ctx.kernels,
+        &ctx.write(logits)?,
+        &ctx.read(x)?,
+        &ctx.read(wte)?,
+        None,
+        &ctx.dummy()?,
+        g,
+    )
+}
+
+/// The output head and its loss in one: mean cross-entropy of `x · wteᵀ` against `targets`,
+/// x (..., C), wte (V,C) (the tied embedding). The logits are made a chunk of rows at a time
+/// and made again in backward rather than kept.
+pub fn lm_head_loss(
+    ctx: &Context,
+    x: &Tensor,
+    wte: &Tensor,
+    targets: &[u32],
+    ignore_index: Option<u32>,
+) -> Result<Tensor> {
+    expect_f32("lm_head_loss", x)?;
+    let (rows, c) = (x.rows(), x.last_dim());
+    if wte.shape().len() != 2 || wte.shape()[1] != c {
+        return Err(Error::shape(
+            "lm_head_loss",
+            format!("wte (V,{c})"),
+            wte.shape(),
+        ));
+    }
+    let v = wte.shape()[0];
+    let (ignore, inv_count) = check_targets(targets, rows, v, ignore_index)?;
+    let targets = ctx.from_u32("targets", &[rows], targets)?;
+    let losses = ctx.empty("ce losses", &[rows], DType::F32, false)?;
+    let lse = ctx.empty("ce lse", &[rows], DType::F32, false)?;
+    let per = chunk_rows(ctx, rows, v);
+    for r0 in (0..rows).step_by(per) {
+        let n = per.min(rows - r0);
+        let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
+        head_chunk(ctx, &logits, x, wte, r0, n)?;
+        let _op = ctx.op();
+        let r = Rows {
+            rows: n,
+            v,
+            ignore,
+            row0: r0,
+        };
+        k::forward(
             &ctx.kernels,
-            &ctx.modify(&dlogits)?,
-            &ctx.read(&self.logits)?,
-            &ctx.read(&self.targets)?,
-            &ctx.read(&self.lse)?,
-            &ctx.read(&dloss)?,
-            self.logits.rows(),
-            self.logits.last_dim(),
-            self.ignore,
-            self.inv_count,
-        )
+            &ctx.modify(&losses)?,
+            &ctx.modify(&lse)?,
+            &ctx.read(&logits)?,
+            &ctx.read(&targets)?,
+            r,
+        )?;
+    }
+    let out = mean_loss(ctx, &losses, inv_count, ctx.wants_grad(&[x, wte]))?;
+    if out.requires_grad() {
+        ctx.record(
+            &[&out],
+            HeadLossBackward {
+                x: x.clone(),
+                wte: wte.clone(),
+                targets,
+                lse,
+                out: out.clone(),
+                ignore,
+                inv_count,
+                per,
+            },
+        );
+    }
+    Ok(out)
+}
+
+struct HeadLossBackward {
+    x: Tensor,
+    wte: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    out: Tensor,
+    ignore: u32,
+    inv_count: f32,
+    per: usize,
+}
+
+impl Backward for HeadLossBackward {
+    fn name(&self) -> &'static str {
+        "lm_head_loss"
+    }
+
+    // Per chunk: logits again, dlogits = dloss · (softmax − onehot) / count, then
+    // dx[chunk] += dlogits · wte and dwte += dlogitsᵀ · x[chunk].
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dloss) = grads.get(&self.out) else {
+            return Ok(());
+        };
+        let dx = grads.of(ctx, &self.x)?;
+        let dwte = grads.of(ctx, &self.wte)?;
+        let (rows, c, v) = (self.x.rows(), self.x.last_dim(), self.wte.shape()[0]);
+        for r0 in (0..rows).step_by(self.per) {
+            let n = self.per.min(rows - r0);
+            let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
+            head_chunk(ctx, &logits, &self.x, &self.wte, r0, n)?;
+            let dlogits = ctx.zeros("dlogits chunk", &[n, v], false)?;
+            {
+                let _op = ctx.op();
+                let r = Rows {
+                    rows: n,
+                    v,
+                    ignore: self.ignore,
+                    row0: r0,
+                };
+                let (d, l, t, lse, dl) = (
+                    ctx.modify(&dlogits)?,
+                    ctx.read(&logits)?,
+                    ctx.read(&self.targets)?,
+                    ctx.read(&self.lse)?,
+                    ctx.read(&dloss)?,
+                );
+                k::backward(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count)?;
+            }
+            drop(logits);
+            if let Some(dx) = &dx {
+                let _op = ctx.op();
+                let g = Gemm {
+                    beta: 1.0,
+                    offsets: [0, 0, r0 * c],
+                    ..Gemm::new(n, c, v)
+                };
+                mm::matmul(
+                    &ctx.kernels,
+                    &ctx.modify(dx)?,
+                    &ctx.read(&dlogits)?,
+                    &ctx.read(&self.wte)?,
+                    None,
+                    &ctx.dummy()?,
+                    g,
+                )?;
+            }
+            if let Some(dwte) = &dwte {
+                let _op = ctx.op();
+                let g = Gemm {
+                    beta: 1.0,
+                    trans_a: true,
+                    offsets: [0, r0 * c, 0],
+                    ..Gemm::new(v, c, n)
+                };
+                mm::matmul(
+                    &ctx.kernels,
+                    &ctx.modify(dwte)?,
+                    &ctx.read(&dlogits)?,
+                    &ctx.read(&self.x)?,
+                    None,
+                    &ctx.dummy()?,
+                    g,
+                )?;
+            }
+        }
+        Ok(())
     }
 }

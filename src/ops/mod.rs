@@ -12,7 +12,7 @@ mod softmax;
 
 pub use activation::{gelu, relu};
 pub use attention::causal_self_attention;
-pub use cross_entropy::cross_entropy;
+pub use cross_entropy::{cross_entropy, lm_head_loss};
 pub use elementwise::{add, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::layernorm;
