@@ -108,21 +108,11 @@ impl Context {
     /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
     pub fn backward_from(&self, out: &Tensor, dout: &Tensor, grads: &mut Grads) -> Result<()> {
         if out.shape() != dout.shape() {
-            return Err(crate::error::Error::shape(
-                "backward_from",
-                out.shape(),
-                dout.shape(),
-            ));
+            return Err(crate::error::Error::shape("backward_from", out.shape(), dout.shape()));
         }
         if let Some(g) = grads.of(self, out)? {
             let _op = self.op();
-            elementwise::axpy(
-                &self.kernels,
-                &self.modify(&g)?,
-                &self.read(dout)?,
-                1.0,
-                g.len(),
-            )?;
+            elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(dout)?, 1.0, g.len())?;
         }
         self.replay(out, grads)
     }

@@ -27,9 +27,7 @@ impl Transfer {
 pub fn host_tensors(ctx: &Context, count: usize, bytes: usize) -> Result<Vec<Tensor>> {
     let n = bytes / 4;
     let data: Vec<f32> = (0..n).map(|i| (i % 977) as f32).collect();
-    (0..count)
-        .map(|i| ctx.from_f32(&format!("bench {i}"), &[n], &data, false))
-        .collect()
+    (0..count).map(|i| ctx.from_f32(&format!("bench {i}"), &[n], &data, false)).collect()
 }
 
 /// Uploads every tensor through the pager's staging ring and waits until the GPU has them.
@@ -44,10 +42,7 @@ pub fn upload_ring(ctx: &Context, tensors: &[Tensor]) -> Result<Transfer> {
         ctx.read(t)?;
     }
     ctx.sync()?;
-    Ok(Transfer {
-        bytes: tensors.iter().map(|t| t.bytes()).sum(),
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(Transfer { bytes: tensors.iter().map(|t| t.bytes()).sum(), seconds: start.elapsed().as_secs_f64() })
 }
 
 /// The same bytes through `queue.write_buffer` into GPU buffers of the same sizes.
@@ -70,10 +65,7 @@ pub fn upload_write_buffer(ctx: &Context, count: usize, bytes: usize) -> Result<
     }
     ctx.gpu.queue.submit([]);
     ctx.sync()?;
-    Ok(Transfer {
-        bytes: (count * bytes) as u64,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(Transfer { bytes: (count * bytes) as u64, seconds: start.elapsed().as_secs_f64() })
 }
 
 /// Makes every tensor dirty on the GPU, then writes them all back into the host store.
@@ -88,10 +80,7 @@ pub fn writeback(ctx: &Context, tensors: &[Tensor]) -> Result<Transfer> {
         ctx.pager.evict(t.id())?;
     }
     ctx.pager.drain()?;
-    Ok(Transfer {
-        bytes: tensors.iter().map(|t| t.bytes()).sum(),
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(Transfer { bytes: tensors.iter().map(|t| t.bytes()).sum(), seconds: start.elapsed().as_secs_f64() })
 }
 
 /// Results of `pagetrain bench` (transfer part).
@@ -107,12 +96,7 @@ pub struct TransferReport {
 }
 
 /// Best of `repeats` runs of each transfer over `count` tensors of `bytes` bytes.
-pub fn transfers(
-    ctx: &Context,
-    count: usize,
-    bytes: usize,
-    repeats: usize,
-) -> Result<TransferReport> {
+pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> Result<TransferReport> {
     let tensors = host_tensors(ctx, count, bytes)?;
     let best = |f: &mut dyn FnMut() -> Result<Transfer>| -> Result<f64> {
         let mut best = 0.0f64;

@@ -69,10 +69,7 @@ impl Context {
             StoreKind::Mmap(dir) => Box::new(crate::pager::MmapStore::new(dir)?),
             #[cfg(target_arch = "wasm32")]
             StoreKind::Mmap(dir) => {
-                return Err(Error::invalid(
-                    "store",
-                    format!("no files in the browser: {}", dir.display()),
-                ))
+                return Err(Error::invalid("store", format!("no files in the browser: {}", dir.display())))
             }
         };
         Ok(Self::with_store(gpu, store, &opts.pager))
@@ -99,13 +96,7 @@ impl Context {
     }
 
     /// A tensor with undefined contents.
-    pub fn empty(
-        &self,
-        name: &str,
-        shape: &[usize],
-        dtype: DType,
-        requires_grad: bool,
-    ) -> Result<Tensor> {
+    pub fn empty(&self, name: &str, shape: &[usize], dtype: DType, requires_grad: bool) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
         let id = self.pager.alloc(name, (elems * dtype.size()) as u64)?;
         Ok(self.tensor(id, shape, dtype, requires_grad))
@@ -119,13 +110,7 @@ impl Context {
     }
 
     /// An f32 tensor holding `data` (row-major, `shape`).
-    pub fn from_f32(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: &[f32],
-        requires_grad: bool,
-    ) -> Result<Tensor> {
+    pub fn from_f32(&self, name: &str, shape: &[usize], data: &[f32], requires_grad: bool) -> Result<Tensor> {
         check_len(name, shape, data.len())?;
         let t = self.empty(name, shape, DType::F32, requires_grad)?;
         self.pager.write(t.id(), bytemuck::cast_slice(data))?;
@@ -163,10 +148,7 @@ impl Context {
 
     /// Starts an op: tensors bound until the guard drops stay resident together.
     pub fn op(&self) -> OpScope<'_> {
-        OpScope {
-            pager: &self.pager,
-            depth: self.pager.pin_depth(),
-        }
+        OpScope { pager: &self.pager, depth: self.pager.pin_depth() }
     }
 
     /// `t` on the GPU for reading.
@@ -211,9 +193,7 @@ impl Context {
 
     /// Records a backward node producing gradients for the inputs of `outputs`.
     pub(crate) fn record(&self, outputs: &[&Tensor], node: impl Backward + 'static) {
-        self.tape
-            .borrow_mut()
-            .push(outputs.iter().map(|t| t.id()).collect(), Box::new(node));
+        self.tape.borrow_mut().push(outputs.iter().map(|t| t.id()).collect(), Box::new(node));
     }
 
     pub fn tape(&self) -> std::cell::RefMut<'_, Tape> {
@@ -224,12 +204,7 @@ impl Context {
     pub(crate) fn partials(&self) -> Result<View> {
         let mut s = self.scratch.borrow_mut();
         if s.is_none() {
-            *s = Some(self.empty(
-                "reduce partials",
-                &[kernels::reduce::MAX_PARTIALS],
-                DType::F32,
-                false,
-            )?);
+            *s = Some(self.empty("reduce partials", &[kernels::reduce::MAX_PARTIALS], DType::F32, false)?);
         }
         self.write(s.as_ref().expect("just set"))
     }

@@ -40,9 +40,7 @@ pub struct AdapterSummary {
 
 /// The backends the user asked for (`WGPU_BACKEND`, or `PAGETRAIN_BACKEND`), if any.
 fn requested_backends() -> Option<wgpu::Backends> {
-    let name = std::env::var("WGPU_BACKEND")
-        .or_else(|_| std::env::var("PAGETRAIN_BACKEND"))
-        .ok()?;
+    let name = std::env::var("WGPU_BACKEND").or_else(|_| std::env::var("PAGETRAIN_BACKEND")).ok()?;
     Some(wgpu::Backends::from_comma_list(&name))
 }
 
@@ -64,43 +62,33 @@ fn device_rank(t: wgpu::DeviceType) -> u32 {
 
 fn backend_rank(b: wgpu::Backend) -> u32 {
     match b {
-        wgpu::Backend::Vulkan
-        | wgpu::Backend::Metal
-        | wgpu::Backend::Dx12
-        | wgpu::Backend::BrowserWebGpu => 0,
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
         wgpu::Backend::Gl => 1,
         _ => 2,
     }
 }
 
 fn has_compute(adapter: &wgpu::Adapter) -> bool {
-    adapter
-        .get_downlevel_capabilities()
-        .flags
-        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+    adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
         && adapter.limits().max_storage_buffers_per_shader_stage >= 6
 }
 
 /// Every adapter wgpu sees, whether or not it can run pagetrain.
 pub async fn list_adapters() -> Vec<AdapterSummary> {
-    candidates(&instance(
-        requested_backends().unwrap_or(wgpu::Backends::all()),
-    ))
-    .await
-    .iter()
-    .map(|a| {
-        let info = a.get_info();
-        AdapterSummary {
-            name: info.name.clone(),
-            backend: info.backend,
-            device_type: info.device_type,
-            driver: format!("{} {}", info.driver, info.driver_info)
-                .trim()
-                .to_string(),
-            compute: has_compute(a),
-        }
-    })
-    .collect()
+    candidates(&instance(requested_backends().unwrap_or(wgpu::Backends::all())))
+        .await
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            AdapterSummary {
+                name: info.name.clone(),
+                backend: info.backend,
+                device_type: info.device_type,
+                driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+                compute: has_compute(a),
+            }
+        })
+        .collect()
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -110,10 +98,8 @@ async fn candidates(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 
 #[cfg(target_arch = "wasm32")]
 async fn candidates(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    let opts = wgpu::RequestAdapterOptions {
-        power_preference: wgpu::PowerPreference::HighPerformance,
-        ..Default::default()
-    };
+    let opts =
+        wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
     instance.request_adapter(&opts).await.into_iter().collect()
 }
 
@@ -125,8 +111,7 @@ impl Gpu {
         let mut adapters = match requested_backends() {
             Some(b) => candidates(&instance(b)).await,
             None => {
-                let primary: Vec<wgpu::Adapter> =
-                    candidates(&instance(wgpu::Backends::PRIMARY)).await;
+                let primary: Vec<wgpu::Adapter> = candidates(&instance(wgpu::Backends::PRIMARY)).await;
                 if primary.iter().any(has_compute) {
                     primary
                 } else {
@@ -134,10 +119,8 @@ impl Gpu {
                 }
             }
         };
-        let seen: Vec<String> = adapters
-            .iter()
-            .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
-            .collect();
+        let seen: Vec<String> =
+            adapters.iter().map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend)).collect();
         adapters.retain(has_compute);
         if let Ok(want) = std::env::var("WGPU_ADAPTER_NAME") {
             let want = want.to_lowercase();
@@ -147,16 +130,9 @@ impl Gpu {
             let i = a.get_info();
             (device_rank(i.device_type), backend_rank(i.backend))
         });
-        let adapter = adapters
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NoAdapter {
-                tried: if seen.is_empty() {
-                    "wgpu saw no adapters".into()
-                } else {
-                    format!("saw: {}", seen.join(", "))
-                },
-            })?;
+        let adapter = adapters.into_iter().next().ok_or_else(|| Error::NoAdapter {
+            tried: if seen.is_empty() { "wgpu saw no adapters".into() } else { format!("saw: {}", seen.join(", ")) },
+        })?;
         Self::open(adapter, opts).await
     }
 
@@ -178,10 +154,7 @@ impl Gpu {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|e| Error::RequestDevice {
-                adapter: info.name.clone(),
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| Error::RequestDevice { adapter: info.name.clone(), msg: e.to_string() })?;
 
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
@@ -197,9 +170,7 @@ impl Gpu {
                 *l = Some(format!("{reason:?}: {msg}"));
             }
         });
-        let env_checks = std::env::var("PAGETRAIN_SHADER_CHECKS")
-            .map(|v| v != "0")
-            .unwrap_or(false);
+        let env_checks = std::env::var("PAGETRAIN_SHADER_CHECKS").map(|v| v != "0").unwrap_or(false);
         Ok(Gpu {
             adapter,
             limits: device.limits(),
@@ -218,17 +189,12 @@ impl Gpu {
         if let Some(reason) = self.lost.lock().ok().and_then(|l| l.clone()) {
             return Err(Error::DeviceLost { reason });
         }
-        let mut errs = self.errors.lock().map_err(|_| Error::Gpu {
-            context: context.into(),
-            msg: "poisoned".into(),
-        })?;
+        let mut errs =
+            self.errors.lock().map_err(|_| Error::Gpu { context: context.into(), msg: "poisoned".into() })?;
         if !errs.is_empty() {
             let msg = errs.join("; ");
             errs.clear();
-            return Err(Error::Gpu {
-                context: context.into(),
-                msg,
-            });
+            return Err(Error::Gpu { context: context.into(), msg });
         }
         Ok(())
     }
@@ -240,10 +206,7 @@ impl Gpu {
 
     /// A one-line description: name, backend, type.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({:?}, {:?})",
-            self.info.name, self.info.backend, self.info.device_type
-        )
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
     }
 
     /// Blocks (native) until submitted work is done; a no-op on the web, where the browser drives.
@@ -251,10 +214,7 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu {
-                context: "waiting for the GPU".into(),
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
         self.check("waiting for the GPU")
     }
 }

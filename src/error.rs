@@ -24,26 +24,13 @@ pub enum Error {
     OutOfMemory { what: String, bytes: u64 },
 
     #[error("GPU budget of {budget} bytes is smaller than tensor `{tensor}` ({needed} bytes)")]
-    BudgetTooSmall {
-        tensor: String,
-        needed: u64,
-        budget: u64,
-    },
+    BudgetTooSmall { tensor: String, needed: u64, budget: u64 },
 
     #[error("tensor `{tensor}` is {bytes} bytes, over this adapter's {limit}-byte {what}")]
-    TooLarge {
-        tensor: String,
-        bytes: u64,
-        limit: u64,
-        what: &'static str,
-    },
+    TooLarge { tensor: String, bytes: u64, limit: u64, what: &'static str },
 
     #[error("shape mismatch in {op}: expected {expected}, got {got}")]
-    Shape {
-        op: &'static str,
-        expected: String,
-        got: String,
-    },
+    Shape { op: &'static str, expected: String, got: String },
 
     #[error("invalid {what}: {msg}")]
     Invalid { what: &'static str, msg: String },
@@ -55,39 +42,22 @@ pub enum Error {
     Checkpoint { path: PathBuf, msg: String },
 
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub(crate) fn shape(
-        op: &'static str,
-        expected: impl std::fmt::Debug,
-        got: impl std::fmt::Debug,
-    ) -> Self {
-        Error::Shape {
-            op,
-            expected: format!("{expected:?}"),
-            got: format!("{got:?}"),
-        }
+    pub(crate) fn shape(op: &'static str, expected: impl std::fmt::Debug, got: impl std::fmt::Debug) -> Self {
+        Error::Shape { op, expected: format!("{expected:?}"), got: format!("{got:?}") }
     }
 
     pub(crate) fn invalid(what: &'static str, msg: impl Into<String>) -> Self {
-        Error::Invalid {
-            what,
-            msg: msg.into(),
-        }
+        Error::Invalid { what, msg: msg.into() }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 
     /// A line of advice for a person at a terminal, where one helps.
@@ -100,7 +70,9 @@ impl Error {
             Error::BudgetTooSmall { .. } => Some("raise --gpu-budget, or use a smaller model"),
             Error::DeviceLost { .. } => Some("the driver reset the GPU; rerun with --resume from the last checkpoint"),
             Error::OutOfMemory { .. } => Some("lower --batch-size or --seq-len"),
-            Error::Checkpoint { .. } => Some("point --resume / --init-from at a directory written by `pagetrain train --out`"),
+            Error::Checkpoint { .. } => {
+                Some("point --resume / --init-from at a directory written by `pagetrain train --out`")
+            }
             _ => None,
         }
     }

@@ -53,9 +53,7 @@ impl Recorder {
         let mut enc = self.encoder.borrow_mut();
         let device = &self.gpu.device;
         let encoder = enc.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("pagetrain"),
-            })
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("pagetrain") })
         });
         self.commands.set(self.commands.get() + 1);
         f(encoder)
@@ -118,14 +116,8 @@ impl Recorder {
         #[cfg(not(target_arch = "wasm32"))]
         self.gpu
             .device
-            .poll(wgpu::PollType::Wait {
-                submission_index: index,
-                timeout: None,
-            })
-            .map_err(|e| crate::Error::Gpu {
-                context: "waiting for the GPU".into(),
-                msg: e.to_string(),
-            })?;
+            .poll(wgpu::PollType::Wait { submission_index: index, timeout: None })
+            .map_err(|e| crate::Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
         #[cfg(target_arch = "wasm32")]
         let _ = index;
         self.gpu.check("waiting for the GPU")

@@ -8,9 +8,7 @@ pub struct Rng {
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng {
-            state: seed ^ 0x9E37_79B9_7F4A_7C15,
-        }
+        Rng { state: seed ^ 0x9E37_79B9_7F4A_7C15 }
     }
 
     /// The state, to save and restore with [`Rng::from_state`].

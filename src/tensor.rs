@@ -48,20 +48,8 @@ impl Drop for TensorInner {
 }
 
 impl Tensor {
-    pub(crate) fn new(
-        id: TensorId,
-        shape: Vec<usize>,
-        dtype: DType,
-        requires_grad: bool,
-        pager: Rc<Pager>,
-    ) -> Self {
-        Tensor(Rc::new(TensorInner {
-            id,
-            shape,
-            dtype,
-            requires_grad,
-            pager,
-        }))
+    pub(crate) fn new(id: TensorId, shape: Vec<usize>, dtype: DType, requires_grad: bool, pager: Rc<Pager>) -> Self {
+        Tensor(Rc::new(TensorInner { id, shape, dtype, requires_grad, pager }))
     }
 
     pub fn id(&self) -> TensorId {
@@ -111,10 +99,6 @@ impl Tensor {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tensor#{}{:?}:{:?}",
-            self.0.id, self.0.shape, self.0.dtype
-        )
+        write!(f, "Tensor#{}{:?}:{:?}", self.0.id, self.0.shape, self.0.dtype)
     }
 }

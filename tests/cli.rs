@@ -44,22 +44,13 @@ fn train_json_reports_the_run() {
     let stdout = String::from_utf8(o.stdout).unwrap();
     let line = stdout.lines().last().expect("a JSON line");
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
-    for key in [
-        "final_train_loss",
-        "final_val_loss",
-        "baseline_loss",
-        "tokens_per_s",
-        "steps",
-        "params",
-    ] {
+    for key in ["final_train_loss", "final_val_loss", "baseline_loss", "tokens_per_s", "steps", "params"] {
         assert!(v.get(key).is_some(), "missing {key} in {line}");
     }
     assert_eq!(v["steps"], 4);
     assert!(v["final_train_loss"].as_f64().unwrap() > 0.0);
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
-    assert!(std::path::Path::new(&out)
-        .join("model.safetensors")
-        .exists());
+    assert!(std::path::Path::new(&out).join("model.safetensors").exists());
     assert!(std::path::Path::new(&out).join("config.json").exists());
 }
 
@@ -91,14 +82,8 @@ fn bad_flags_are_errors_naming_the_flag() {
         (vec!["train", "--lr", "0"], "--lr"),
         (vec!["train", "--batch-size", "0"], "--batch-size"),
         (vec!["train", "--seq-len", "1000"], "--seq-len 1000"),
-        (
-            vec!["train", "--data", "/nonexistent/corpus.txt"],
-            "/nonexistent/corpus.txt",
-        ),
-        (
-            vec!["train", "--resume", "/nonexistent/run"],
-            "/nonexistent/run",
-        ),
+        (vec!["train", "--data", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
+        (vec!["train", "--resume", "/nonexistent/run"], "/nonexistent/run"),
         (vec!["train", "--gpu-budget", "lots"], "lots"),
     ] {
         let o = pagetrain(&args, &[]);

@@ -22,10 +22,7 @@ fn check(
     cpu: CpuForward,
     tol: f64,
 ) {
-    let tensors: Vec<Tensor> = inputs
-        .iter()
-        .map(|(d, s)| ctx.from_f32(name, s, d, true).unwrap())
-        .collect();
+    let tensors: Vec<Tensor> = inputs.iter().map(|(d, s)| ctx.from_f32(name, s, d, true).unwrap()).collect();
     let out = gpu(ctx, &tensors);
     let x64: Vec<Vec<f64>> = inputs.iter().map(|(d, _)| to64(d)).collect();
     let want = cpu(&x64);
@@ -39,22 +36,14 @@ fn check(
     ctx.backward_from(&out, &dout, &mut grads).unwrap();
     let w64 = to64(&w);
     for (i, t) in tensors.iter().enumerate() {
-        let g = grads
-            .get(t)
-            .unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
+        let g = grads.get(t).unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
         let got = pollster::block_on(ctx.to_f32(&g)).unwrap();
         let fd = finite_diff(&x64[i], 1e-5, |xi| {
             let mut all = x64.clone();
             all[i] = xi.to_vec();
             dot(&cpu(&all), &w64)
         });
-        assert_close(
-            &format!("{name} d input {i}"),
-            &got,
-            &fd,
-            tol * 10.0,
-            tol * 10.0,
-        );
+        assert_close(&format!("{name} d input {i}"), &got, &fd, tol * 10.0, tol * 10.0);
     }
 }
 
@@ -71,21 +60,7 @@ fn linear_and_matmul_backward_match_finite_differences() {
             "linear",
             &[(x, vec![b, t, k]), (w, vec![k, n]), (bias, vec![n])],
             |ctx, v| ops::linear(ctx, &v[0], &v[1], Some(&v[2])).unwrap(),
-            Box::new(move |v| {
-                r::matmul_forward(
-                    &v[0],
-                    &v[1],
-                    Some(&v[2]),
-                    1,
-                    b * t,
-                    n,
-                    k,
-                    false,
-                    false,
-                    true,
-                    1.0,
-                )
-            }),
+            Box::new(move |v| r::matmul_forward(&v[0], &v[1], Some(&v[2]), 1, b * t, n, k, false, false, true, 1.0)),
             1e-4,
         );
     }
@@ -94,36 +69,14 @@ fn linear_and_matmul_backward_match_finite_differences() {
         let (batch, m, n, k) = (3, 5, 4, 7);
         let a = randn(&mut rng, batch * m * k, 1.0);
         let bm = randn(&mut rng, batch * k * n, 1.0);
-        let a_shape = if ta {
-            vec![batch, k, m]
-        } else {
-            vec![batch, m, k]
-        };
-        let b_shape = if tb {
-            vec![batch, n, k]
-        } else {
-            vec![batch, k, n]
-        };
+        let a_shape = if ta { vec![batch, k, m] } else { vec![batch, m, k] };
+        let b_shape = if tb { vec![batch, n, k] } else { vec![batch, k, n] };
         check(
             &ctx,
             &format!("matmul ta={ta} tb={tb}"),
             &[(a, a_shape), (bm, b_shape)],
-            |ctx, v| {
-                ops::matmul(
-                    ctx,
-                    &v[0],
-                    &v[1],
-                    MatmulOpts {
-                        trans_a: ta,
-                        trans_b: tb,
-                        alpha: Some(0.5),
-                    },
-                )
-                .unwrap()
-            },
-            Box::new(move |v| {
-                r::matmul_forward(&v[0], &v[1], None, batch, m, n, k, ta, tb, false, 0.5)
-            }),
+            |ctx, v| ops::matmul(ctx, &v[0], &v[1], MatmulOpts { trans_a: ta, trans_b: tb, alpha: Some(0.5) }).unwrap(),
+            Box::new(move |v| r::matmul_forward(&v[0], &v[1], None, batch, m, n, k, ta, tb, false, 0.5)),
             1e-4,
         );
     }
@@ -132,25 +85,9 @@ fn linear_and_matmul_backward_match_finite_differences() {
     check(
         &ctx,
         "tied head",
-        &[
-            (randn(&mut rng, b * t * c, 1.0), vec![b, t, c]),
-            (randn(&mut rng, v * c, 1.0), vec![v, c]),
-        ],
-        |ctx, x| {
-            ops::matmul(
-                ctx,
-                &x[0],
-                &x[1],
-                MatmulOpts {
-                    trans_b: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap()
-        },
-        Box::new(move |x| {
-            r::matmul_forward(&x[0], &x[1], None, 1, b * t, v, c, false, true, true, 1.0)
-        }),
+        &[(randn(&mut rng, b * t * c, 1.0), vec![b, t, c]), (randn(&mut rng, v * c, 1.0), vec![v, c])],
+        |ctx, x| ops::matmul(ctx, &x[0], &x[1], MatmulOpts { trans_b: true, ..Default::default() }).unwrap(),
+        Box::new(move |x| r::matmul_forward(&x[0], &x[1], None, 1, b * t, v, c, false, true, true, 1.0)),
         1e-4,
     );
 }
@@ -194,10 +131,7 @@ fn elementwise_ops_backward_match_finite_differences() {
             1e-5,
         );
         // keep inputs away from the kinks, where finite differences are meaningless
-        let away: Vec<f32> = a
-            .iter()
-            .map(|x| if x.abs() < 0.05 { x + 0.2 } else { *x })
-            .collect();
+        let away: Vec<f32> = a.iter().map(|x| if x.abs() < 0.05 { x + 0.2 } else { *x }).collect();
         check(
             &ctx,
             "gelu",
@@ -264,11 +198,7 @@ fn attention_backward_matches_finite_differences() {
 #[test]
 fn attention_in_batch_chunks_matches_finite_differences() {
     // A 64 KiB budget makes attention run 2 + 1 batch entries at a time.
-    let opts = pagetrain::pager::PagerOptions {
-        budget: Some(64 << 10),
-        slot_bytes: 16 << 10,
-        ..Default::default()
-    };
+    let opts = pagetrain::pager::PagerOptions { budget: Some(64 << 10), slot_bytes: 16 << 10, ..Default::default() };
     let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
     let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
     let mut rng = Rng::new(16);
@@ -288,36 +218,20 @@ fn attention_in_batch_chunks_matches_finite_differences() {
 fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     let mut rng = Rng::new(17);
     let (n, c, v) = (9, 5, 37);
-    let targets: Vec<u32> = (0..n)
-        .map(|i| {
-            if i == 4 {
-                u32::MAX
-            } else {
-                rng.below(v) as u32
-            }
-        })
-        .collect();
+    let targets: Vec<u32> = (0..n).map(|i| if i == 4 { u32::MAX } else { rng.below(v) as u32 }).collect();
     // A 16 KiB budget splits the 9 rows of logits into chunks of 2 rows (and a last of 1).
     for budget in [None, Some(16u64 << 10)] {
-        let opts = pagetrain::pager::PagerOptions {
-            budget,
-            slot_bytes: 16 << 10,
-            ..Default::default()
-        };
+        let opts = pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
         let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
         let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
         let tg = targets.clone();
         check(
             &ctx,
             &format!("lm_head_loss budget {budget:?}"),
-            &[
-                (randn(&mut rng, n * c, 1.0), vec![n, c]),
-                (randn(&mut rng, v * c, 1.0), vec![v, c]),
-            ],
+            &[(randn(&mut rng, n * c, 1.0), vec![n, c]), (randn(&mut rng, v * c, 1.0), vec![v, c])],
             |ctx, x| ops::lm_head_loss(ctx, &x[0], &x[1], &targets, Some(u32::MAX)).unwrap(),
             Box::new(move |x| {
-                let logits =
-                    r::matmul_forward(&x[0], &x[1], None, 1, n, v, c, false, true, true, 1.0);
+                let logits = r::matmul_forward(&x[0], &x[1], None, 1, n, v, c, false, true, true, 1.0);
                 vec![r::cross_entropy_forward(&logits, &tg, v, u32::MAX).1]
             }),
             1e-5,
@@ -336,24 +250,14 @@ fn embedding_and_cross_entropy_backward_match_finite_differences() {
     check(
         &ctx,
         "embedding",
-        &[
-            (randn(&mut rng, v * c, 1.0), vec![v, c]),
-            (randn(&mut rng, max_t * c, 1.0), vec![max_t, c]),
-        ],
+        &[(randn(&mut rng, v * c, 1.0), vec![v, c]), (randn(&mut rng, max_t * c, 1.0), vec![max_t, c])],
         |ctx, x| ops::embedding(ctx, &tok, &x[0], &x[1]).unwrap(),
         Box::new(move |x| r::embedding_forward(&toks, &x[0], &x[1], t, c)),
         1e-5,
     );
     for &(rows, classes) in &[(1, 1), (3, 17), (9, 5)] {
-        let targets: Vec<u32> = (0..rows)
-            .map(|i| {
-                if i % 3 == 2 {
-                    u32::MAX
-                } else {
-                    rng.below(classes) as u32
-                }
-            })
-            .collect();
+        let targets: Vec<u32> =
+            (0..rows).map(|i| if i % 3 == 2 { u32::MAX } else { rng.below(classes) as u32 }).collect();
         let tg = targets.clone();
         check(
             &ctx,

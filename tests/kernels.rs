@@ -5,9 +5,7 @@ mod common;
 
 use common::reference as r;
 use common::{assert_close, ctx, randn, to64, Guarded, AWKWARD};
-use pagetrain::kernels::{
-    self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant,
-};
+use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
 use pagetrain::rng::Rng;
 
 #[test]
@@ -22,13 +20,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
             }
         }
     }
-    cases.extend([
-        (1, 1000, 3, 17),
-        (1, 3, 1000, 65),
-        (1, 17, 65, 1000),
-        (5, 17, 17, 3),
-        (3, 65, 1, 129),
-    ]);
+    cases.extend([(1, 1000, 3, 17), (1, 3, 1000, 65), (1, 17, 65, 1000), (5, 17, 17, 3), (3, 65, 1, 129)]);
     for (i, &(batch, m, n, k)) in cases.iter().enumerate() {
         for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
             let (ta, tb, with_bias, accumulate) = (i % 2 == 1, i % 3 == 1, i % 4 == 0, i % 5 == 2);
@@ -109,45 +101,14 @@ fn matmul_offsets_select_row_chunks() {
             Guarded::new(&ctx, b.len(), Some(&b)),
             Guarded::new(&ctx, c0.len(), Some(&c0)),
         );
-        let g = Gemm {
-            offsets: [oa, ob, oc],
-            trans_b: true,
-            ..Gemm::new(m, n, k)
-        };
-        kernels::matmul::matmul_variant(
-            &ctx.kernels,
-            variant,
-            &gc.view(),
-            &ga.view(),
-            &gb.view(),
-            None,
-            &ga.view(),
-            g,
-        )
-        .unwrap();
-        let chunk = r::matmul_forward(
-            &to64(&a[oa..]),
-            &to64(&b[ob..]),
-            None,
-            1,
-            m,
-            n,
-            k,
-            false,
-            true,
-            true,
-            1.0,
-        );
+        let g = Gemm { offsets: [oa, ob, oc], trans_b: true, ..Gemm::new(m, n, k) };
+        kernels::matmul::matmul_variant(&ctx.kernels, variant, &gc.view(), &ga.view(), &gb.view(), None, &ga.view(), g)
+            .unwrap();
+        let chunk = r::matmul_forward(&to64(&a[oa..]), &to64(&b[ob..]), None, 1, m, n, k, false, true, true, 1.0);
         let mut want: Vec<f64> = to64(&c0[..oc]);
         want.extend(chunk);
         c0.clear();
-        assert_close(
-            &format!("matmul offsets {variant:?}"),
-            &gc.read(&ctx),
-            &want,
-            1e-4,
-            1e-5,
-        );
+        assert_close(&format!("matmul offsets {variant:?}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
     }
 }
 
@@ -158,23 +119,15 @@ fn elementwise_kernels_match_reference() {
     for &n in AWKWARD {
         let a = randn(&mut rng, n, 1.0);
         let b = randn(&mut rng, n, 1.0);
-        let (ga, gb) = (
-            Guarded::new(&ctx, n, Some(&a)),
-            Guarded::new(&ctx, n, Some(&b)),
-        );
+        let (ga, gb) = (Guarded::new(&ctx, n, Some(&a)), Guarded::new(&ctx, n, Some(&b)));
         let out = Guarded::new(&ctx, n, None);
-        kernels::elementwise::add_forward(&ctx.kernels, &out.view(), &ga.view(), &gb.view(), n)
-            .unwrap();
+        kernels::elementwise::add_forward(&ctx.kernels, &out.view(), &ga.view(), &gb.view(), n).unwrap();
         let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| (*x + *y) as f64).collect();
         assert_close(&format!("add {n}"), &out.read(&ctx), &want, 1e-6, 0.0);
 
         let y = Guarded::new(&ctx, n, Some(&b));
         kernels::elementwise::axpy(&ctx.kernels, &y.view(), &ga.view(), -1.5, n).unwrap();
-        let want: Vec<f64> = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| *y as f64 - 1.5 * *x as f64)
-            .collect();
+        let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *y as f64 - 1.5 * *x as f64).collect();
         assert_close(&format!("axpy {n}"), &y.read(&ctx), &want, 1e-6, 1e-7);
 
         let out = Guarded::new(&ctx, n, None);
@@ -186,13 +139,7 @@ fn elementwise_kernels_match_reference() {
         let y = Guarded::new(&ctx, n, Some(&b));
         kernels::elementwise::axpy_scalar(&ctx.kernels, &y.view(), &s.view(), 0.5, n).unwrap();
         let want: Vec<f64> = b.iter().map(|y| *y as f64 + 1.25).collect();
-        assert_close(
-            &format!("axpy_scalar {n}"),
-            &y.read(&ctx),
-            &want,
-            1e-6,
-            1e-7,
-        );
+        assert_close(&format!("axpy_scalar {n}"), &y.read(&ctx), &want, 1e-6, 1e-7);
     }
 }
 
@@ -232,30 +179,13 @@ fn activations_match_reference() {
             let gx = Guarded::new(&ctx, n, Some(&x));
             let out = Guarded::new(&ctx, n, None);
             kernels::activation::forward(&ctx.kernels, f, &out.view(), &gx.view(), n).unwrap();
-            assert_close(
-                &format!("{f:?} forward {n}"),
-                &out.read(&ctx),
-                &fwd(&to64(&x)),
-                1e-5,
-                1e-6,
-            );
+            assert_close(&format!("{f:?} forward {n}"), &out.read(&ctx), &fwd(&to64(&x)), 1e-5, 1e-6);
 
             let gd = Guarded::new(&ctx, n, Some(&dout));
             let dx = Guarded::new(&ctx, n, Some(&dx0));
-            kernels::activation::backward(&ctx.kernels, f, &dx.view(), &gx.view(), &gd.view(), n)
-                .unwrap();
-            let want: Vec<f64> = bwd(&to64(&x), &to64(&dout))
-                .iter()
-                .zip(&dx0)
-                .map(|(g, d)| g + *d as f64)
-                .collect();
-            assert_close(
-                &format!("{f:?} backward {n}"),
-                &dx.read(&ctx),
-                &want,
-                1e-5,
-                1e-6,
-            );
+            kernels::activation::backward(&ctx.kernels, f, &dx.view(), &gx.view(), &gd.view(), n).unwrap();
+            let want: Vec<f64> = bwd(&to64(&x), &to64(&dout)).iter().zip(&dx0).map(|(g, d)| g + *d as f64).collect();
+            assert_close(&format!("{f:?} backward {n}"), &dx.read(&ctx), &want, 1e-5, 1e-6);
         }
     }
 }
@@ -264,31 +194,14 @@ fn activations_match_reference() {
 fn layernorm_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(4);
-    for &(rows, c) in &[
-        (1, 1),
-        (3, 17),
-        (17, 64),
-        (2, 65),
-        (5, 129),
-        (3, 1000),
-        (1000, 3),
-    ] {
-        let x: Vec<f32> = randn(&mut rng, rows * c, 1.5)
-            .iter()
-            .map(|v| v + 0.7)
-            .collect();
+    for &(rows, c) in &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1000, 3)] {
+        let x: Vec<f32> = randn(&mut rng, rows * c, 1.5).iter().map(|v| v + 0.7).collect();
         let w = randn(&mut rng, c, 1.0);
         let b = randn(&mut rng, c, 1.0);
-        let (gx, gw, gb) = (
-            Guarded::new(&ctx, x.len(), Some(&x)),
-            Guarded::new(&ctx, c, Some(&w)),
-            Guarded::new(&ctx, c, Some(&b)),
-        );
-        let (out, mean, rstd) = (
-            Guarded::new(&ctx, rows * c, None),
-            Guarded::new(&ctx, rows, None),
-            Guarded::new(&ctx, rows, None),
-        );
+        let (gx, gw, gb) =
+            (Guarded::new(&ctx, x.len(), Some(&x)), Guarded::new(&ctx, c, Some(&w)), Guarded::new(&ctx, c, Some(&b)));
+        let (out, mean, rstd) =
+            (Guarded::new(&ctx, rows * c, None), Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
         kernels::layernorm::forward(
             &ctx.kernels,
             &out.view(),
@@ -303,27 +216,9 @@ fn layernorm_matches_reference() {
         )
         .unwrap();
         let (wo, wm, wr) = r::layernorm_forward(&to64(&x), &to64(&w), &to64(&b), rows, c, 1e-5);
-        assert_close(
-            &format!("layernorm out {rows}x{c}"),
-            &out.read(&ctx),
-            &wo,
-            1e-4,
-            1e-4,
-        );
-        assert_close(
-            &format!("layernorm mean {rows}x{c}"),
-            &mean.read(&ctx),
-            &wm,
-            1e-5,
-            1e-5,
-        );
-        assert_close(
-            &format!("layernorm rstd {rows}x{c}"),
-            &rstd.read(&ctx),
-            &wr,
-            1e-3,
-            1e-3,
-        );
+        assert_close(&format!("layernorm out {rows}x{c}"), &out.read(&ctx), &wo, 1e-4, 1e-4);
+        assert_close(&format!("layernorm mean {rows}x{c}"), &mean.read(&ctx), &wm, 1e-5, 1e-5);
+        assert_close(&format!("layernorm rstd {rows}x{c}"), &rstd.read(&ctx), &wr, 1e-3, 1e-3);
 
         let dout = randn(&mut rng, rows * c, 1.0);
         let gd = Guarded::new(&ctx, dout.len(), Some(&dout));
@@ -346,30 +241,11 @@ fn layernorm_matches_reference() {
             c,
         )
         .unwrap();
-        let (wdx, wdw, wdb) =
-            r::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
+        let (wdx, wdw, wdb) = r::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
         let wdx: Vec<f64> = wdx.iter().map(|v| v + 0.5).collect();
-        assert_close(
-            &format!("layernorm dx {rows}x{c}"),
-            &dx.read(&ctx),
-            &wdx,
-            1e-3,
-            1e-3,
-        );
-        assert_close(
-            &format!("layernorm dw {rows}x{c}"),
-            &dw.read(&ctx),
-            &wdw,
-            1e-3,
-            1e-3,
-        );
-        assert_close(
-            &format!("layernorm db {rows}x{c}"),
-            &db.read(&ctx),
-            &wdb,
-            1e-4,
-            1e-4,
-        );
+        assert_close(&format!("layernorm dx {rows}x{c}"), &dx.read(&ctx), &wdx, 1e-3, 1e-3);
+        assert_close(&format!("layernorm dw {rows}x{c}"), &dw.read(&ctx), &wdw, 1e-3, 1e-3);
+        assert_close(&format!("layernorm db {rows}x{c}"), &db.read(&ctx), &wdb, 1e-4, 1e-4);
     }
 }
 
@@ -377,61 +253,24 @@ fn layernorm_matches_reference() {
 fn softmax_matches_reference_plain_and_causal() {
     let ctx = ctx();
     let mut rng = Rng::new(5);
-    for &(rows, len, causal) in &[
-        (1, 1, 0),
-        (3, 17, 0),
-        (17, 1000, 0),
-        (64, 65, 0),
-        (2 * 17, 17, 17),
-        (3 * 129, 129, 129),
-        (4, 64, 64),
-    ] {
+    for &(rows, len, causal) in
+        &[(1, 1, 0), (3, 17, 0), (17, 1000, 0), (64, 65, 0), (2 * 17, 17, 17), (3 * 129, 129, 129), (4, 64, 64)]
+    {
         let x = randn(&mut rng, rows * len, 3.0);
         let scale = if causal > 0 { 0.37 } else { 1.0 };
         let gx = Guarded::new(&ctx, x.len(), Some(&x));
         let y = Guarded::new(&ctx, x.len(), None);
-        kernels::softmax::forward(
-            &ctx.kernels,
-            &y.view(),
-            &gx.view(),
-            rows,
-            len,
-            causal,
-            scale,
-        )
-        .unwrap();
+        kernels::softmax::forward(&ctx.kernels, &y.view(), &gx.view(), rows, len, causal, scale).unwrap();
         let wy = r::softmax_forward(&to64(&x), rows, len, causal, scale as f64);
         let gy = y.read(&ctx);
-        assert_close(
-            &format!("softmax {rows}x{len} causal={causal}"),
-            &gy,
-            &wy,
-            1e-4,
-            1e-6,
-        );
+        assert_close(&format!("softmax {rows}x{len} causal={causal}"), &gy, &wy, 1e-4, 1e-6);
 
         let dy = randn(&mut rng, x.len(), 1.0);
         let gdy = Guarded::new(&ctx, x.len(), Some(&dy));
         let dx = Guarded::new(&ctx, x.len(), Some(&vec![0.0; x.len()]));
-        kernels::softmax::backward(
-            &ctx.kernels,
-            &dx.view(),
-            &y.view(),
-            &gdy.view(),
-            rows,
-            len,
-            causal,
-            scale,
-        )
-        .unwrap();
+        kernels::softmax::backward(&ctx.kernels, &dx.view(), &y.view(), &gdy.view(), rows, len, causal, scale).unwrap();
         let wdx = r::softmax_backward(&wy, &to64(&dy), rows, len, scale as f64);
-        assert_close(
-            &format!("softmax backward {rows}x{len}"),
-            &dx.read(&ctx),
-            &wdx,
-            1e-4,
-            1e-5,
-        );
+        assert_close(&format!("softmax backward {rows}x{len}"), &dx.read(&ctx), &wdx, 1e-4, 1e-5);
     }
 }
 
@@ -439,12 +278,7 @@ fn softmax_matches_reference_plain_and_causal() {
 fn embedding_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(6);
-    for &(b, t, c, v) in &[
-        (1, 1, 1, 1),
-        (3, 17, 65, 129),
-        (2, 64, 3, 1000),
-        (5, 3, 17, 3),
-    ] {
+    for &(b, t, c, v) in &[(1, 1, 1, 1), (3, 17, 65, 129), (2, 64, 3, 1000), (5, 3, 17, 3)] {
         let max_t = t + 2;
         let tokens: Vec<u32> = (0..b * t).map(|_| rng.below(v) as u32).collect();
         let wte = randn(&mut rng, v * c, 1.0);
@@ -455,17 +289,8 @@ fn embedding_matches_reference() {
             Guarded::new(&ctx, wpe.len(), Some(&wpe)),
         );
         let out = Guarded::new(&ctx, b * t * c, None);
-        kernels::embedding::forward(
-            &ctx.kernels,
-            &out.view(),
-            &gt.view(),
-            &gwte.view(),
-            &gwpe.view(),
-            b * t,
-            t,
-            c,
-        )
-        .unwrap();
+        kernels::embedding::forward(&ctx.kernels, &out.view(), &gt.view(), &gwte.view(), &gwpe.view(), b * t, t, c)
+            .unwrap();
         assert_close(
             "embedding forward",
             &out.read(&ctx),
@@ -504,45 +329,20 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
     let ignore = u32::MAX;
     for &(rows, v) in &[(1, 1), (3, 17), (17, 1000), (65, 64), (129, 3)] {
         let logits = randn(&mut rng, rows * v, 2.0);
-        let targets: Vec<u32> = (0..rows)
-            .map(|i| {
-                if i % 4 == 3 {
-                    ignore
-                } else {
-                    rng.below(v) as u32
-                }
-            })
-            .collect();
-        let (gl, gt) = (
-            Guarded::new(&ctx, logits.len(), Some(&logits)),
-            Guarded::from_u32(&ctx, &targets),
-        );
-        let (losses, lse) = (
-            Guarded::new(&ctx, rows, None),
-            Guarded::new(&ctx, rows, None),
-        );
+        let targets: Vec<u32> = (0..rows).map(|i| if i % 4 == 3 { ignore } else { rng.below(v) as u32 }).collect();
+        let (gl, gt) = (Guarded::new(&ctx, logits.len(), Some(&logits)), Guarded::from_u32(&ctx, &targets));
+        let (losses, lse) = (Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
         kernels::cross_entropy::forward(
             &ctx.kernels,
             &losses.view(),
             &lse.view(),
             &gl.view(),
             &gt.view(),
-            kernels::cross_entropy::Rows {
-                rows,
-                v,
-                ignore,
-                row0: 0,
-            },
+            kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 },
         )
         .unwrap();
         let (wl, _) = r::cross_entropy_forward(&to64(&logits), &targets, v, ignore);
-        assert_close(
-            &format!("ce losses {rows}x{v}"),
-            &losses.read(&ctx),
-            &wl,
-            1e-4,
-            1e-5,
-        );
+        assert_close(&format!("ce losses {rows}x{v}"), &losses.read(&ctx), &wl, 1e-4, 1e-5);
 
         let count = targets.iter().filter(|&&t| t != ignore).count().max(1);
         let dloss = Guarded::new(&ctx, 1, Some(&[1.7]));
@@ -554,26 +354,13 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
             &gt.view(),
             &lse.view(),
             &dloss.view(),
-            kernels::cross_entropy::Rows {
-                rows,
-                v,
-                ignore,
-                row0: 0,
-            },
+            kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 },
             1.0 / count as f32,
         )
         .unwrap();
-        let want: Vec<f64> = r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7)
-            .iter()
-            .map(|g| g + 0.25)
-            .collect();
-        assert_close(
-            &format!("ce backward {rows}x{v}"),
-            &d.read(&ctx),
-            &want,
-            1e-4,
-            1e-6,
-        );
+        let want: Vec<f64> =
+            r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7).iter().map(|g| g + 0.25).collect();
+        assert_close(&format!("ce backward {rows}x{v}"), &d.read(&ctx), &want, 1e-4, 1e-6);
     }
 }
 
@@ -586,66 +373,21 @@ fn reductions_match_reference() {
         let x = randn(&mut rng, n, 1.0);
         let gx = Guarded::new(&ctx, n, Some(&x));
         let out = Guarded::new(&ctx, 3, Some(&[1.0, 2.0, 3.0]));
-        let spec = SumSpec {
-            squares: false,
-            scale: 0.5,
-            slot: 1,
-            accumulate: true,
-        };
-        kernels::reduce::sum(
-            &ctx.kernels,
-            &out.view(),
-            &gx.view(),
-            &partials.view(),
-            n,
-            spec,
-        )
-        .unwrap();
-        let spec = SumSpec {
-            squares: true,
-            scale: 1.0,
-            slot: 2,
-            accumulate: false,
-        };
-        kernels::reduce::sum(
-            &ctx.kernels,
-            &out.view(),
-            &gx.view(),
-            &partials.view(),
-            n,
-            spec,
-        )
-        .unwrap();
+        let spec = SumSpec { squares: false, scale: 0.5, slot: 1, accumulate: true };
+        kernels::reduce::sum(&ctx.kernels, &out.view(), &gx.view(), &partials.view(), n, spec).unwrap();
+        let spec = SumSpec { squares: true, scale: 1.0, slot: 2, accumulate: false };
+        kernels::reduce::sum(&ctx.kernels, &out.view(), &gx.view(), &partials.view(), n, spec).unwrap();
         let x64 = to64(&x);
-        let want = [
-            1.0,
-            2.0 + 0.5 * r::sum_forward(&x64, false),
-            r::sum_forward(&x64, true),
-        ];
-        assert_close(
-            &format!("sum {n}"),
-            &out.read(&ctx),
-            &want,
-            1e-4,
-            1e-4 * (n as f64).sqrt(),
-        );
+        let want = [1.0, 2.0 + 0.5 * r::sum_forward(&x64, false), r::sum_forward(&x64, true)];
+        assert_close(&format!("sum {n}"), &out.read(&ctx), &want, 1e-4, 1e-4 * (n as f64).sqrt());
     }
     for &(rows, cols) in &[(1, 1), (17, 3), (1000, 65), (3, 1000)] {
         let x = randn(&mut rng, rows * cols, 1.0);
         let gx = Guarded::new(&ctx, x.len(), Some(&x));
         let out = Guarded::new(&ctx, cols, Some(&vec![1.0; cols]));
         kernels::reduce::sum_rows(&ctx.kernels, &out.view(), &gx.view(), rows, cols).unwrap();
-        let want: Vec<f64> = r::sum_rows(&to64(&x), rows, cols)
-            .iter()
-            .map(|v| v + 1.0)
-            .collect();
-        assert_close(
-            &format!("sum_rows {rows}x{cols}"),
-            &out.read(&ctx),
-            &want,
-            1e-4,
-            1e-4,
-        );
+        let want: Vec<f64> = r::sum_rows(&to64(&x), rows, cols).iter().map(|v| v + 1.0).collect();
+        assert_close(&format!("sum_rows {rows}x{cols}"), &out.read(&ctx), &want, 1e-4, 1e-4);
     }
 }
 
@@ -656,30 +398,11 @@ fn attention_head_split_and_merge_round_trip() {
     let (b, t, h, d) = (2usize, 17usize, 3usize, 5usize);
     let c = h * d;
     let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-    let dims = kernels::attention::Dims {
-        b: b as u32,
-        t: t as u32,
-        h: h as u32,
-        d: d as u32,
-        first: 0,
-        _pad: [0; 3],
-    };
+    let dims = kernels::attention::Dims { b: b as u32, t: t as u32, h: h as u32, d: d as u32, first: 0, _pad: [0; 3] };
     let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
     let n = b * h * t * d;
-    let (q, k, v) = (
-        Guarded::new(&ctx, n, None),
-        Guarded::new(&ctx, n, None),
-        Guarded::new(&ctx, n, None),
-    );
-    kernels::attention::split(
-        &ctx.kernels,
-        &q.view(),
-        &k.view(),
-        &v.view(),
-        &gqkv.view(),
-        dims,
-    )
-    .unwrap();
+    let (q, k, v) = (Guarded::new(&ctx, n, None), Guarded::new(&ctx, n, None), Guarded::new(&ctx, n, None));
+    kernels::attention::split(&ctx.kernels, &q.view(), &k.view(), &v.view(), &gqkv.view(), dims).unwrap();
     let (q, k, v) = (q.read(&ctx), k.read(&ctx), v.read(&ctx));
     for bi in 0..b {
         for hi in 0..h {
@@ -687,11 +410,7 @@ fn attention_head_split_and_merge_round_trip() {
                 for di in 0..d {
                     let i = ((bi * h + hi) * t + ti) * d + di;
                     let src = (bi * t + ti) * 3 * c + hi * d + di;
-                    assert_eq!(
-                        (q[i], k[i], v[i]),
-                        (qkv[src], qkv[src + c], qkv[src + 2 * c]),
-                        "split at {i}"
-                    );
+                    assert_eq!((q[i], k[i], v[i]), (qkv[src], qkv[src + c], qkv[src + 2 * c]), "split at {i}");
                 }
             }
         }
@@ -700,10 +419,8 @@ fn attention_head_split_and_merge_round_trip() {
     let gq = Guarded::new(&ctx, n, Some(&q));
     let out = Guarded::new(&ctx, b * t * c, None);
     kernels::attention::merge(&ctx.kernels, &out.view(), &gq.view(), dims).unwrap();
-    let want: Vec<f64> = (0..b * t)
-        .flat_map(|row| (0..c).map(move |j| (row, j)))
-        .map(|(row, j)| qkv[row * 3 * c + j] as f64)
-        .collect();
+    let want: Vec<f64> =
+        (0..b * t).flat_map(|row| (0..c).map(move |j| (row, j))).map(|(row, j)| qkv[row * 3 * c + j] as f64).collect();
     assert_close("merge", &out.read(&ctx), &want, 0.0, 0.0);
 }
 
@@ -732,51 +449,17 @@ fn optimizers_match_reference() {
             t: 3,
             grad_scale: 1.0,
         };
-        kernels::optim::adamw(
-            &ctx.kernels,
-            &gp.view(),
-            &gm.view(),
-            &gv.view(),
-            &gg.view(),
-            &clip.view(),
-            n,
-            s,
-        )
-        .unwrap();
-        let (wp, wm, wv) = r::adamw_update(
-            &to64(&p),
-            &to64(&g),
-            &to64(&m),
-            &to64(&v),
-            0.01,
-            0.9,
-            0.95,
-            1e-8,
-            0.1,
-            3,
-            0.8,
-        );
+        kernels::optim::adamw(&ctx.kernels, &gp.view(), &gm.view(), &gv.view(), &gg.view(), &clip.view(), n, s)
+            .unwrap();
+        let (wp, wm, wv) =
+            r::adamw_update(&to64(&p), &to64(&g), &to64(&m), &to64(&v), 0.01, 0.9, 0.95, 1e-8, 0.1, 3, 0.8);
         assert_close(&format!("adamw p {n}"), &gp.read(&ctx), &wp, 1e-5, 1e-6);
         assert_close(&format!("adamw m {n}"), &gm.read(&ctx), &wm, 1e-5, 1e-7);
         assert_close(&format!("adamw v {n}"), &gv.read(&ctx), &wv, 1e-5, 1e-7);
 
-        let (gp, gb) = (
-            Guarded::new(&ctx, n, Some(&p)),
-            Guarded::new(&ctx, n, Some(&m)),
-        );
-        kernels::optim::sgd(
-            &ctx.kernels,
-            &gp.view(),
-            &gb.view(),
-            &gg.view(),
-            &clip.view(),
-            n,
-            0.05,
-            0.9,
-            0.01,
-            1.0,
-        )
-        .unwrap();
+        let (gp, gb) = (Guarded::new(&ctx, n, Some(&p)), Guarded::new(&ctx, n, Some(&m)));
+        kernels::optim::sgd(&ctx.kernels, &gp.view(), &gb.view(), &gg.view(), &clip.view(), n, 0.05, 0.9, 0.01, 1.0)
+            .unwrap();
         let (wp, wb) = r::sgd_update(&to64(&p), &to64(&g), &to64(&m), 0.05, 0.9, 0.01, 0.8);
         assert_close(&format!("sgd p {n}"), &gp.read(&ctx), &wp, 1e-5, 1e-6);
         assert_close(&format!("sgd buf {n}"), &gb.read(&ctx), &wb, 1e-5, 1e-6);

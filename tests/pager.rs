@@ -48,10 +48,7 @@ fn read(ctx: &Context, t: &Tensor) -> Vec<f32> {
 fn assert_same(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-        panic!(
-            "{what}: first difference at {i}: got {} want {}",
-            got[i], want[i]
-        );
+        panic!("{what}: first difference at {i}: got {} want {}", got[i], want[i]);
     }
 }
 
@@ -80,31 +77,15 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Tensor sizes come from a few values so that ops find operands of equal length.
 fn values(seed: u32, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((seed as usize).wrapping_mul(31).wrapping_add(i * 7) % 1001) as f32 * 0.25 - 100.0
-        })
-        .collect()
+    (0..n).map(|i| ((seed as usize).wrapping_mul(31).wrapping_add(i * 7) % 1001) as f32 * 0.25 - 100.0).collect()
 }
 
 /// An output for an op on `n`-float inputs `avoid`: an existing tensor of that length picked
 /// by `choice`, or a new one (undefined until the op writes it).
-fn output(
-    ctx: &Context,
-    tensors: &mut Vec<(Tensor, Vec<f32>)>,
-    n: usize,
-    avoid: &[usize],
-    choice: usize,
-) -> usize {
-    let same: Vec<usize> = (0..tensors.len())
-        .filter(|i| tensors[*i].1.len() == n && !avoid.contains(i))
-        .collect();
+fn output(ctx: &Context, tensors: &mut Vec<(Tensor, Vec<f32>)>, n: usize, avoid: &[usize], choice: usize) -> usize {
+    let same: Vec<usize> = (0..tensors.len()).filter(|i| tensors[*i].1.len() == n && !avoid.contains(i)).collect();
     if same.is_empty() || choice % 3 == 0 {
-        tensors.push((
-            ctx.empty("out", &[n], pagetrain::DType::F32, false)
-                .unwrap(),
-            vec![f32::NAN; n],
-        ));
+        tensors.push((ctx.empty("out", &[n], pagetrain::DType::F32, false).unwrap(), vec![f32::NAN; n]));
         tensors.len() - 1
     } else {
         same[choice % same.len()]
@@ -135,10 +116,7 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
                     let c = output(ctx, &mut tensors, n, &[a], b);
                     let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
                     let _op = ctx.op();
-                    let (out, x) = (
-                        ctx.write(&tensors[c].0).unwrap(),
-                        ctx.read(&tensors[a].0).unwrap(),
-                    );
+                    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
                     elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
                     tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
                 }
@@ -146,9 +124,7 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
             Op::Add(a, b, c) => {
                 if let Some(a) = pick(a, tensors.len()) {
                     let n = tensors[a].1.len();
-                    let same: Vec<usize> = (0..tensors.len())
-                        .filter(|&i| tensors[i].1.len() == n)
-                        .collect();
+                    let same: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].1.len() == n).collect();
                     let b = same[b % same.len()];
                     let c = output(ctx, &mut tensors, n, &[a, b], c);
                     let _op = ctx.op();
@@ -158,21 +134,12 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
                         ctx.read(&tensors[b].0).unwrap(),
                     );
                     elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
-                    tensors[c].1 = tensors[a]
-                        .1
-                        .iter()
-                        .zip(&tensors[b].1)
-                        .map(|(x, y)| x + y)
-                        .collect();
+                    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
                 }
             }
             Op::Read(a) => {
                 if let Some(a) = pick(a, tensors.len()) {
-                    assert_same(
-                        &format!("tensor {a}"),
-                        &read(ctx, &tensors[a].0),
-                        &tensors[a].1,
-                    );
+                    assert_same(&format!("tensor {a}"), &read(ctx, &tensors[a].0), &tensors[a].1);
                 }
             }
             Op::Drop(a) => {
@@ -186,22 +153,15 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
                     // The files alone, read back from disk, hold every value.
                     for (t, want) in &tensors {
                         let r: HostRange = ctx.pager.host_range(t.id()).unwrap();
-                        let file =
-                            std::fs::read(dir.join(format!("seg-{:05}.bin", r.segment))).unwrap();
-                        let got: Vec<f32> = bytemuck::pod_collect_to_vec(
-                            &file[r.offset..r.offset + want.len() * 4],
-                        );
+                        let file = std::fs::read(dir.join(format!("seg-{:05}.bin", r.segment))).unwrap();
+                        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&file[r.offset..r.offset + want.len() * 4]);
                         assert_same("file contents after flush", &got, want);
                     }
                 }
             }
         }
         let stats = ctx.pager.stats();
-        assert!(
-            stats.bytes_held <= budget,
-            "{} bytes on the GPU over the {budget}-byte budget",
-            stats.bytes_held
-        );
+        assert!(stats.bytes_held <= budget, "{} bytes on the GPU over the {budget}-byte budget", stats.bytes_held);
     }
     for (t, want) in &tensors {
         assert_same("at the end", &read(ctx, t), want);
@@ -250,13 +210,7 @@ proptest! {
     }
 }
 
-fn tiny_gpt_step(
-    ctx: &Context,
-    model: &Gpt,
-    opt: &mut AdamW,
-    tokens: &[u32],
-    targets: &[u32],
-) -> (f32, Vec<Vec<f32>>) {
+fn tiny_gpt_step(ctx: &Context, model: &Gpt, opt: &mut AdamW, tokens: &[u32], targets: &[u32]) -> (f32, Vec<Vec<f32>>) {
     ctx.pager.begin_step();
     let x = ctx.from_u32("tokens", &[2, 16], tokens).unwrap();
     let loss = model.loss(ctx, &x, targets).unwrap();
@@ -270,46 +224,25 @@ fn tiny_gpt_step(
 
 #[test]
 fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
-    let cfg = GptConfig {
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        block_size: 16,
-        vocab_size: 23,
-    };
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 23 };
     let tokens: Vec<u32> = (0..32).map(|i| (i * 5 % 23) as u32).collect();
     let targets: Vec<u32> = (0..32).map(|i| (i * 5 % 23 + 1) as u32 % 23).collect();
     let run = |budget: Option<u64>| {
-        let o = PagerOptions {
-            budget,
-            slot_bytes: 16 << 10,
-            ..Default::default()
-        };
+        let o = PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
         let model = Gpt::new(&ctx, cfg, 9).unwrap();
         let mut opt = AdamW::new(&ctx, &model, AdamWConfig::default()).unwrap();
-        let steps: Vec<(f32, Vec<Vec<f32>>)> = (0..3)
-            .map(|_| tiny_gpt_step(&ctx, &model, &mut opt, &tokens, &targets))
-            .collect();
+        let steps: Vec<(f32, Vec<Vec<f32>>)> =
+            (0..3).map(|_| tiny_gpt_step(&ctx, &model, &mut opt, &tokens, &targets)).collect();
         (steps, ctx.pager.stats(), ctx.pager.counters())
     };
     let (resident, full, _) = run(None);
     let footprint = full.peak_bytes;
     let budget = footprint / 4;
     let (paged, stats, counters) = run(Some(budget));
-    println!(
-        "footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}",
-        stats.peak_bytes
-    );
-    assert!(
-        stats.peak_bytes <= budget,
-        "peak {} over budget {budget}",
-        stats.peak_bytes
-    );
-    assert!(
-        counters.evictions > 0 && counters.writebacks > 0,
-        "a quarter budget must page: {counters:?}"
-    );
+    println!("footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}", stats.peak_bytes);
+    assert!(stats.peak_bytes <= budget, "peak {} over budget {budget}", stats.peak_bytes);
+    assert!(counters.evictions > 0 && counters.writebacks > 0, "a quarter budget must page: {counters:?}");
     for (step, ((l1, g1), (l2, g2))) in resident.iter().zip(&paged).enumerate() {
         assert_eq!(l1, l2, "loss at step {step}");
         for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
@@ -320,24 +253,13 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
 
 #[test]
 fn a_tensor_larger_than_the_budget_is_budget_too_small() {
-    let ctx = Context::with_store(
-        gpu(),
-        Box::new(MemStore::new()),
-        &opts(64 << 10, Policy::Belady),
-    );
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(64 << 10, Policy::Belady));
     match ctx.zeros("huge", &[1 << 16], false) {
-        Err(Error::BudgetTooSmall {
-            tensor,
-            needed,
-            budget,
-        }) => {
+        Err(Error::BudgetTooSmall { tensor, needed, budget }) => {
             assert_eq!(tensor, "huge");
             assert!(needed > budget);
         }
-        other => panic!(
-            "expected BudgetTooSmall, got {:?}",
-            other.map(|t| t.shape().to_vec())
-        ),
+        other => panic!("expected BudgetTooSmall, got {:?}", other.map(|t| t.shape().to_vec())),
     }
     // Each fits alone, but one op needs both on the GPU at once.
     let a = ctx.zeros("a", &[10_000], false).unwrap();
@@ -366,10 +288,7 @@ impl HostStore for FlakyStore {
     }
     fn bytes_mut(&mut self, r: &HostRange) -> pagetrain::Result<&mut [u8]> {
         if self.fail.get() {
-            return Err(Error::Io {
-                path: "flaky".into(),
-                source: std::io::Error::other("No space left on device"),
-            });
+            return Err(Error::Io { path: "flaky".into(), source: std::io::Error::other("No space left on device") });
         }
         self.inner.bytes_mut(r)
     }
@@ -387,25 +306,13 @@ impl HostStore for FlakyStore {
 #[test]
 fn failing_write_back_is_an_error_and_keeps_the_gpu_copy() {
     let fail = std::rc::Rc::new(std::cell::Cell::new(false));
-    let store = FlakyStore {
-        inner: MemStore::new(),
-        fail: fail.clone(),
-    };
+    let store = FlakyStore { inner: MemStore::new(), fail: fail.clone() };
     let ctx = Context::with_store(gpu(), Box::new(store), &opts(48 << 10, Policy::Lru));
     let x = ctx.from_f32("x", &[4000], &values(1, 4000), false).unwrap();
-    let y = ctx
-        .empty("y", &[4000], pagetrain::DType::F32, false)
-        .unwrap();
+    let y = ctx.empty("y", &[4000], pagetrain::DType::F32, false).unwrap();
     {
         let _op = ctx.op();
-        elementwise::scale_forward(
-            &ctx.kernels,
-            &ctx.write(&y).unwrap(),
-            &ctx.read(&x).unwrap(),
-            2.0,
-            4000,
-        )
-        .unwrap();
+        elementwise::scale_forward(&ctx.kernels, &ctx.write(&y).unwrap(), &ctx.read(&x).unwrap(), 2.0, 4000).unwrap();
     }
     // y is dirty on the GPU; making room for z must write it back, and the disk is full.
     fail.set(true);
@@ -427,12 +334,7 @@ fn store_file_truncated_or_deleted_underneath_is_an_error() {
     let ctx = Context::with_store(gpu(), Box::new(store), &opts(1 << 20, Policy::Belady));
     let t = ctx.from_f32("t", &[1000], &values(3, 1000), false).unwrap();
     let seg = dir.join("seg-00000.bin");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .set_len(100)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(100).unwrap();
     let err = pollster::block_on(ctx.to_f32(&t)).unwrap_err();
     assert!(err.to_string().contains("truncated"), "{err}");
     assert!(err.to_string().contains("seg-00000.bin"), "{err}");
@@ -463,14 +365,9 @@ fn full_disk_is_an_error_at_allocation() {
     let result = std::panic::catch_unwind(|| {
         let store = MmapStore::with_segment_bytes(&dir, 512 << 10).unwrap();
         let ctx = Context::with_store(gpu(), Box::new(store), &opts(1 << 20, Policy::Belady));
-        let a = ctx
-            .from_f32("a", &[100_000], &values(1, 100_000), false)
-            .unwrap();
+        let a = ctx.from_f32("a", &[100_000], &values(1, 100_000), false).unwrap();
         let err = ctx.zeros("b", &[200_000], false).map(|_| ()).unwrap_err();
-        assert!(
-            err.to_string().contains("No space left") || err.to_string().contains("space"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("No space left") || err.to_string().contains("space"), "{err}");
         assert_eq!(read(&ctx, &a), values(1, 100_000), "nothing lost");
     });
     let _ = std::process::Command::new("umount").arg(&dir).status();
@@ -479,24 +376,13 @@ fn full_disk_is_an_error_at_allocation() {
 
 #[test]
 fn telemetry_reports_where_tensors_are() {
-    let ctx = Context::with_store(
-        gpu(),
-        Box::new(MemStore::new()),
-        &opts(64 << 10, Policy::Belady),
-    );
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(64 << 10, Policy::Belady));
     let rx = ctx.pager.subscribe();
     let a = ctx.from_f32("a", &[8000], &values(1, 8000), false).unwrap();
     let b = ctx.zeros("b", &[8000], false).unwrap();
     {
         let _op = ctx.op();
-        elementwise::scale_forward(
-            &ctx.kernels,
-            &ctx.write(&b).unwrap(),
-            &ctx.read(&a).unwrap(),
-            0.5,
-            8000,
-        )
-        .unwrap();
+        elementwise::scale_forward(&ctx.kernels, &ctx.write(&b).unwrap(), &ctx.read(&a).unwrap(), 0.5, 8000).unwrap();
     }
     let c = ctx.from_f32("c", &[8000], &values(2, 8000), false).unwrap();
     {
@@ -505,24 +391,10 @@ fn telemetry_reports_where_tensors_are() {
     }
     ctx.pager.publish();
     let snap = rx.try_recv().expect("a published snapshot");
-    let find = |t: &Tensor| {
-        snap.tensors
-            .iter()
-            .find(|i| i.id == t.id())
-            .unwrap()
-            .clone()
-    };
+    let find = |t: &Tensor| snap.tensors.iter().find(|i| i.id == t.id()).unwrap().clone();
     assert_eq!(find(&c).location, pagetrain::pager::Location::Gpu);
     assert!(snap.gpu_bytes <= snap.budget);
-    assert!(
-        snap.counters.bytes_uploaded >= 2 * 8000 * 4,
-        "{:?}",
-        snap.counters
-    );
-    assert!(
-        snap.counters.evictions >= 1 && snap.counters.writebacks >= 1,
-        "{:?}",
-        snap.counters
-    );
+    assert!(snap.counters.bytes_uploaded >= 2 * 8000 * 4, "{:?}", snap.counters);
+    assert!(snap.counters.evictions >= 1 && snap.counters.writebacks >= 1, "{:?}", snap.counters);
     assert_eq!(find(&b).uploads, 0, "b was only ever written on the GPU");
 }

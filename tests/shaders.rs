@@ -19,29 +19,17 @@ fn every_shader_validates_with_naga() {
         match naga::front::wgsl::parse_str(&src) {
             Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
             Ok(module) => {
-                let mut v = naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::all(),
-                );
+                let mut v =
+                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
                 if let Err(e) = v.validate(&module) {
                     failures.push(e.emit_to_string_with_path(&src, &name));
                 }
             }
         }
-        assert!(
-            src.starts_with("// "),
-            "{name} must open with a header comment (what, shapes, dispatch, reference)"
-        );
+        assert!(src.starts_with("// "), "{name} must open with a header comment (what, shapes, dispatch, reference)");
         let stem = name.trim_end_matches(".wgsl");
-        assert!(
-            pagetrain::kernels::ALL.iter().any(|s| s.name == stem),
-            "{name} is not in kernels::ALL"
-        );
+        assert!(pagetrain::kernels::ALL.iter().any(|s| s.name == stem), "{name} is not in kernels::ALL");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(
-        count,
-        pagetrain::kernels::ALL.len(),
-        "kernels::ALL lists a shader that is not in shaders/"
-    );
+    assert_eq!(count, pagetrain::kernels::ALL.len(), "kernels::ALL lists a shader that is not in shaders/");
 }

@@ -34,18 +34,14 @@ fn small_cfg(out: &Path) -> TrainConfig {
 }
 
 fn losses(trainer: &mut Trainer, ctx: &pagetrain::Context, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| pollster::block_on(trainer.train_step(ctx)).unwrap())
-        .collect()
+    (0..n).map(|_| pollster::block_on(trainer.train_step(ctx)).unwrap()).collect()
 }
 
 /// The first 10 losses of a seeded tiny GPT on the demo corpus, recorded on lavapipe. Other
 /// adapters sum in other orders, hence the tolerance; a change in any kernel's math moves them
 /// by far more.
-const GOLDEN: [f32; 10] = [
-    4.001663, 3.8435655, 3.708325, 3.584507, 3.4837813, 3.484964, 3.3593624, 3.369484, 3.2600584,
-    3.221766,
-];
+const GOLDEN: [f32; 10] =
+    [4.001663, 3.8435655, 3.708325, 3.584507, 3.4837813, 3.484964, 3.3593624, 3.369484, 3.2600584, 3.221766];
 
 #[test]
 fn golden_first_ten_losses() {
@@ -62,87 +58,42 @@ fn golden_first_ten_losses() {
 fn tiny_gpt_learns_far_below_the_unigram_baseline() {
     let ctx = ctx();
     let out = tmpdir("learn");
-    let cfg = TrainConfig {
-        steps: 150,
-        batch_size: 8,
-        seq_len: 32,
-        lr: 5e-3,
-        warmup_steps: 10,
-        ..small_cfg(&out)
-    };
+    let cfg = TrainConfig { steps: 150, batch_size: 8, seq_len: 32, lr: 5e-3, warmup_steps: 10, ..small_cfg(&out) };
     let mut t = Trainer::new(&ctx, cfg, None).unwrap();
     let baseline = t.data.unigram_entropy();
     let first = losses(&mut t, &ctx, 1)[0];
     losses(&mut t, &ctx, 149);
     let val = pollster::block_on(t.evaluate(&ctx)).unwrap();
     println!("first loss {first}, val after 150 steps {val}, unigram baseline {baseline}");
-    assert!(
-        first > 0.9 * baseline,
-        "an untrained model starts near ln(V), got {first}"
-    );
-    assert!(
-        val < 0.7 * baseline,
-        "val loss {val} is not far below the unigram baseline {baseline}"
-    );
+    assert!(first > 0.9 * baseline, "an untrained model starts near ln(V), got {first}");
+    assert!(val < 0.7 * baseline, "val loss {val} is not far below the unigram baseline {baseline}");
 }
 
 #[test]
 fn resume_continues_exactly() {
     let ctx = ctx();
     let (a, b) = (tmpdir("resume-a"), tmpdir("resume-b"));
-    let straight = losses(
-        &mut Trainer::new(&ctx, small_cfg(&a), None).unwrap(),
-        &ctx,
-        8,
-    );
+    let straight = losses(&mut Trainer::new(&ctx, small_cfg(&a), None).unwrap(), &ctx, 8);
 
     let mut first = Trainer::new(&ctx, small_cfg(&b), None).unwrap();
     let mut resumed = losses(&mut first, &ctx, 4);
     pollster::block_on(first.save(&ctx, &b)).unwrap();
     drop(first);
-    let mut second = Trainer::new(
-        &ctx,
-        TrainConfig {
-            resume: Some(b.clone()),
-            ..small_cfg(&b)
-        },
-        None,
-    )
-    .unwrap();
+    let mut second = Trainer::new(&ctx, TrainConfig { resume: Some(b.clone()), ..small_cfg(&b) }, None).unwrap();
     assert_eq!(second.step, 4);
     resumed.extend(losses(&mut second, &ctx, 4));
     let want: Vec<f64> = straight.iter().map(|&v| v as f64).collect();
-    assert_close(
-        "4 steps + resume + 4 steps vs 8 steps",
-        &resumed,
-        &want,
-        0.0,
-        1e-6,
-    );
+    assert_close("4 steps + resume + 4 steps vs 8 steps", &resumed, &want, 0.0, 1e-6);
 }
 
 #[test]
 fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
     let ctx = ctx();
     let dir = tmpdir("hf");
-    let cfg = GptConfig {
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 8,
-        block_size: 16,
-        vocab_size: 11,
-    };
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 8, block_size: 16, vocab_size: 11 };
     let model = Gpt::new(&ctx, cfg, 3).unwrap();
-    let trainer_cfg = TrainConfig {
-        out: dir.clone(),
-        ..small_cfg(&dir)
-    };
-    let data = Dataset::from_tokens(
-        (0..400).map(|i| (i * 7 % 11) as u32).collect(),
-        11,
-        "synthetic",
-    )
-    .unwrap();
+    let trainer_cfg = TrainConfig { out: dir.clone(), ..small_cfg(&dir) };
+    let data = Dataset::from_tokens((0..400).map(|i| (i * 7 % 11) as u32).collect(), 11, "synthetic").unwrap();
     let mut t = Trainer::new(&ctx, trainer_cfg, Some(data)).unwrap();
     t.model = model;
     pollster::block_on(t.save(&ctx, &dir)).unwrap();
@@ -176,14 +127,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
     }
     assert_eq!(ck.weights.len(), want.len(), "tensor count");
     for (name, shape) in &want {
-        assert_eq!(
-            &ck.weights
-                .get(name)
-                .unwrap_or_else(|| panic!("missing {name}"))
-                .shape,
-            shape,
-            "{name}"
-        );
+        assert_eq!(&ck.weights.get(name).unwrap_or_else(|| panic!("missing {name}")).shape, shape, "{name}");
     }
     let hf: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -201,11 +145,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
     );
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    assert_eq!(
-        meta.metadata().as_ref().unwrap()["format"],
-        "pt",
-        "transformers refuses files without format=pt"
-    );
+    assert_eq!(meta.metadata().as_ref().unwrap()["format"], "pt", "transformers refuses files without format=pt");
 
     // logits from the file, computed the way transformers does, equal the GPU's
     let (b, tt) = (2, 5);
@@ -229,54 +169,27 @@ fn init_from_loads_a_foreign_gpt2_checkpoint() {
     // lm_head and attention-mask buffer, no pagetrain metadata, config only in config.json.
     let ctx = ctx();
     let dir = tmpdir("foreign");
-    let cfg = GptConfig {
-        n_layer: 1,
-        n_head: 2,
-        n_embd: 4,
-        block_size: 8,
-        vocab_size: 16,
-    };
+    let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 4, block_size: 8, vocab_size: 16 };
     let model = Gpt::new(&ctx, cfg, 5).unwrap();
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for p in model.params() {
         let data = pollster::block_on(ctx.to_f32(&p.value)).unwrap();
         let name = p.name.trim_start_matches("transformer.").to_string();
-        tensors.push((
-            name,
-            p.value.shape().to_vec(),
-            bytemuck::cast_slice(&data).to_vec(),
-        ));
+        tensors.push((name, p.value.shape().to_vec(), bytemuck::cast_slice(&data).to_vec()));
     }
     tensors.push(("h.0.attn.bias".into(), vec![1, 1, 8, 8], vec![0u8; 256]));
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .map(|(n, s, d)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
-                    .unwrap(),
-            )
+            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())
         })
         .collect();
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    std::fs::write(
-        dir.join("model.safetensors"),
-        safetensors::serialize(views, Some(meta)).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec(&checkpoint::hf_config_json(&cfg)).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_vec(&checkpoint::hf_config_json(&cfg)).unwrap()).unwrap();
 
-    let data =
-        Dataset::from_tokens((0..200).map(|i| (i % 16) as u32).collect(), 16, "synthetic").unwrap();
-    let tc = TrainConfig {
-        init_from: Some(dir.clone()),
-        seq_len: 8,
-        ..small_cfg(&dir)
-    };
+    let data = Dataset::from_tokens((0..200).map(|i| (i % 16) as u32).collect(), 16, "synthetic").unwrap();
+    let tc = TrainConfig { init_from: Some(dir.clone()), seq_len: 8, ..small_cfg(&dir) };
     let t = Trainer::new(&ctx, tc, Some(data)).unwrap();
     assert_eq!(t.step, 0, "init-from starts a new run");
     for (a, b) in t.model.params().iter().zip(model.params()) {
@@ -290,9 +203,7 @@ fn init_from_loads_a_foreign_gpt2_checkpoint() {
 }
 
 fn expect_err(result: Result<impl Sized, Error>, needles: &[&str]) {
-    let Err(e) = result else {
-        panic!("expected an error mentioning {needles:?}")
-    };
+    let Err(e) = result else { panic!("expected an error mentioning {needles:?}") };
     let msg = e.to_string();
     for n in needles {
         assert!(msg.contains(n), "error `{msg}` does not mention `{n}`");
@@ -302,50 +213,26 @@ fn expect_err(result: Result<impl Sized, Error>, needles: &[&str]) {
 #[test]
 fn bad_data_files_are_clear_errors() {
     let dir = tmpdir("data");
-    expect_err(
-        Dataset::open(&dir.join("missing.txt"), None),
-        &["missing.txt"],
-    );
+    expect_err(Dataset::open(&dir.join("missing.txt"), None), &["missing.txt"]);
     std::fs::write(dir.join("empty.txt"), "").unwrap();
-    expect_err(
-        Dataset::open(&dir.join("empty.txt"), None),
-        &["empty.txt", "empty"],
-    );
+    expect_err(Dataset::open(&dir.join("empty.txt"), None), &["empty.txt", "empty"]);
     std::fs::write(dir.join("empty.bin"), "").unwrap();
-    expect_err(
-        Dataset::open(&dir.join("empty.bin"), None),
-        &["empty.bin", "empty"],
-    );
+    expect_err(Dataset::open(&dir.join("empty.bin"), None), &["empty.bin", "empty"]);
     std::fs::write(dir.join("odd.bin"), [1u8, 0, 2]).unwrap();
-    expect_err(
-        Dataset::open(&dir.join("odd.bin"), None),
-        &["odd.bin", "odd length"],
-    );
-    let big: Vec<u8> = [5u16, 60000, 7]
-        .iter()
-        .flat_map(|t| t.to_le_bytes())
-        .collect();
+    expect_err(Dataset::open(&dir.join("odd.bin"), None), &["odd.bin", "odd length"]);
+    let big: Vec<u8> = [5u16, 60000, 7].iter().flat_map(|t| t.to_le_bytes()).collect();
     std::fs::write(dir.join("vocab.bin"), big).unwrap();
-    expect_err(
-        Dataset::open(&dir.join("vocab.bin"), None),
-        &["vocab.bin", "60000", "position 1"],
-    );
+    expect_err(Dataset::open(&dir.join("vocab.bin"), None), &["vocab.bin", "60000", "position 1"]);
     let mut header = vec![0u8; 1024];
     header[..4].copy_from_slice(&20240520i32.to_le_bytes());
     header[4..8].copy_from_slice(&1i32.to_le_bytes());
     header[8..12].copy_from_slice(&100i32.to_le_bytes());
     header.extend([1u8, 0, 2, 0]);
     std::fs::write(dir.join("llmc.bin"), header).unwrap();
-    expect_err(
-        Dataset::open(&dir.join("llmc.bin"), None),
-        &["llmc.bin", "truncated"],
-    );
+    expect_err(Dataset::open(&dir.join("llmc.bin"), None), &["llmc.bin", "truncated"]);
     std::fs::write(dir.join("short.txt"), "hello world").unwrap();
     let d = Dataset::open(&dir.join("short.txt"), None).unwrap();
-    expect_err(
-        d.check_fits(64),
-        &["short.txt", "too short", "--seq-len 64"],
-    );
+    expect_err(d.check_fits(64), &["short.txt", "too short", "--seq-len 64"]);
 }
 
 #[test]
@@ -375,69 +262,17 @@ fn a_good_llmc_token_file_reads_back() {
 fn nonsense_hyperparameters_are_rejected() {
     let out = tmpdir("hp");
     let base = small_cfg(&out);
-    expect_err(
-        TrainConfig {
-            lr: 0.0,
-            ..base.clone()
-        }
-        .validate(),
-        &["--lr"],
-    );
-    expect_err(
-        TrainConfig {
-            lr: -1.0,
-            ..base.clone()
-        }
-        .validate(),
-        &["--lr"],
-    );
-    expect_err(
-        TrainConfig {
-            lr: f32::NAN,
-            ..base.clone()
-        }
-        .validate(),
-        &["--lr"],
-    );
-    expect_err(
-        TrainConfig {
-            batch_size: 0,
-            ..base.clone()
-        }
-        .validate(),
-        &["--batch-size"],
-    );
-    expect_err(
-        TrainConfig {
-            steps: 0,
-            ..base.clone()
-        }
-        .validate(),
-        &["--steps"],
-    );
+    expect_err(TrainConfig { lr: 0.0, ..base.clone() }.validate(), &["--lr"]);
+    expect_err(TrainConfig { lr: -1.0, ..base.clone() }.validate(), &["--lr"]);
+    expect_err(TrainConfig { lr: f32::NAN, ..base.clone() }.validate(), &["--lr"]);
+    expect_err(TrainConfig { batch_size: 0, ..base.clone() }.validate(), &["--batch-size"]);
+    expect_err(TrainConfig { steps: 0, ..base.clone() }.validate(), &["--steps"]);
     let ctx = ctx();
     expect_err(
-        Trainer::new(
-            &ctx,
-            TrainConfig {
-                seq_len: 65,
-                ..base.clone()
-            },
-            None,
-        ),
+        Trainer::new(&ctx, TrainConfig { seq_len: 65, ..base.clone() }, None),
         &["--seq-len 65", "block size 64"],
     );
-    expect_err(
-        Trainer::new(
-            &ctx,
-            TrainConfig {
-                model: "huge".into(),
-                ..base
-            },
-            None,
-        ),
-        &["huge"],
-    );
+    expect_err(Trainer::new(&ctx, TrainConfig { model: "huge".into(), ..base }, None), &["huge"]);
 }
 
 #[test]
@@ -451,18 +286,9 @@ fn shape_mismatches_name_the_op_and_shapes() {
     let g = ctx.zeros("g", &[4], false).unwrap();
     expect_err(ops::layernorm(&ctx, &a, &g, &g, 1e-5), &["layernorm"]);
     let qkv = ctx.zeros("qkv", &[1, 2, 10], false).unwrap();
-    expect_err(
-        ops::causal_self_attention(&ctx, &qkv, 2),
-        &["causal_self_attention"],
-    );
-    expect_err(
-        ops::cross_entropy(&ctx, &a, &[0, 7], None),
-        &["target 7", "row 1"],
-    );
-    expect_err(
-        ops::cross_entropy(&ctx, &a, &[0], None),
-        &["cross_entropy", "2 targets"],
-    );
+    expect_err(ops::causal_self_attention(&ctx, &qkv, 2), &["causal_self_attention"]);
+    expect_err(ops::cross_entropy(&ctx, &a, &[0, 7], None), &["target 7", "row 1"]);
+    expect_err(ops::cross_entropy(&ctx, &a, &[0], None), &["cross_entropy", "2 targets"]);
 }
 
 #[test]
@@ -474,54 +300,26 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     pollster::block_on(t.save(&ctx, &dir)).unwrap();
     let good = std::fs::read(dir.join("model.safetensors")).unwrap();
 
-    let resume = |d: &Path| {
-        Trainer::new(
-            &ctx,
-            TrainConfig {
-                resume: Some(d.to_path_buf()),
-                ..small_cfg(d)
-            },
-            None,
-        )
-        .map(|_| ())
-    };
+    let resume =
+        |d: &Path| Trainer::new(&ctx, TrainConfig { resume: Some(d.to_path_buf()), ..small_cfg(d) }, None).map(|_| ());
     expect_err(resume(&dir.join("nope")), &["nope", "not a directory"]);
 
     let corrupt = tmpdir("ckpt-corrupt");
     for f in ["config.json", "optimizer.safetensors"] {
         std::fs::copy(dir.join(f), corrupt.join(f)).unwrap();
     }
-    std::fs::write(
-        corrupt.join("model.safetensors"),
-        b"definitely not safetensors",
-    )
-    .unwrap();
-    expect_err(
-        resume(&corrupt),
-        &["model.safetensors", "not a valid safetensors"],
-    );
+    std::fs::write(corrupt.join("model.safetensors"), b"definitely not safetensors").unwrap();
+    expect_err(resume(&corrupt), &["model.safetensors", "not a valid safetensors"]);
     std::fs::write(corrupt.join("model.safetensors"), &good[..good.len() / 2]).unwrap();
-    expect_err(
-        resume(&corrupt),
-        &["model.safetensors", "not a valid safetensors"],
-    );
+    expect_err(resume(&corrupt), &["model.safetensors", "not a valid safetensors"]);
 
     // a checkpoint of another model shape cannot be loaded into this one
     let other = tmpdir("ckpt-other");
-    let ocfg = GptConfig {
-        n_layer: 1,
-        n_head: 2,
-        n_embd: 8,
-        block_size: 64,
-        vocab_size: 5,
-    };
+    let ocfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 8, block_size: 64, vocab_size: 5 };
     let mut tr = Trainer::new(
         &ctx,
         small_cfg(&other),
-        Some(
-            Dataset::from_tokens((0..500).map(|i| (i % 5) as u32).collect(), 5, "synthetic")
-                .unwrap(),
-        ),
+        Some(Dataset::from_tokens((0..500).map(|i| (i % 5) as u32).collect(), 5, "synthetic").unwrap()),
     )
     .unwrap();
     tr.model = Gpt::new(&ctx, ocfg, 1).unwrap();
@@ -529,10 +327,7 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     pollster::block_on(tr.save(&ctx, &other)).unwrap();
     let model = Gpt::new(&ctx, t.model.config, 1).unwrap();
     let ck = checkpoint::load(&other).unwrap();
-    expect_err(
-        checkpoint::load_weights(&ctx, &other, &model, &ck.weights),
-        &["model.safetensors", "shape"],
-    );
+    expect_err(checkpoint::load_weights(&ctx, &other, &model, &ck.weights), &["model.safetensors", "shape"]);
     // resuming it on the demo corpus fails on the vocabulary, before touching the GPU model
     expect_err(resume(&other), &["vocabulary"]);
 }

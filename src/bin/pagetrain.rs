@@ -10,11 +10,7 @@ use pagetrain::train::{Reporter, StepReport, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
-#[command(
-    name = "pagetrain",
-    version,
-    about = "Train neural networks on any GPU through wgpu"
-)]
+#[command(name = "pagetrain", version, about = "Train neural networks on any GPU through wgpu")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -104,13 +100,9 @@ fn parse_budget(s: &str) -> Result<Option<u64>, String> {
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" | "kib" => 1024.0,
@@ -170,10 +162,7 @@ impl Reporter for Bar {
     }
     fn on_step(&mut self, r: &StepReport) {
         self.bar.set_position(r.step);
-        self.bar.set_message(format!(
-            "loss {:.4} | lr {:.2e} | {:.0} tok/s",
-            r.loss, r.lr, r.tokens_per_s
-        ));
+        self.bar.set_message(format!("loss {:.4} | lr {:.2e} | {:.0} tok/s", r.loss, r.lr, r.tokens_per_s));
     }
     fn on_eval(&mut self, step: u64, val: f32) {
         self.bar.println(format!("step {step}: val loss {val:.4}"));
@@ -191,37 +180,28 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
         Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
         None => StoreKind::Mmap(cfg.out.join("store")),
     };
-    let pager = PagerOptions {
-        budget: args.gpu_budget.flatten(),
-        ..Default::default()
-    };
-    let ctx = Context::new(&ContextOptions {
-        pager,
-        store,
-        ..Default::default()
-    })
-    .await?;
-    eprintln!(
-        "store: {}; GPU budget {} MiB",
-        ctx.pager.describe_store(),
-        ctx.pager.budget() >> 20
-    );
+    let pager = PagerOptions { budget: args.gpu_budget.flatten(), ..Default::default() };
+    let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
+    eprintln!("store: {}; GPU budget {} MiB", ctx.pager.describe_store(), ctx.pager.budget() >> 20);
     eprintln!("adapter: {}", ctx.gpu.describe());
     let mut trainer = Trainer::new(&ctx, cfg, None)?;
     let bar = ProgressBar::new(trainer.cfg.steps);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} step {pos}/{len} [{bar:30}] {msg} ({elapsed} / ~{eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} ({elapsed} / ~{eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     let mut reporter = Bar { bar };
     let summary = trainer.run(&ctx, &mut reporter).await?;
     reporter.bar.finish_and_clear();
     eprintln!(
         "final: train loss {:.4}, val loss {:.4} (unigram baseline {:.4}), {:.0} tokens/s, {} steps, {} parameters",
-        summary.final_train_loss, summary.final_val_loss, summary.baseline_loss, summary.tokens_per_s, summary.steps, summary.params
+        summary.final_train_loss,
+        summary.final_val_loss,
+        summary.baseline_loss,
+        summary.tokens_per_s,
+        summary.steps,
+        summary.params
     );
     for (entry, n, secs) in ctx.kernels.profile() {
         eprintln!(
@@ -244,40 +224,20 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
 }
 
 async fn bench(args: BenchArgs) -> Result<(), Error> {
-    let store = if args.store == "memory" {
-        StoreKind::Memory
-    } else {
-        StoreKind::Mmap(PathBuf::from(&args.store))
-    };
-    let ctx = Context::new(&ContextOptions {
-        store,
-        ..Default::default()
-    })
-    .await?;
-    let r =
-        pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
+    let store = if args.store == "memory" { StoreKind::Memory } else { StoreKind::Mmap(PathBuf::from(&args.store)) };
+    let ctx = Context::new(&ContextOptions { store, ..Default::default() }).await?;
+    let r = pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
     if args.json {
         println!("{}", serde_json::to_string(&r).expect("serializable"));
     } else {
         println!("adapter: {}", r.adapter);
-        println!(
-            "{} tensors of {} MiB, best of {}",
-            r.tensors,
-            r.tensor_bytes >> 20,
-            args.repeats
-        );
-        println!(
-            "  upload, staging ring:        {:8.2} GB/s",
-            r.upload_ring_gbps
-        );
+        println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
+        println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
         println!(
             "  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)",
             r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer
         );
-        println!(
-            "  write-back, readback ring:   {:8.2} GB/s",
-            r.writeback_gbps
-        );
+        println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
     }
     Ok(())
 }
@@ -292,41 +252,19 @@ async fn info() -> Result<(), Error> {
             a.backend,
             a.device_type,
             a.driver,
-            if a.compute {
-                ""
-            } else {
-                "  [no compute: unusable]"
-            }
+            if a.compute { "" } else { "  [no compute: unusable]" }
         );
     }
     let gpu = pagetrain::device::Gpu::new(&Default::default()).await?;
     let l = &gpu.limits;
     println!("chosen: {}", gpu.describe());
     println!("  max buffer size:            {} bytes", l.max_buffer_size);
-    println!(
-        "  max storage binding:        {} bytes",
-        l.max_storage_buffer_binding_size
-    );
-    println!(
-        "  max storage buffers/stage:  {}",
-        l.max_storage_buffers_per_shader_stage
-    );
-    println!(
-        "  max workgroup storage:      {} bytes",
-        l.max_compute_workgroup_storage_size
-    );
-    println!(
-        "  max invocations/workgroup:  {}",
-        l.max_compute_invocations_per_workgroup
-    );
-    println!(
-        "  max workgroups/dimension:   {}",
-        l.max_compute_workgroups_per_dimension
-    );
-    println!(
-        "  storage offset alignment:   {}",
-        l.min_storage_buffer_offset_alignment
-    );
+    println!("  max storage binding:        {} bytes", l.max_storage_buffer_binding_size);
+    println!("  max storage buffers/stage:  {}", l.max_storage_buffers_per_shader_stage);
+    println!("  max workgroup storage:      {} bytes", l.max_compute_workgroup_storage_size);
+    println!("  max invocations/workgroup:  {}", l.max_compute_invocations_per_workgroup);
+    println!("  max workgroups/dimension:   {}", l.max_compute_workgroups_per_dimension);
+    println!("  storage offset alignment:   {}", l.min_storage_buffer_offset_alignment);
     let f = gpu.features;
     println!(
         "  features: shader-f16 {}, subgroups {}, timestamp queries {}, mappable primary buffers {}",
@@ -337,11 +275,7 @@ async fn info() -> Result<(), Error> {
     );
     println!(
         "  shader runtime checks: {}",
-        if gpu.shader_checks {
-            "on"
-        } else {
-            "off (PAGETRAIN_SHADER_CHECKS=1 turns them on)"
-        }
+        if gpu.shader_checks { "on" } else { "off (PAGETRAIN_SHADER_CHECKS=1 turns them on)" }
     );
     Ok(())
 }

@@ -29,31 +29,12 @@ impl Activation {
 
 /// `out = f(x)`, both (n).
 pub fn forward(k: &Kernels, f: Activation, out: &View, x: &View, n: usize) -> Result<()> {
-    let p = Params {
-        n: n as u32,
-        _pad: [0; 3],
-    };
+    let p = Params { n: n as u32, _pad: [0; 3] };
     k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_1d(n as u64))
 }
 
 /// `dx += dout * f'(x)`, all (n).
-pub fn backward(
-    k: &Kernels,
-    f: Activation,
-    dx: &View,
-    x: &View,
-    dout: &View,
-    n: usize,
-) -> Result<()> {
-    let p = Params {
-        n: n as u32,
-        _pad: [0; 3],
-    };
-    k.dispatch(
-        ACTIVATION,
-        f.entries().1,
-        &[dx, x, dout],
-        &p,
-        grid_1d(n as u64),
-    )
+pub fn backward(k: &Kernels, f: Activation, dx: &View, x: &View, dout: &View, n: usize) -> Result<()> {
+    let p = Params { n: n as u32, _pad: [0; 3] };
+    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_1d(n as u64))
 }

@@ -27,38 +27,13 @@ pub struct Rows {
 }
 
 fn params(r: Rows, inv_count: f32) -> Params {
-    Params {
-        rows: r.rows as u32,
-        v: r.v as u32,
-        ignore: r.ignore,
-        inv_count,
-        row0: r.row0 as u32,
-        _pad: [0; 3],
-    }
+    Params { rows: r.rows as u32, v: r.v as u32, ignore: r.ignore, inv_count, row0: r.row0 as u32, _pad: [0; 3] }
 }
 
 /// losses, lse (rows of `r`) from logits (r.rows, V) and targets.
-pub fn forward(
-    k: &Kernels,
-    losses: &View,
-    lse: &View,
-    logits: &View,
-    targets: &View,
-    r: Rows,
-) -> Result<()> {
-    let (entry, grid) = row_launch(
-        r.rows,
-        r.v,
-        "cross_entropy_forward",
-        "cross_entropy_forward_rows",
-    );
-    k.dispatch(
-        CROSS_ENTROPY,
-        entry,
-        &[losses, lse, logits, targets],
-        &params(r, 0.0),
-        grid,
-    )
+pub fn forward(k: &Kernels, losses: &View, lse: &View, logits: &View, targets: &View, r: Rows) -> Result<()> {
+    let (entry, grid) = row_launch(r.rows, r.v, "cross_entropy_forward", "cross_entropy_forward_rows");
+    k.dispatch(CROSS_ENTROPY, entry, &[losses, lse, logits, targets], &params(r, 0.0), grid)
 }
 
 /// dlogits (r.rows, V) += dloss[0] · inv_count · (softmax − onehot).

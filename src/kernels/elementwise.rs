@@ -13,64 +13,30 @@ struct Params {
 }
 
 fn params(n: usize, alpha: f32) -> Params {
-    Params {
-        n: n as u32,
-        alpha,
-        _pad: [0; 2],
-    }
+    Params { n: n as u32, alpha, _pad: [0; 2] }
 }
 
 /// `out = a + b`, all (n).
 pub fn add_forward(k: &Kernels, out: &View, a: &View, b: &View, n: usize) -> Result<()> {
-    k.dispatch(
-        ELEMENTWISE,
-        "add_forward",
-        &[out, a, b],
-        &params(n, 0.0),
-        grid_1d(n as u64),
-    )
+    k.dispatch(ELEMENTWISE, "add_forward", &[out, a, b], &params(n, 0.0), grid_1d(n as u64))
 }
 
 /// `y += alpha * x`, both (n).
 pub fn axpy(k: &Kernels, y: &View, x: &View, alpha: f32, n: usize) -> Result<()> {
-    k.dispatch(
-        ELEMENTWISE,
-        "axpy",
-        &[y, x],
-        &params(n, alpha),
-        grid_1d(n as u64),
-    )
+    k.dispatch(ELEMENTWISE, "axpy", &[y, x], &params(n, alpha), grid_1d(n as u64))
 }
 
 /// `y += alpha * s[0]`: y (n), s (1).
 pub fn axpy_scalar(k: &Kernels, y: &View, s: &View, alpha: f32, n: usize) -> Result<()> {
-    k.dispatch(
-        ELEMENTWISE,
-        "axpy_scalar",
-        &[y, s],
-        &params(n, alpha),
-        grid_1d(n as u64),
-    )
+    k.dispatch(ELEMENTWISE, "axpy_scalar", &[y, s], &params(n, alpha), grid_1d(n as u64))
 }
 
 /// `out = alpha * x`, both (n).
 pub fn scale_forward(k: &Kernels, out: &View, x: &View, alpha: f32, n: usize) -> Result<()> {
-    k.dispatch(
-        ELEMENTWISE,
-        "scale_forward",
-        &[out, x],
-        &params(n, alpha),
-        grid_1d(n as u64),
-    )
+    k.dispatch(ELEMENTWISE, "scale_forward", &[out, x], &params(n, alpha), grid_1d(n as u64))
 }
 
 /// `out = value`, (n).
 pub fn fill(k: &Kernels, out: &View, value: f32, n: usize) -> Result<()> {
-    k.dispatch(
-        ELEMENTWISE,
-        "fill",
-        &[out],
-        &params(n, value),
-        grid_1d(n as u64),
-    )
+    k.dispatch(ELEMENTWISE, "fill", &[out], &params(n, value), grid_1d(n as u64))
 }

@@ -14,12 +14,7 @@ struct Params {
 }
 
 fn params(n: usize, t: usize, c: usize) -> Params {
-    Params {
-        n: n as u32,
-        t: t as u32,
-        c: c as u32,
-        _pad: 0,
-    }
+    Params { n: n as u32, t: t as u32, c: c as u32, _pad: 0 }
 }
 
 /// out (N,C) = wte[tokens] + wpe[row % t]; tokens (N) u32, N = B·T.
@@ -33,13 +28,7 @@ pub fn forward(
     t: usize,
     c: usize,
 ) -> Result<()> {
-    k.dispatch(
-        EMBEDDING,
-        "embedding_forward",
-        &[out, tokens, wte, wpe],
-        &params(n, t, c),
-        grid_1d((n * c) as u64),
-    )
+    k.dispatch(EMBEDDING, "embedding_forward", &[out, tokens, wte, wpe], &params(n, t, c), grid_1d((n * c) as u64))
 }
 
 /// dwte (V,C) and dwpe (maxT,C) += from dout (N,C).
@@ -56,22 +45,10 @@ pub fn backward(
 ) -> Result<()> {
     let p = params(n, t, c);
     if let Some(dwte) = dwte {
-        k.dispatch(
-            EMBEDDING,
-            "embedding_backward_wte",
-            &[dwte, tokens, dout],
-            &p,
-            grid_1d(c as u64),
-        )?;
+        k.dispatch(EMBEDDING, "embedding_backward_wte", &[dwte, tokens, dout], &p, grid_1d(c as u64))?;
     }
     if let Some(dwpe) = dwpe {
-        k.dispatch(
-            EMBEDDING,
-            "embedding_backward_wpe",
-            &[dwpe, dout],
-            &p,
-            grid_1d((t * c) as u64),
-        )?;
+        k.dispatch(EMBEDDING, "embedding_backward_wpe", &[dwpe, dout], &p, grid_1d((t * c) as u64))?;
     }
     Ok(())
 }

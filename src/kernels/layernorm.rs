@@ -14,12 +14,7 @@ struct Params {
 }
 
 fn params(rows: usize, c: usize, eps: f32) -> Params {
-    Params {
-        rows: rows as u32,
-        c: c as u32,
-        eps,
-        _pad: 0,
-    }
+    Params { rows: rows as u32, c: c as u32, eps, _pad: 0 }
 }
 
 /// out (N,C), mean (N), rstd (N) from x (N,C), weight (C), bias (C).
@@ -37,13 +32,7 @@ pub fn forward(
     eps: f32,
 ) -> Result<()> {
     let (entry, grid) = row_launch(rows, c, "layernorm_forward", "layernorm_forward_rows");
-    k.dispatch(
-        LAYERNORM,
-        entry,
-        &[out, mean, rstd, x, w, b],
-        &params(rows, c, eps),
-        grid,
-    )
+    k.dispatch(LAYERNORM, entry, &[out, mean, rstd, x, w, b], &params(rows, c, eps), grid)
 }
 
 /// dx (N,C) += ..., and dweight (C), dbias (C) += ... (accumulating).
@@ -66,11 +55,5 @@ pub fn backward(
         let (entry, grid) = row_launch(rows, c, "layernorm_backward", "layernorm_backward_rows");
         k.dispatch(LAYERNORM, entry, &[dx, dout, x, w, mean, rstd], &p, grid)?;
     }
-    k.dispatch(
-        LAYERNORM,
-        "layernorm_backward_params",
-        &[dw, db, dout, x, mean, rstd],
-        &p,
-        grid_1d(c as u64),
-    )
+    k.dispatch(LAYERNORM, "layernorm_backward_params", &[dw, db, dout, x, mean, rstd], &p, grid_1d(c as u64))
 }

@@ -47,17 +47,7 @@ pub struct Gemm {
 
 impl Gemm {
     pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Gemm {
-            batch: 1,
-            m,
-            n,
-            k,
-            trans_a: false,
-            trans_b: false,
-            alpha: 1.0,
-            beta: 0.0,
-            offsets: [0; 3],
-        }
+        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0, offsets: [0; 3] }
     }
 }
 
@@ -65,15 +55,7 @@ const TILE: usize = 64;
 
 /// Records `c = alpha·op(a)·op(b) + beta·c (+ bias)`. `bias` (N) is added when given; `dummy`
 /// is any small buffer that stands in for it otherwise. The variant is the adapter's tuning.
-pub fn matmul(
-    k: &Kernels,
-    c: &View,
-    a: &View,
-    b: &View,
-    bias: Option<&View>,
-    dummy: &View,
-    g: Gemm,
-) -> Result<()> {
+pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, dummy: &View, g: Gemm) -> Result<()> {
     matmul_variant(k, k.tuning.matmul, c, a, b, bias, dummy, g)
 }
 
@@ -91,10 +73,7 @@ pub fn matmul_variant(
 ) -> Result<()> {
     let tiles_n = g.n.div_ceil(TILE);
     let tiles_m = g.m.div_ceil(TILE);
-    if tiles_n > MAX_GROUPS as usize
-        || tiles_m > MAX_GROUPS as usize
-        || g.batch > MAX_GROUPS as usize
-    {
+    if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
         return Err(Error::invalid(
             "matmul",
             format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
@@ -132,10 +111,6 @@ pub fn matmul_variant(
         entry,
         &[c, a, b, bias],
         &p,
-        [
-            tiles_n.max(1) as u32,
-            tiles_m.max(1) as u32,
-            g.batch.max(1) as u32,
-        ],
+        [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],
     )
 }

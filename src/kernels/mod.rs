@@ -33,10 +33,7 @@ pub struct Shader {
 
 macro_rules! shader {
     ($name:literal) => {
-        Shader {
-            name: $name,
-            source: include_str!(concat!("../../shaders/", $name, ".wgsl")),
-        }
+        Shader { name: $name, source: include_str!(concat!("../../shaders/", $name, ".wgsl")) }
     };
 }
 
@@ -52,18 +49,8 @@ pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
 
 /// Every shader family, for validation and warm-up.
-pub const ALL: &[Shader] = &[
-    ACTIVATION,
-    ATTENTION,
-    CROSS_ENTROPY,
-    ELEMENTWISE,
-    EMBEDDING,
-    LAYERNORM,
-    MATMUL,
-    OPTIM,
-    REDUCE,
-    SOFTMAX,
-];
+pub const ALL: &[Shader] =
+    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
 pub const WG: u32 = 256;
@@ -98,12 +85,7 @@ pub fn grid_rows(rows: u64) -> [u32; 3] {
 pub const SHORT_ROW: usize = 128;
 
 /// The entry and grid for a row kernel: `wide` (a workgroup per row) or `short` (a thread per row).
-pub fn row_launch(
-    rows: usize,
-    len: usize,
-    wide: &'static str,
-    short: &'static str,
-) -> (&'static str, [u32; 3]) {
+pub fn row_launch(rows: usize, len: usize, wide: &'static str, short: &'static str) -> (&'static str, [u32; 3]) {
     if len <= SHORT_ROW {
         (short, grid_1d(rows as u64))
     } else {
@@ -162,9 +144,7 @@ impl Kernels {
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
-            profile: std::env::var("PAGETRAIN_PROFILE")
-                .is_ok_and(|v| v != "0")
-                .then(|| RefCell::new(HashMap::new())),
+            profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
         }
     }
 
@@ -196,21 +176,12 @@ impl Kernels {
             // SAFETY: every kernel guards its reads and writes against the sizes in its Params
             // (tests run them on canary-guarded buffers and awkward shapes); dropping wgpu's
             // runtime bounds checks is what makes them fast on NVIDIA (15× on a matmul).
-            unsafe {
-                self.gpu
-                    .device
-                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-            }
+            unsafe { self.gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
         };
         self.gpu
             .check(shader.name)
-            .map_err(|e| Error::ShaderCompile {
-                kernel: shader.name.into(),
-                msg: e.to_string(),
-            })?;
-        self.modules
-            .borrow_mut()
-            .insert(shader.name, module.clone());
+            .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
+        self.modules.borrow_mut().insert(shader.name, module.clone());
         Ok(module)
     }
 
@@ -220,24 +191,18 @@ impl Kernels {
             return Ok(p.clone());
         }
         let module = self.module(shader)?;
-        let pipeline = self
-            .gpu
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: None,
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-        self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
-            kernel: format!("{}::{entry}", shader.name),
-            msg: e.to_string(),
-        })?;
-        self.pipelines
-            .borrow_mut()
-            .insert((shader.name, entry), pipeline.clone());
+        let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        self.gpu
+            .check(entry)
+            .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
+        self.pipelines.borrow_mut().insert((shader.name, entry), pipeline.clone());
         Ok(pipeline)
     }
 
@@ -273,19 +238,14 @@ impl Kernels {
                 size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
             }),
         });
-        let bind_group = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(entry),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
+        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
         self.recorder.record(|encoder| {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(entry),
-                timestamp_writes: None,
-            });
+            let mut pass =
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -331,8 +291,7 @@ impl Kernels {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.recorder
-            .record(|enc| enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size));
+        self.recorder.record(|enc| enc.copy_buffer_to_buffer(&view.buffer, view.offset, &staging, 0, size));
         self.recorder.flush();
         let (tx, rx) = futures::channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -340,19 +299,12 @@ impl Kernels {
         });
         self.gpu.wait_idle()?;
         rx.await
-            .map_err(|_| Error::Gpu {
-                context: "readback".into(),
-                msg: "map callback dropped".into(),
-            })?
-            .map_err(|e| Error::Gpu {
-                context: "readback".into(),
-                msg: e.to_string(),
-            })?;
+            .map_err(|_| Error::Gpu { context: "readback".into(), msg: "map callback dropped".into() })?
+            .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
         let data = {
-            let mapped = staging.get_mapped_range(..).map_err(|e| Error::Gpu {
-                context: "readback".into(),
-                msg: e.to_string(),
-            })?;
+            let mapped = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
             mapped[..bytes as usize].to_vec()
         };
         staging.unmap();

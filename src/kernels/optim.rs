@@ -58,13 +58,7 @@ pub fn adamw(
         grad_scale: s.grad_scale,
         ..Default::default()
     };
-    k.dispatch(
-        OPTIM,
-        "adamw_update",
-        &[param, m, v, grad, clip],
-        &p,
-        grid_1d(n as u64),
-    )
+    k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_1d(n as u64))
 }
 
 /// param, buf (n) updated in place: SGD with momentum and L2 weight decay.
@@ -81,35 +75,12 @@ pub fn sgd(
     weight_decay: f32,
     grad_scale: f32,
 ) -> Result<()> {
-    let p = Params {
-        n: n as u32,
-        lr,
-        momentum,
-        weight_decay,
-        grad_scale,
-        ..Default::default()
-    };
-    k.dispatch(
-        OPTIM,
-        "sgd_update",
-        &[param, buf, grad, clip],
-        &p,
-        grid_1d(n as u64),
-    )
+    let p = Params { n: n as u32, lr, momentum, weight_decay, grad_scale, ..Default::default() };
+    k.dispatch(OPTIM, "sgd_update", &[param, buf, grad, clip], &p, grid_1d(n as u64))
 }
 
 /// clip[1] = ‖g‖ from `count` partial sums of squares; clip[0] = min(1, max_norm/‖g‖) (1 if max_norm ≤ 0).
-pub fn clip_scale(
-    k: &Kernels,
-    clip: &View,
-    sumsq: &View,
-    count: usize,
-    max_norm: f32,
-) -> Result<()> {
-    let p = Params {
-        n: count as u32,
-        max_norm,
-        ..Default::default()
-    };
+pub fn clip_scale(k: &Kernels, clip: &View, sumsq: &View, count: usize, max_norm: f32) -> Result<()> {
+    let p = Params { n: count as u32, max_norm, ..Default::default() };
     k.dispatch(OPTIM, "clip_scale", &[clip, sumsq], &p, [1, 1, 1])
 }

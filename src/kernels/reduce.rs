@@ -33,28 +33,10 @@ pub struct SumSpec {
 }
 
 /// out[slot] (=|+=) scale · Σ x (or Σ x²); x (n), `partials` scratch of MAX_PARTIALS floats.
-pub fn sum(
-    k: &Kernels,
-    out: &View,
-    x: &View,
-    partials: &View,
-    n: usize,
-    spec: SumSpec,
-) -> Result<()> {
+pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: SumSpec) -> Result<()> {
     let groups = n.div_ceil(256 * 4).clamp(1, MAX_PARTIALS);
-    let stage1 = Params {
-        n: n as u32,
-        squares: spec.squares as u32,
-        scale: 1.0,
-        ..Default::default()
-    };
-    k.dispatch(
-        REDUCE,
-        "reduce_partials",
-        &[partials, x],
-        &stage1,
-        [groups as u32, 1, 1],
-    )?;
+    let stage1 = Params { n: n as u32, squares: spec.squares as u32, scale: 1.0, ..Default::default() };
+    k.dispatch(REDUCE, "reduce_partials", &[partials, x], &stage1, [groups as u32, 1, 1])?;
     let stage2 = Params {
         n: groups as u32,
         slot: spec.slot as u32,
@@ -67,10 +49,6 @@ pub fn sum(
 
 /// out (C) += column sums of x (R,C).
 pub fn sum_rows(k: &Kernels, out: &View, x: &View, rows: usize, cols: usize) -> Result<()> {
-    let p = Params {
-        n: (rows * cols) as u32,
-        cols: cols as u32,
-        ..Default::default()
-    };
+    let p = Params { n: (rows * cols) as u32, cols: cols as u32, ..Default::default() };
     k.dispatch(REDUCE, "sum_rows", &[out, x], &p, grid_1d(cols as u64))
 }

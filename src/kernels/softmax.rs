@@ -14,21 +14,8 @@ struct Params {
 }
 
 /// y (R,L) = softmax(scale·x) per row; `causal_t > 0` masks j > (row % causal_t).
-pub fn forward(
-    k: &Kernels,
-    y: &View,
-    x: &View,
-    rows: usize,
-    len: usize,
-    causal_t: usize,
-    scale: f32,
-) -> Result<()> {
-    let p = Params {
-        rows: rows as u32,
-        len: len as u32,
-        causal_t: causal_t as u32,
-        scale,
-    };
+pub fn forward(k: &Kernels, y: &View, x: &View, rows: usize, len: usize, causal_t: usize, scale: f32) -> Result<()> {
+    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
     let (entry, grid) = row_launch(rows, len, "softmax_forward", "softmax_forward_rows");
     k.dispatch(SOFTMAX, entry, &[y, x], &p, grid)
 }
@@ -45,12 +32,7 @@ pub fn backward(
     causal_t: usize,
     scale: f32,
 ) -> Result<()> {
-    let p = Params {
-        rows: rows as u32,
-        len: len as u32,
-        causal_t: causal_t as u32,
-        scale,
-    };
+    let p = Params { rows: rows as u32, len: len as u32, causal_t: causal_t as u32, scale };
     let (entry, grid) = row_launch(rows, len, "softmax_backward", "softmax_backward_rows");
     k.dispatch(SOFTMAX, entry, &[dx, y, dy], &p, grid)
 }

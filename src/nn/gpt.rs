@@ -30,38 +30,21 @@ impl GptConfig {
             "small" => (4, 4, 128, 128, vocab_size),
             "gpt2-124m" => (12, 12, 768, 1024, vocab_size.max(50257)),
             other => {
-                return Err(Error::invalid(
-                    "model",
-                    format!("unknown preset `{other}` (try tiny, small, gpt2-124m)"),
-                ));
+                return Err(Error::invalid("model", format!("unknown preset `{other}` (try tiny, small, gpt2-124m)")));
             }
         };
-        let c = GptConfig {
-            n_layer,
-            n_head,
-            n_embd,
-            block_size,
-            vocab_size,
-        };
+        let c = GptConfig { n_layer, n_head, n_embd, block_size, vocab_size };
         c.validate()?;
         Ok(c)
     }
 
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid("model config", msg));
-        if self.n_layer == 0
-            || self.n_head == 0
-            || self.n_embd == 0
-            || self.block_size == 0
-            || self.vocab_size == 0
-        {
+        if self.n_layer == 0 || self.n_head == 0 || self.n_embd == 0 || self.block_size == 0 || self.vocab_size == 0 {
             return bad(format!("every dimension must be positive: {self:?}"));
         }
         if self.n_embd % self.n_head != 0 {
-            return bad(format!(
-                "n_embd {} is not divisible by n_head {}",
-                self.n_embd, self.n_head
-            ));
+            return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
         Ok(())
     }
@@ -69,8 +52,7 @@ impl GptConfig {
     /// Number of parameters (the head is tied, so it adds none).
     pub fn num_params(&self) -> usize {
         let c = self.n_embd;
-        let block =
-            2 * 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c);
+        let block = 2 * 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c);
         self.vocab_size * c + self.block_size * c + self.n_layer * block + 2 * c
     }
 }
@@ -91,54 +73,19 @@ impl Gpt {
         let mut rng = Rng::new(seed);
         let c = config.n_embd;
         let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
-        let wte = Param::normal(
-            ctx,
-            &mut rng,
-            "transformer.wte.weight",
-            &[config.vocab_size, c],
-            0.02,
-        )?;
-        let wpe = Param::normal(
-            ctx,
-            &mut rng,
-            "transformer.wpe.weight",
-            &[config.block_size, c],
-            0.01,
-        )?;
+        let wte = Param::normal(ctx, &mut rng, "transformer.wte.weight", &[config.vocab_size, c], 0.02)?;
+        let wpe = Param::normal(ctx, &mut rng, "transformer.wpe.weight", &[config.block_size, c], 0.01)?;
         let blocks = (0..config.n_layer)
-            .map(|i| {
-                Block::new(
-                    ctx,
-                    &mut rng,
-                    &format!("transformer.h.{i}"),
-                    c,
-                    config.n_head,
-                    proj_std,
-                )
-            })
+            .map(|i| Block::new(ctx, &mut rng, &format!("transformer.h.{i}"), c, config.n_head, proj_std))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
-        Ok(Gpt {
-            config,
-            wte,
-            wpe,
-            blocks,
-            ln_f,
-        })
+        Ok(Gpt { config, wte, wpe, blocks, ln_f })
     }
 
     /// tokens (B,T) u32 → logits (B,T,V).
     pub fn forward(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
         let x = self.hidden(ctx, tokens)?;
-        ops::matmul(
-            ctx,
-            &x,
-            &self.wte.value,
-            MatmulOpts {
-                trans_b: true,
-                ..Default::default()
-            },
-        )
+        ops::matmul(ctx, &x, &self.wte.value, MatmulOpts { trans_b: true, ..Default::default() })
     }
 
     /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T). The head
@@ -152,11 +99,7 @@ impl Gpt {
     pub fn hidden(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
         let t = tokens.shape().get(1).copied().unwrap_or(0);
         if t > self.config.block_size {
-            return Err(Error::shape(
-                "gpt forward",
-                format!("T <= block_size {}", self.config.block_size),
-                t,
-            ));
+            return Err(Error::shape("gpt forward", format!("T <= block_size {}", self.config.block_size), t));
         }
         let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
         for block in &self.blocks {

@@ -24,35 +24,19 @@ impl Linear {
         bias: bool,
     ) -> Result<Self> {
         let weight = Param::normal(ctx, rng, &format!("{name}.weight"), &[d_in, d_out], std)?;
-        let bias = if bias {
-            Some(Param::constant(
-                ctx,
-                &format!("{name}.bias"),
-                &[d_out],
-                0.0,
-            )?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(Param::constant(ctx, &format!("{name}.bias"), &[d_out], 0.0)?) } else { None };
         Ok(Linear { weight, bias })
     }
 
     /// x (..., in) → (..., out).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        ops::linear(
-            ctx,
-            x,
-            &self.weight.value,
-            self.bias.as_ref().map(|b| &b.value),
-        )
+        ops::linear(ctx, x, &self.weight.value, self.bias.as_ref().map(|b| &b.value))
     }
 }
 
 impl Module for Linear {
     fn params(&self) -> Vec<&Param> {
-        std::iter::once(&self.weight)
-            .chain(self.bias.as_ref())
-            .collect()
+        std::iter::once(&self.weight).chain(self.bias.as_ref()).collect()
     }
 }
 
@@ -93,15 +77,7 @@ impl Mlp {
     pub fn new(ctx: &Context, rng: &mut Rng, name: &str, c: usize, proj_std: f32) -> Result<Self> {
         Ok(Mlp {
             c_fc: Linear::new(ctx, rng, &format!("{name}.c_fc"), c, 4 * c, 0.02, true)?,
-            c_proj: Linear::new(
-                ctx,
-                rng,
-                &format!("{name}.c_proj"),
-                4 * c,
-                c,
-                proj_std,
-                true,
-            )?,
+            c_proj: Linear::new(ctx, rng, &format!("{name}.c_proj"), 4 * c, c, proj_std, true)?,
         })
     }
 
@@ -115,11 +91,7 @@ impl Mlp {
 
 impl Module for Mlp {
     fn params(&self) -> Vec<&Param> {
-        self.c_fc
-            .params()
-            .into_iter()
-            .chain(self.c_proj.params())
-            .collect()
+        self.c_fc.params().into_iter().chain(self.c_proj.params()).collect()
     }
 }
 
@@ -131,14 +103,7 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    pub fn new(
-        ctx: &Context,
-        rng: &mut Rng,
-        name: &str,
-        c: usize,
-        n_head: usize,
-        proj_std: f32,
-    ) -> Result<Self> {
+    pub fn new(ctx: &Context, rng: &mut Rng, name: &str, c: usize, n_head: usize, proj_std: f32) -> Result<Self> {
         Ok(CausalSelfAttention {
             c_attn: Linear::new(ctx, rng, &format!("{name}.c_attn"), c, 3 * c, 0.02, true)?,
             c_proj: Linear::new(ctx, rng, &format!("{name}.c_proj"), c, c, proj_std, true)?,
@@ -156,11 +121,7 @@ impl CausalSelfAttention {
 
 impl Module for CausalSelfAttention {
     fn params(&self) -> Vec<&Param> {
-        self.c_attn
-            .params()
-            .into_iter()
-            .chain(self.c_proj.params())
-            .collect()
+        self.c_attn.params().into_iter().chain(self.c_proj.params()).collect()
     }
 }
 
@@ -173,14 +134,7 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn new(
-        ctx: &Context,
-        rng: &mut Rng,
-        name: &str,
-        c: usize,
-        n_head: usize,
-        proj_std: f32,
-    ) -> Result<Self> {
+    pub fn new(ctx: &Context, rng: &mut Rng, name: &str, c: usize, n_head: usize, proj_std: f32) -> Result<Self> {
         Ok(Block {
             ln_1: LayerNorm::new(ctx, &format!("{name}.ln_1"), c)?,
             attn: CausalSelfAttention::new(ctx, rng, &format!("{name}.attn"), c, n_head, proj_std)?,

@@ -30,13 +30,7 @@ impl Param {
         })
     }
 
-    pub fn normal(
-        ctx: &Context,
-        rng: &mut Rng,
-        name: &str,
-        shape: &[usize],
-        std: f32,
-    ) -> Result<Param> {
+    pub fn normal(ctx: &Context, rng: &mut Rng, name: &str, shape: &[usize], std: f32) -> Result<Param> {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
         Self::new(ctx, name, shape, &data)

@@ -25,14 +25,7 @@ fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
         k::forward(&ctx.kernels, f, &ctx.write(&out)?, &ctx.read(x)?, x.len())?;
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            ActivationBackward {
-                f,
-                x: x.clone(),
-                out: out.clone(),
-            },
-        );
+        ctx.record(&[&out], ActivationBackward { f, x: x.clone(), out: out.clone() });
     }
     Ok(out)
 }
@@ -56,14 +49,7 @@ impl Backward for ActivationBackward {
         };
         if let Some(dx) = grads.of(ctx, &self.x)? {
             let _op = ctx.op();
-            k::backward(
-                &ctx.kernels,
-                self.f,
-                &ctx.modify(&dx)?,
-                &ctx.read(&self.x)?,
-                &ctx.read(&dout)?,
-                dx.len(),
-            )?;
+            k::backward(&ctx.kernels, self.f, &ctx.modify(&dx)?, &ctx.read(&self.x)?, &ctx.read(&dout)?, dx.len())?;
         }
         Ok(())
     }

@@ -13,34 +13,12 @@ use crate::tensor::{DType, Tensor};
 /// Per-head batched product `c = op(a) · op(b)` (+ c when accumulating), as one op scope.
 fn heads_matmul(ctx: &Context, c: &Tensor, a: &Tensor, b: &Tensor, g: Gemm) -> Result<()> {
     let _op = ctx.op();
-    let cv = if g.beta == 0.0 {
-        ctx.write(c)?
-    } else {
-        ctx.modify(c)?
-    };
-    mm::matmul(
-        &ctx.kernels,
-        &cv,
-        &ctx.read(a)?,
-        &ctx.read(b)?,
-        None,
-        &ctx.dummy()?,
-        g,
-    )
+    let cv = if g.beta == 0.0 { ctx.write(c)? } else { ctx.modify(c)? };
+    mm::matmul(&ctx.kernels, &cv, &ctx.read(a)?, &ctx.read(b)?, None, &ctx.dummy()?, g)
 }
 
 fn gemm(batch: usize, m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> Gemm {
-    Gemm {
-        batch,
-        m,
-        n,
-        k,
-        trans_a,
-        trans_b,
-        alpha: 1.0,
-        beta: 0.0,
-        offsets: [0; 3],
-    }
+    Gemm { batch, m, n, k, trans_a, trans_b, alpha: 1.0, beta: 0.0, offsets: [0; 3] }
 }
 
 /// Bytes of attention scores one chunk of batch entries may hold: the (b,H,T,T) scores are the
@@ -64,11 +42,7 @@ struct Chunk {
 pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let s = qkv.shape();
     if s.len() != 3 || s[2] % 3 != 0 || n_head == 0 || (s[2] / 3) % n_head != 0 {
-        return Err(Error::shape(
-            "causal_self_attention",
-            format!("(B,T,3C) with C divisible by {n_head} heads"),
-            s,
-        ));
+        return Err(Error::shape("causal_self_attention", format!("(B,T,3C) with C divisible by {n_head} heads"), s));
     }
     let (b, t, c) = (s[0], s[1], s[2] / 3);
     let d = c / n_head;
@@ -78,14 +52,7 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
     let mut chunks = Vec::new();
     for first in (0..b).step_by(per) {
         let nb = per.min(b - first);
-        let dims = Dims {
-            b: nb as u32,
-            t: t as u32,
-            h: n_head as u32,
-            d: d as u32,
-            first: first as u32,
-            _pad: [0; 3],
-        };
+        let dims = Dims { b: nb as u32, t: t as u32, h: n_head as u32, d: d as u32, first: first as u32, _pad: [0; 3] };
         let bh = nb * n_head;
         let heads = [nb, n_head, t, d];
         let q = ctx.empty("attn q", &heads, DType::F32, false)?;
@@ -93,14 +60,7 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
         let v = ctx.empty("attn v", &heads, DType::F32, false)?;
         {
             let _op = ctx.op();
-            k::split(
-                &ctx.kernels,
-                &ctx.write(&q)?,
-                &ctx.write(&kk)?,
-                &ctx.write(&v)?,
-                &ctx.read(qkv)?,
-                dims,
-            )?;
+            k::split(&ctx.kernels, &ctx.write(&q)?, &ctx.write(&kk)?, &ctx.write(&v)?, &ctx.read(qkv)?, dims)?;
         }
         // scores = q · kᵀ, probs = causal softmax(scores / sqrt(D))
         let preatt = ctx.empty("attn scores", &[nb, n_head, t, t], DType::F32, false)?;
@@ -108,15 +68,7 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
         let att = ctx.empty("attn probs", &[nb, n_head, t, t], DType::F32, false)?;
         {
             let _op = ctx.op();
-            softmax::forward(
-                &ctx.kernels,
-                &ctx.write(&att)?,
-                &ctx.read(&preatt)?,
-                bh * t,
-                t,
-                t,
-                scale,
-            )?;
+            softmax::forward(&ctx.kernels, &ctx.write(&att)?, &ctx.read(&preatt)?, bh * t, t, t, scale)?;
         }
         drop(preatt);
         // y = probs · v, merged into this chunk's rows of (B,T,C)
@@ -127,25 +79,11 @@ pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Resu
             k::merge(&ctx.kernels, &ctx.modify(&out)?, &ctx.read(&y)?, dims)?;
         }
         if out.requires_grad() {
-            chunks.push(Chunk {
-                dims,
-                q,
-                k: kk,
-                v,
-                att,
-            });
+            chunks.push(Chunk { dims, q, k: kk, v, att });
         }
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            AttentionBackward {
-                qkv: qkv.clone(),
-                chunks,
-                out: out.clone(),
-                scale,
-            },
-        );
+        ctx.record(&[&out], AttentionBackward { qkv: qkv.clone(), chunks, out: out.clone(), scale });
     }
     Ok(out)
 }
@@ -171,12 +109,7 @@ impl Backward for AttentionBackward {
         };
         for chunk in self.chunks.iter().rev() {
             let dims = chunk.dims;
-            let (b, t, h, d) = (
-                dims.b as usize,
-                dims.t as usize,
-                dims.h as usize,
-                dims.d as usize,
-            );
+            let (b, t, h, d) = (dims.b as usize, dims.t as usize, dims.h as usize, dims.d as usize);
             let bh = b * h;
             let heads = [b, h, t, d];
             let dy = ctx.zeros("attn dy", &heads, false)?;

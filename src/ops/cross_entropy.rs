@@ -12,25 +12,12 @@ use crate::kernels::reduce;
 use crate::tensor::{DType, Tensor};
 
 /// Checks targets against `v` classes; returns (ignore id, 1 / number of counted rows).
-fn check_targets(
-    targets: &[u32],
-    rows: usize,
-    v: usize,
-    ignore_index: Option<u32>,
-) -> Result<(u32, f32)> {
+fn check_targets(targets: &[u32], rows: usize, v: usize, ignore_index: Option<u32>) -> Result<(u32, f32)> {
     if targets.len() != rows {
-        return Err(Error::shape(
-            "cross_entropy",
-            format!("{rows} targets"),
-            targets.len(),
-        ));
+        return Err(Error::shape("cross_entropy", format!("{rows} targets"), targets.len()));
     }
     let ignore = ignore_index.unwrap_or(u32::MAX);
-    if let Some((i, &t)) = targets
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t != ignore && t as usize >= v)
-    {
+    if let Some((i, &t)) = targets.iter().enumerate().find(|(_, &t)| t != ignore && t as usize >= v) {
         return Err(Error::invalid(
             "cross_entropy target",
             format!("target {t} at row {i} is not below the {v} classes"),
@@ -41,38 +28,16 @@ fn check_targets(
 }
 
 /// loss[0] = inv_count · Σ losses.
-fn mean_loss(
-    ctx: &Context,
-    losses: &Tensor,
-    inv_count: f32,
-    requires_grad: bool,
-) -> Result<Tensor> {
+fn mean_loss(ctx: &Context, losses: &Tensor, inv_count: f32, requires_grad: bool) -> Result<Tensor> {
     let out = ctx.empty("loss", &[1], DType::F32, requires_grad)?;
     let _op = ctx.op();
-    let spec = reduce::SumSpec {
-        squares: false,
-        scale: inv_count,
-        slot: 0,
-        accumulate: false,
-    };
-    reduce::sum(
-        &ctx.kernels,
-        &ctx.write(&out)?,
-        &ctx.read(losses)?,
-        &ctx.partials()?,
-        losses.len(),
-        spec,
-    )?;
+    let spec = reduce::SumSpec { squares: false, scale: inv_count, slot: 0, accumulate: false };
+    reduce::sum(&ctx.kernels, &ctx.write(&out)?, &ctx.read(losses)?, &ctx.partials()?, losses.len(), spec)?;
     Ok(out)
 }
 
 /// logits (..., V), targets (rows) → scalar mean loss over rows whose target ≠ `ignore_index`.
-pub fn cross_entropy(
-    ctx: &Context,
-    logits: &Tensor,
-    targets: &[u32],
-    ignore_index: Option<u32>,
-) -> Result<Tensor> {
+pub fn cross_entropy(ctx: &Context, logits: &Tensor, targets: &[u32], ignore_index: Option<u32>) -> Result<Tensor> {
     expect_f32("cross_entropy", logits)?;
     let (rows, v) = (logits.rows(), logits.last_dim());
     let (ignore, inv_count) = check_targets(targets, rows, v, ignore_index)?;
@@ -81,33 +46,14 @@ pub fn cross_entropy(
     let lse = ctx.empty("ce lse", &[rows], DType::F32, false)?;
     {
         let _op = ctx.op();
-        let r = Rows {
-            rows,
-            v,
-            ignore,
-            row0: 0,
-        };
-        k::forward(
-            &ctx.kernels,
-            &ctx.write(&losses)?,
-            &ctx.write(&lse)?,
-            &ctx.read(logits)?,
-            &ctx.read(&targets)?,
-            r,
-        )?;
+        let r = Rows { rows, v, ignore, row0: 0 };
+        k::forward(&ctx.kernels, &ctx.write(&losses)?, &ctx.write(&lse)?, &ctx.read(logits)?, &ctx.read(&targets)?, r)?;
     }
     let out = mean_loss(ctx, &losses, inv_count, ctx.wants_grad(&[logits]))?;
     if out.requires_grad() {
         ctx.record(
             &[&out],
-            CrossEntropyBackward {
-                logits: logits.clone(),
-                targets,
-                lse,
-                out: out.clone(),
-                ignore,
-                inv_count,
-            },
+            CrossEntropyBackward { logits: logits.clone(), targets, lse, out: out.clone(), ignore, inv_count },
         );
     }
     Ok(out)
@@ -134,12 +80,7 @@ impl Backward for CrossEntropyBackward {
             return Ok(());
         };
         let _op = ctx.op();
-        let r = Rows {
-            rows: self.logits.rows(),
-            v: self.logits.last_dim(),
-            ignore: self.ignore,
-            row0: 0,
-        };
+        let r = Rows { rows: self.logits.rows(), v: self.logits.last_dim(), ignore: self.ignore, row0: 0 };
         let (d, l, t, lse, dl) = (
             ctx.modify(&dlogits)?,
             ctx.read(&self.logits)?,
@@ -158,30 +99,11 @@ fn chunk_rows(ctx: &Context, rows: usize, v: usize) -> usize {
 }
 
 /// `logits = x · wteᵀ` for rows `r0..r0+n` of x (N,C) into `logits` (n,V).
-fn head_chunk(
-    ctx: &Context,
-    logits: &Tensor,
-    x: &Tensor,
-    wte: &Tensor,
-    r0: usize,
-    n: usize,
-) -> Result<()> {
+fn head_chunk(ctx: &Context, logits: &Tensor, x: &Tensor, wte: &Tensor, r0: usize, n: usize) -> Result<()> {
     let (c, v) = (x.last_dim(), wte.shape()[0]);
     let _op = ctx.op();
-    let g = Gemm {
-        trans_b: true,
-        offsets: [r0 * c, 0, 0],
-        ..Gemm::new(n, v, c)
-    };
-    mm::matmul(
-        &ctx.kernels,
-        &ctx.write(logits)?,
-        &ctx.read(x)?,
-        &ctx.read(wte)?,
-        None,
-        &ctx.dummy()?,
-        g,
-    )
+    let g = Gemm { trans_b: true, offsets: [r0 * c, 0, 0], ..Gemm::new(n, v, c) };
+    mm::matmul(&ctx.kernels, &ctx.write(logits)?, &ctx.read(x)?, &ctx.read(wte)?, None, &ctx.dummy()?, g)
 }
 
 /// The output head and its loss in one: mean cross-entropy of `x · wteᵀ` against `targets`,
@@ -197,11 +119,7 @@ pub fn lm_head_loss(
     expect_f32("lm_head_loss", x)?;
     let (rows, c) = (x.rows(), x.last_dim());
     if wte.shape().len() != 2 || wte.shape()[1] != c {
-        return Err(Error::shape(
-            "lm_head_loss",
-            format!("wte (V,{c})"),
-            wte.shape(),
-        ));
+        return Err(Error::shape("lm_head_loss", format!("wte (V,{c})"), wte.shape()));
     }
     let v = wte.shape()[0];
     let (ignore, inv_count) = check_targets(targets, rows, v, ignore_index)?;
@@ -214,12 +132,7 @@ pub fn lm_head_loss(
         let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
         head_chunk(ctx, &logits, x, wte, r0, n)?;
         let _op = ctx.op();
-        let r = Rows {
-            rows: n,
-            v,
-            ignore,
-            row0: r0,
-        };
+        let r = Rows { rows: n, v, ignore, row0: r0 };
         k::forward(
             &ctx.kernels,
             &ctx.modify(&losses)?,
@@ -233,16 +146,7 @@ pub fn lm_head_loss(
     if out.requires_grad() {
         ctx.record(
             &[&out],
-            HeadLossBackward {
-                x: x.clone(),
-                wte: wte.clone(),
-                targets,
-                lse,
-                out: out.clone(),
-                ignore,
-                inv_count,
-                per,
-            },
+            HeadLossBackward { x: x.clone(), wte: wte.clone(), targets, lse, out: out.clone(), ignore, inv_count, per },
         );
     }
     Ok(out)
@@ -280,12 +184,7 @@ impl Backward for HeadLossBackward {
             let dlogits = ctx.zeros("dlogits chunk", &[n, v], false)?;
             {
                 let _op = ctx.op();
-                let r = Rows {
-                    rows: n,
-                    v,
-                    ignore: self.ignore,
-                    row0: r0,
-                };
+                let r = Rows { rows: n, v, ignore: self.ignore, row0: r0 };
                 let (d, l, t, lse, dl) = (
                     ctx.modify(&dlogits)?,
                     ctx.read(&logits)?,
@@ -298,11 +197,7 @@ impl Backward for HeadLossBackward {
             drop(logits);
             if let Some(dx) = &dx {
                 let _op = ctx.op();
-                let g = Gemm {
-                    beta: 1.0,
-                    offsets: [0, 0, r0 * c],
-                    ..Gemm::new(n, c, v)
-                };
+                let g = Gemm { beta: 1.0, offsets: [0, 0, r0 * c], ..Gemm::new(n, c, v) };
                 mm::matmul(
                     &ctx.kernels,
                     &ctx.modify(dx)?,
@@ -315,12 +210,7 @@ impl Backward for HeadLossBackward {
             }
             if let Some(dwte) = &dwte {
                 let _op = ctx.op();
-                let g = Gemm {
-                    beta: 1.0,
-                    trans_a: true,
-                    offsets: [0, r0 * c, 0],
-                    ..Gemm::new(v, c, n)
-                };
+                let g = Gemm { beta: 1.0, trans_a: true, offsets: [0, r0 * c, 0], ..Gemm::new(v, c, n) };
                 mm::matmul(
                     &ctx.kernels,
                     &ctx.modify(dwte)?,

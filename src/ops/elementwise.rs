@@ -14,23 +14,10 @@ pub fn add(ctx: &Context, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let out = ctx.empty("add", a.shape(), a.dtype(), ctx.wants_grad(&[a, b]))?;
     {
         let _op = ctx.op();
-        k::add_forward(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(a)?,
-            &ctx.read(b)?,
-            a.len(),
-        )?;
+        k::add_forward(&ctx.kernels, &ctx.write(&out)?, &ctx.read(a)?, &ctx.read(b)?, a.len())?;
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            AddBackward {
-                a: a.clone(),
-                b: b.clone(),
-                out: out.clone(),
-            },
-        );
+        ctx.record(&[&out], AddBackward { a: a.clone(), b: b.clone(), out: out.clone() });
     }
     Ok(out)
 }
@@ -51,13 +38,7 @@ impl Backward for AddBackward {
         };
         for input in [&self.a, &self.b] {
             if let Some(g) = grads.of(ctx, input)? {
-                k::axpy(
-                    &ctx.kernels,
-                    &ctx.modify(&g)?,
-                    &ctx.read(&dout)?,
-                    1.0,
-                    g.len(),
-                )?;
+                k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, 1.0, g.len())?;
             }
         }
         Ok(())
@@ -70,23 +51,10 @@ pub fn scale(ctx: &Context, x: &Tensor, alpha: f32) -> Result<Tensor> {
     let out = ctx.empty("scale", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
     {
         let _op = ctx.op();
-        k::scale_forward(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(x)?,
-            alpha,
-            x.len(),
-        )?;
+        k::scale_forward(&ctx.kernels, &ctx.write(&out)?, &ctx.read(x)?, alpha, x.len())?;
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            ScaleBackward {
-                x: x.clone(),
-                out: out.clone(),
-                alpha,
-            },
-        );
+        ctx.record(&[&out], ScaleBackward { x: x.clone(), out: out.clone(), alpha });
     }
     Ok(out)
 }
@@ -107,13 +75,7 @@ impl Backward for ScaleBackward {
         };
         if let Some(g) = grads.of(ctx, &self.x)? {
             let _op = ctx.op();
-            k::axpy(
-                &ctx.kernels,
-                &ctx.modify(&g)?,
-                &ctx.read(&dout)?,
-                self.alpha,
-                g.len(),
-            )?;
+            k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, self.alpha, g.len())?;
         }
         Ok(())
     }
@@ -132,33 +94,13 @@ pub fn mean(ctx: &Context, x: &Tensor) -> Result<Tensor> {
 fn reduce_all(ctx: &Context, x: &Tensor, scale: f32, name: &'static str) -> Result<Tensor> {
     expect_f32(name, x)?;
     let out = ctx.empty(name, &[1], x.dtype(), ctx.wants_grad(&[x]))?;
-    let spec = reduce::SumSpec {
-        squares: false,
-        scale,
-        slot: 0,
-        accumulate: false,
-    };
+    let spec = reduce::SumSpec { squares: false, scale, slot: 0, accumulate: false };
     {
         let _op = ctx.op();
-        reduce::sum(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(x)?,
-            &ctx.partials()?,
-            x.len(),
-            spec,
-        )?;
+        reduce::sum(&ctx.kernels, &ctx.write(&out)?, &ctx.read(x)?, &ctx.partials()?, x.len(), spec)?;
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            ReduceBackward {
-                x: x.clone(),
-                out: out.clone(),
-                scale,
-                name,
-            },
-        );
+        ctx.record(&[&out], ReduceBackward { x: x.clone(), out: out.clone(), scale, name });
     }
     Ok(out)
 }
@@ -180,13 +122,7 @@ impl Backward for ReduceBackward {
         };
         if let Some(g) = grads.of(ctx, &self.x)? {
             let _op = ctx.op();
-            k::axpy_scalar(
-                &ctx.kernels,
-                &ctx.modify(&g)?,
-                &ctx.read(&dout)?,
-                self.scale,
-                g.len(),
-            )?;
+            k::axpy_scalar(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, self.scale, g.len())?;
         }
         Ok(())
     }

@@ -14,48 +14,21 @@ pub fn embedding(ctx: &Context, tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> 
         return Err(Error::shape("embedding", "u32 tokens (B,T)", tokens));
     }
     if wte.shape().len() != 2 || wpe.shape().len() != 2 || wte.shape()[1] != wpe.shape()[1] {
-        return Err(Error::shape(
-            "embedding",
-            "wte (V,C) and wpe (maxT,C)",
-            (wte.shape(), wpe.shape()),
-        ));
+        return Err(Error::shape("embedding", "wte (V,C) and wpe (maxT,C)", (wte.shape(), wpe.shape())));
     }
     let (b, t, c) = (ts[0], ts[1], wte.shape()[1]);
     if t > wpe.shape()[0] {
-        return Err(Error::shape(
-            "embedding",
-            format!("T <= {} positions", wpe.shape()[0]),
-            t,
-        ));
+        return Err(Error::shape("embedding", format!("T <= {} positions", wpe.shape()[0]), t));
     }
-    let out = ctx.empty(
-        "embedding",
-        &[b, t, c],
-        DType::F32,
-        ctx.wants_grad(&[wte, wpe]),
-    )?;
+    let out = ctx.empty("embedding", &[b, t, c], DType::F32, ctx.wants_grad(&[wte, wpe]))?;
     {
         let _op = ctx.op();
-        k::forward(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(tokens)?,
-            &ctx.read(wte)?,
-            &ctx.read(wpe)?,
-            b * t,
-            t,
-            c,
-        )?;
+        k::forward(&ctx.kernels, &ctx.write(&out)?, &ctx.read(tokens)?, &ctx.read(wte)?, &ctx.read(wpe)?, b * t, t, c)?;
     }
     if out.requires_grad() {
         ctx.record(
             &[&out],
-            EmbeddingBackward {
-                tokens: tokens.clone(),
-                wte: wte.clone(),
-                wpe: wpe.clone(),
-                out: out.clone(),
-            },
+            EmbeddingBackward { tokens: tokens.clone(), wte: wte.clone(), wpe: wpe.clone(), out: out.clone() },
         );
     }
     Ok(out)
@@ -77,25 +50,10 @@ impl Backward for EmbeddingBackward {
             return Ok(());
         };
         let _op = ctx.op();
-        let dwte = grads
-            .of(ctx, &self.wte)?
-            .map(|g| ctx.modify(&g))
-            .transpose()?;
-        let dwpe = grads
-            .of(ctx, &self.wpe)?
-            .map(|g| ctx.modify(&g))
-            .transpose()?;
+        let dwte = grads.of(ctx, &self.wte)?.map(|g| ctx.modify(&g)).transpose()?;
+        let dwpe = grads.of(ctx, &self.wpe)?.map(|g| ctx.modify(&g)).transpose()?;
         let s = self.out.shape();
         let (n, t, c) = (s[0] * s[1], s[1], s[2]);
-        k::backward(
-            &ctx.kernels,
-            dwte.as_ref(),
-            dwpe.as_ref(),
-            &ctx.read(&self.tokens)?,
-            &ctx.read(&dout)?,
-            n,
-            t,
-            c,
-        )
+        k::backward(&ctx.kernels, dwte.as_ref(), dwpe.as_ref(), &ctx.read(&self.tokens)?, &ctx.read(&dout)?, n, t, c)
     }
 }

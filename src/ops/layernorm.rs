@@ -8,13 +8,7 @@ use crate::kernels::layernorm as k;
 use crate::tensor::{DType, Tensor};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dim: x (..., C), weight (C), bias (C).
-pub fn layernorm(
-    ctx: &Context,
-    x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    eps: f32,
-) -> Result<Tensor> {
+pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
     expect_f32("layernorm", x)?;
     let c = x.last_dim();
     if weight.shape() != [c] || bias.shape() != [c] {
@@ -25,12 +19,7 @@ pub fn layernorm(
         ));
     }
     let rows = x.rows();
-    let out = ctx.empty(
-        "layernorm",
-        x.shape(),
-        DType::F32,
-        ctx.wants_grad(&[x, weight, bias]),
-    )?;
+    let out = ctx.empty("layernorm", x.shape(), DType::F32, ctx.wants_grad(&[x, weight, bias]))?;
     let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
     let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
     let _op = ctx.op();

@@ -40,13 +40,7 @@ fn dims2(t: &Tensor, trans: bool) -> (usize, usize) {
     }
 }
 
-fn product(
-    ctx: &Context,
-    a: &Tensor,
-    b: &Tensor,
-    bias: Option<&Tensor>,
-    opts: MatmulOpts,
-) -> Result<Tensor> {
+fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<Tensor> {
     expect_f32("matmul", a)?;
     expect_f32("matmul", b)?;
     if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
@@ -66,22 +60,14 @@ fn product(
         let (m, k) = dims2(a, opts.trans_a);
         let lead = &a.shape()[..a.shape().len() - 2];
         if !shared_b && lead != &b.shape()[..b.shape().len() - 2] {
-            return Err(Error::shape(
-                "matmul",
-                format!("batch dims {lead:?}"),
-                b.shape(),
-            ));
+            return Err(Error::shape("matmul", format!("batch dims {lead:?}"), b.shape()));
         }
         let mut shape = lead.to_vec();
         shape.extend([m, dims2(b, opts.trans_b).1]);
         (lead.iter().product::<usize>(), m, k, shape)
     };
     if shared_b && batch > 1 {
-        return Err(Error::shape(
-            "matmul",
-            "batched b for a transposed batched a",
-            b.shape(),
-        ));
+        return Err(Error::shape("matmul", "batched b for a transposed batched a", b.shape()));
     }
     let (kb, n) = dims2(b, opts.trans_b);
     if ka != kb {
@@ -112,27 +98,10 @@ fn product(
     {
         let _op = ctx.op();
         let bias_view = bias.map(|t| ctx.read(t)).transpose()?;
-        k::matmul(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(a)?,
-            &ctx.read(b)?,
-            bias_view.as_ref(),
-            &ctx.dummy()?,
-            g,
-        )?;
+        k::matmul(&ctx.kernels, &ctx.write(&out)?, &ctx.read(a)?, &ctx.read(b)?, bias_view.as_ref(), &ctx.dummy()?, g)?;
     }
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            MatmulBackward {
-                a: a.clone(),
-                b: b.clone(),
-                bias: bias.cloned(),
-                out: out.clone(),
-                g,
-            },
-        );
+        ctx.record(&[&out], MatmulBackward { a: a.clone(), b: b.clone(), bias: bias.cloned(), out: out.clone(), g });
     }
     Ok(out)
 }
@@ -158,86 +127,37 @@ impl Backward for MatmulBackward {
         };
         let g = self.g;
         let (ta, tb) = (g.trans_a, g.trans_b);
-        let base = Gemm {
-            batch: g.batch,
-            alpha: g.alpha,
-            beta: 1.0,
-            ..g
-        };
+        let base = Gemm { batch: g.batch, alpha: g.alpha, beta: 1.0, ..g };
         if let Some(da) = grads.of(ctx, &self.a)? {
             let _op = ctx.op();
-            let (dav, dcv, bv, dummy) = (
-                ctx.modify(&da)?,
-                ctx.read(&dc)?,
-                ctx.read(&self.b)?,
-                ctx.dummy()?,
-            );
+            let (dav, dcv, bv, dummy) = (ctx.modify(&da)?, ctx.read(&dc)?, ctx.read(&self.b)?, ctx.dummy()?);
             if !ta {
                 // dA (M,K) = dC (M,N) · op(B)ᵀ
-                let gg = Gemm {
-                    m: g.m,
-                    n: g.k,
-                    k: g.n,
-                    trans_a: false,
-                    trans_b: !tb,
-                    ..base
-                };
+                let gg = Gemm { m: g.m, n: g.k, k: g.n, trans_a: false, trans_b: !tb, ..base };
                 k::matmul(&ctx.kernels, &dav, &dcv, &bv, None, &dummy, gg)?;
             } else {
                 // dA (K,M) = op(B) (K,N) · dCᵀ
-                let gg = Gemm {
-                    m: g.k,
-                    n: g.m,
-                    k: g.n,
-                    trans_a: tb,
-                    trans_b: true,
-                    ..base
-                };
+                let gg = Gemm { m: g.k, n: g.m, k: g.n, trans_a: tb, trans_b: true, ..base };
                 k::matmul(&ctx.kernels, &dav, &bv, &dcv, None, &dummy, gg)?;
             }
         }
         if let Some(db) = grads.of(ctx, &self.b)? {
             let _op = ctx.op();
-            let (dbv, dcv, av, dummy) = (
-                ctx.modify(&db)?,
-                ctx.read(&dc)?,
-                ctx.read(&self.a)?,
-                ctx.dummy()?,
-            );
+            let (dbv, dcv, av, dummy) = (ctx.modify(&db)?, ctx.read(&dc)?, ctx.read(&self.a)?, ctx.dummy()?);
             if !tb {
                 // dB (K,N) = op(A)ᵀ · dC (M,N)
-                let gg = Gemm {
-                    m: g.k,
-                    n: g.n,
-                    k: g.m,
-                    trans_a: !ta,
-                    trans_b: false,
-                    ..base
-                };
+                let gg = Gemm { m: g.k, n: g.n, k: g.m, trans_a: !ta, trans_b: false, ..base };
                 k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;
             } else {
                 // dB (N,K) = dCᵀ · op(A) (M,K)
-                let gg = Gemm {
-                    m: g.n,
-                    n: g.k,
-                    k: g.m,
-                    trans_a: true,
-                    trans_b: ta,
-                    ..base
-                };
+                let gg = Gemm { m: g.n, n: g.k, k: g.m, trans_a: true, trans_b: ta, ..base };
                 k::matmul(&ctx.kernels, &dbv, &dcv, &av, None, &dummy, gg)?;
             }
         }
         if let Some(bias) = &self.bias {
             if let Some(dbias) = grads.of(ctx, bias)? {
                 let _op = ctx.op();
-                reduce::sum_rows(
-                    &ctx.kernels,
-                    &ctx.modify(&dbias)?,
-                    &ctx.read(&dc)?,
-                    g.batch * g.m,
-                    g.n,
-                )?;
+                reduce::sum_rows(&ctx.kernels, &ctx.modify(&dbias)?, &ctx.read(&dc)?, g.batch * g.m, g.n)?;
             }
         }
         Ok(())

@@ -12,23 +12,9 @@ pub fn softmax(ctx: &Context, x: &Tensor) -> Result<Tensor> {
     expect_f32("softmax", x)?;
     let out = ctx.empty("softmax", x.shape(), DType::F32, ctx.wants_grad(&[x]))?;
     let _op = ctx.op();
-    k::forward(
-        &ctx.kernels,
-        &ctx.write(&out)?,
-        &ctx.read(x)?,
-        x.rows(),
-        x.last_dim(),
-        0,
-        1.0,
-    )?;
+    k::forward(&ctx.kernels, &ctx.write(&out)?, &ctx.read(x)?, x.rows(), x.last_dim(), 0, 1.0)?;
     if out.requires_grad() {
-        ctx.record(
-            &[&out],
-            SoftmaxBackward {
-                x: x.clone(),
-                out: out.clone(),
-            },
-        );
+        ctx.record(&[&out], SoftmaxBackward { x: x.clone(), out: out.clone() });
     }
     Ok(out)
 }
@@ -49,16 +35,7 @@ impl Backward for SoftmaxBackward {
         if let Some(dx) = grads.of(ctx, &self.x)? {
             let (rows, len) = (self.x.rows(), self.x.last_dim());
             let _op = ctx.op();
-            k::backward(
-                &ctx.kernels,
-                &ctx.modify(&dx)?,
-                &ctx.read(&self.out)?,
-                &ctx.read(&dout)?,
-                rows,
-                len,
-                0,
-                1.0,
-            )?;
+            k::backward(&ctx.kernels, &ctx.modify(&dx)?, &ctx.read(&self.out)?, &ctx.read(&dout)?, rows, len, 0, 1.0)?;
         }
         Ok(())
     }

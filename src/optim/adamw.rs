@@ -21,14 +21,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            max_grad_norm: 1.0,
-        }
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0 }
     }
 }
 
@@ -44,14 +37,8 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
-        if !(config.lr > 0.0)
-            || !(0.0..1.0).contains(&config.beta1)
-            || !(0.0..1.0).contains(&config.beta2)
-        {
-            return Err(Error::invalid(
-                "AdamW config",
-                format!("need lr > 0 and betas in [0,1): {config:?}"),
-            ));
+        if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.beta1) || !(0.0..1.0).contains(&config.beta2) {
+            return Err(Error::invalid("AdamW config", format!("need lr > 0 and betas in [0,1): {config:?}")));
         }
         let params = model.params();
         let mut m = Vec::with_capacity(params.len());
@@ -60,13 +47,7 @@ impl AdamW {
             m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
             v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
         }
-        Ok(AdamW {
-            config,
-            m,
-            v,
-            t: 0,
-            clip: GradClip::new(ctx, params.len())?,
-        })
+        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())? })
     }
 
     /// One update of every parameter from its accumulated gradient at the configured lr.
@@ -76,13 +57,7 @@ impl AdamW {
     }
 
     /// One update at learning rate `lr`, gradients multiplied by `grad_scale` first.
-    pub fn step_lr(
-        &mut self,
-        ctx: &Context,
-        params: &[&Param],
-        lr: f32,
-        grad_scale: f32,
-    ) -> Result<()> {
+    pub fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
         if params.len() != self.m.len() {
             return Err(Error::shape("AdamW step", self.m.len(), params.len()));
         }
@@ -90,11 +65,7 @@ impl AdamW {
         self.t += 1;
         let c = self.config;
         for (i, p) in params.iter().enumerate() {
-            let decay = if p.value.shape().len() >= 2 {
-                c.weight_decay
-            } else {
-                0.0
-            };
+            let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
             let s = AdamWStep {
                 lr,
                 beta1: c.beta1,
@@ -105,11 +76,7 @@ impl AdamW {
                 grad_scale,
             };
             let _op = ctx.op();
-            let (pv, mv, vv) = (
-                ctx.modify(&p.value)?,
-                ctx.modify(&self.m[i])?,
-                ctx.modify(&self.v[i])?,
-            );
+            let (pv, mv, vv) = (ctx.modify(&p.value)?, ctx.modify(&self.m[i])?, ctx.modify(&self.v[i])?);
             let (gv, clip) = (ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
             optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, p.value.len(), s)?;
         }

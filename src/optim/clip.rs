@@ -26,27 +26,12 @@ impl GradClip {
     pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32) -> Result<()> {
         for (i, p) in params.iter().enumerate() {
             let _op = ctx.op();
-            let spec = reduce::SumSpec {
-                squares: true,
-                scale: 1.0,
-                slot: i,
-                accumulate: false,
-            };
-            let (sumsq, grad, partials) = (
-                ctx.modify(&self.sumsq)?,
-                ctx.read(&p.grad)?,
-                ctx.partials()?,
-            );
+            let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: i, accumulate: false };
+            let (sumsq, grad, partials) = (ctx.modify(&self.sumsq)?, ctx.read(&p.grad)?, ctx.partials()?);
             reduce::sum(&ctx.kernels, &sumsq, &grad, &partials, p.grad.len(), spec)?;
         }
         let _op = ctx.op();
-        optim::clip_scale(
-            &ctx.kernels,
-            &ctx.write(&self.clip)?,
-            &ctx.read(&self.sumsq)?,
-            params.len(),
-            max_norm,
-        )
+        optim::clip_scale(&ctx.kernels, &ctx.write(&self.clip)?, &ctx.read(&self.sumsq)?, params.len(), max_norm)
     }
 
     /// The global gradient norm of the last `compute` (waits for the GPU).

@@ -17,12 +17,7 @@ pub struct SgdConfig {
 
 impl Default for SgdConfig {
     fn default() -> Self {
-        SgdConfig {
-            lr: 1e-2,
-            momentum: 0.9,
-            weight_decay: 0.0,
-            max_grad_norm: 0.0,
-        }
+        SgdConfig { lr: 1e-2, momentum: 0.9, weight_decay: 0.0, max_grad_norm: 0.0 }
     }
 }
 
@@ -35,21 +30,14 @@ pub struct Sgd {
 impl Sgd {
     pub fn new(ctx: &Context, model: &impl Module, config: SgdConfig) -> Result<Self> {
         if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.momentum) {
-            return Err(Error::invalid(
-                "SGD config",
-                format!("need lr > 0 and momentum in [0,1): {config:?}"),
-            ));
+            return Err(Error::invalid("SGD config", format!("need lr > 0 and momentum in [0,1): {config:?}")));
         }
         let params = model.params();
         let momentum = params
             .iter()
             .map(|p| ctx.zeros(&format!("{}.momentum", p.name), p.value.shape(), false))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Sgd {
-            config,
-            momentum,
-            clip: GradClip::new(ctx, params.len())?,
-        })
+        Ok(Sgd { config, momentum, clip: GradClip::new(ctx, params.len())? })
     }
 
     pub fn step(&mut self, ctx: &Context, model: &impl Module) -> Result<()> {
@@ -64,24 +52,9 @@ impl Sgd {
         self.clip.compute(ctx, params, c.max_grad_norm)?;
         for (p, buf) in params.iter().zip(&self.momentum) {
             let _op = ctx.op();
-            let (pv, bv, gv, clip) = (
-                ctx.modify(&p.value)?,
-                ctx.modify(buf)?,
-                ctx.read(&p.grad)?,
-                ctx.read(&self.clip.clip)?,
-            );
-            optim::sgd(
-                &ctx.kernels,
-                &pv,
-                &bv,
-                &gv,
-                &clip,
-                p.value.len(),
-                c.lr,
-                c.momentum,
-                c.weight_decay,
-                1.0,
-            )?;
+            let (pv, bv, gv, clip) =
+                (ctx.modify(&p.value)?, ctx.modify(buf)?, ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
+            optim::sgd(&ctx.kernels, &pv, &bv, &gv, &clip, p.value.len(), c.lr, c.momentum, c.weight_decay, 1.0)?;
         }
         Ok(())
     }

@@ -59,11 +59,7 @@ impl Allocator {
                 } else {
                     runs[i] = (offset + len, l - len);
                 }
-                return Some(HostRange {
-                    segment,
-                    offset,
-                    len,
-                });
+                return Some(HostRange { segment, offset, len });
             }
         }
         None
@@ -172,12 +168,7 @@ impl MmapStore {
     pub fn with_segment_bytes(dir: &Path, segment_bytes: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let segment_bytes = segment_bytes.max(HOST_ALIGN);
-        Ok(MmapStore {
-            dir: dir.to_path_buf(),
-            segment_bytes,
-            segments: Vec::new(),
-            alloc: Allocator::default(),
-        })
+        Ok(MmapStore { dir: dir.to_path_buf(), segment_bytes, segments: Vec::new(), alloc: Allocator::default() })
     }
 
     /// The file behind segment `i`.
@@ -210,11 +201,7 @@ impl MmapStore {
     /// Errors (instead of a SIGBUS later) when the segment's file no longer covers `r`.
     fn check(&self, r: &HostRange) -> Result<()> {
         let seg = &self.segments[r.segment];
-        let len = seg
-            .file
-            .metadata()
-            .map_err(|e| Error::io(&seg.path, e))?
-            .len() as usize;
+        let len = seg.file.metadata().map_err(|e| Error::io(&seg.path, e))?.len() as usize;
         if len < r.offset + r.len {
             return Err(Error::Io {
                 path: seg.path.clone(),
@@ -276,17 +263,15 @@ impl HostStore for MmapStore {
             #[cfg(unix)]
             {
                 use std::os::unix::fs::MetadataExt;
-                let ours = seg
-                    .file
-                    .metadata()
-                    .map_err(|e| Error::io(&seg.path, e))?
-                    .ino();
+                let ours = seg.file.metadata().map_err(|e| Error::io(&seg.path, e))?.ino();
                 match std::fs::metadata(&seg.path) {
                     Ok(m) if m.ino() == ours => {}
                     _ => {
                         return Err(Error::Io {
                             path: seg.path.clone(),
-                            source: std::io::Error::other("store file was deleted or replaced underneath; its values cannot be made durable"),
+                            source: std::io::Error::other(
+                                "store file was deleted or replaced underneath; its values cannot be made durable",
+                            ),
                         })
                     }
                 }
@@ -301,10 +286,7 @@ impl HostStore for MmapStore {
     }
 
     fn will_need(&self, r: &HostRange) {
-        let _ =
-            self.segments[r.segment]
-                .map
-                .advise_range(memmap2::Advice::WillNeed, r.offset, r.len);
+        let _ = self.segments[r.segment].map.advise_range(memmap2::Advice::WillNeed, r.offset, r.len);
     }
 
     fn capacity(&self) -> usize {
@@ -312,11 +294,7 @@ impl HostStore for MmapStore {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "mmap files in {} ({} MiB)",
-            self.dir.display(),
-            self.capacity() >> 20
-        )
+        format!("mmap files in {} ({} MiB)", self.dir.display(), self.capacity() >> 20)
     }
 }
 
@@ -334,13 +312,7 @@ fn resident_fraction(bytes: &[u8]) -> f32 {
     let mut vec = vec![0u8; pages];
     // SAFETY: [start, end) lies inside a live mapping (page-aligned down from a slice of it), and
     // `vec` has one byte per page as mincore requires.
-    let rc = unsafe {
-        libc::mincore(
-            start as *mut libc::c_void,
-            end - start,
-            vec.as_mut_ptr() as *mut _,
-        )
-    };
+    let rc = unsafe { libc::mincore(start as *mut libc::c_void, end - start, vec.as_mut_ptr() as *mut _) };
     if rc != 0 {
         return 1.0;
     }

@@ -152,12 +152,7 @@ struct State {
 }
 
 /// Writes a finished readback job into the host store (dropped if its tensor is gone).
-fn deliver_into(
-    store: &mut dyn HostStore,
-    entries: &HashMap<TensorId, Entry>,
-    job: Job,
-    data: &[u8],
-) -> Result<()> {
+fn deliver_into(store: &mut dyn HostStore, entries: &HashMap<TensorId, Entry>, job: Job, data: &[u8]) -> Result<()> {
     if let Some(e) = entries.get(&job.tensor) {
         let dst = store.bytes_mut(&e.host)?;
         let (a, b) = (job.offset as usize, (job.offset + job.len) as usize);
@@ -169,16 +164,9 @@ fn deliver_into(
 
 impl State {
     fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
-        let State {
-            store,
-            entries,
-            readback,
-            counters,
-            ..
-        } = self;
-        counters.stall_s += readback.drain(recorder, wait, &mut |job, data| {
-            deliver_into(store.as_mut(), entries, job, data)
-        })?;
+        let State { store, entries, readback, counters, .. } = self;
+        counters.stall_s +=
+            readback.drain(recorder, wait, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
         Ok(())
     }
 
@@ -186,25 +174,13 @@ impl State {
     fn write_back(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         let (buffer, host, len, bytes) = {
             let e = &self.entries[&id];
-            (
-                e.gpu.clone().expect("resident"),
-                e.host,
-                e.copy_len(),
-                e.bytes,
-            )
+            (e.gpu.clone().expect("resident"), e.host, e.copy_len(), e.bytes)
         };
         // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
         self.store.bytes_mut(&host)?;
-        let State {
-            store,
-            entries,
-            readback,
-            counters,
-            ..
-        } = self;
-        counters.stall_s += readback.read(recorder, id, &buffer, 0, len, &mut |job, data| {
-            deliver_into(store.as_mut(), entries, job, data)
-        })?;
+        let State { store, entries, readback, counters, .. } = self;
+        counters.stall_s += readback
+            .read(recorder, id, &buffer, 0, len, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
         counters.writebacks += 1;
         counters.bytes_written_back += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
@@ -232,12 +208,7 @@ impl State {
     }
 
     /// A GPU buffer for `id`, evicting by the policy until the pool has room.
-    fn place(
-        &mut self,
-        device: &wgpu::Device,
-        recorder: &Recorder,
-        id: TensorId,
-    ) -> Result<wgpu::Buffer> {
+    fn place(&mut self, device: &wgpu::Device, recorder: &Recorder, id: TensorId) -> Result<wgpu::Buffer> {
         let (name, bytes) = {
             let e = &self.entries[&id];
             (e.name.clone(), e.bytes)
@@ -253,23 +224,11 @@ impl State {
                 .iter()
                 .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
                 .map(|(&i, e)| {
-                    (
-                        i,
-                        plan::Candidate {
-                            key: e.key,
-                            bytes: e.bytes,
-                            last_use: e.last_use,
-                            dirty: e.dirty,
-                        },
-                    )
+                    (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
                 })
                 .collect();
             let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
-            let future = if self.diverged {
-                None
-            } else {
-                self.future.as_ref()
-            };
+            let future = if self.diverged { None } else { self.future.as_ref() };
             let cursor = self.trace.len().saturating_sub(1);
             match plan::choose_victim(self.policy, future, cursor, &cands) {
                 Some(v) => self.evict(recorder, candidates[v].0)?,
@@ -373,15 +332,8 @@ impl Now {
 }
 
 impl Pager {
-    pub fn new(
-        gpu: Rc<Gpu>,
-        recorder: Rc<Recorder>,
-        store: Box<dyn HostStore>,
-        opts: &PagerOptions,
-    ) -> Self {
-        let budget = opts
-            .budget
-            .unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
+    pub fn new(gpu: Rc<Gpu>, recorder: Rc<Recorder>, store: Box<dyn HostStore>, opts: &PagerOptions) -> Self {
+        let budget = opts.budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
         let state = State {
             store,
@@ -402,22 +354,13 @@ impl Pager {
             counters: Counters::default(),
             channel: telemetry::Channel::default(),
         };
-        Pager {
-            gpu,
-            recorder,
-            state: RefCell::new(state),
-        }
+        Pager { gpu, recorder, state: RefCell::new(state) }
     }
 
     fn create(&self, name: &str, bytes: u64, contents: Contents) -> Result<TensorId> {
         let limit = self.gpu.max_binding_bytes();
         if bytes > limit {
-            return Err(Error::TooLarge {
-                tensor: name.into(),
-                bytes,
-                limit,
-                what: "storage-binding limit",
-            });
+            return Err(Error::TooLarge { tensor: name.into(), bytes, limit, what: "storage-binding limit" });
         }
         let mut st = self.state.borrow_mut();
         if size_class(bytes) > st.pool.budget() {
@@ -469,11 +412,7 @@ impl Pager {
         let mut st = self.state.borrow_mut();
         st.clock += 1;
         let clock = st.clock;
-        let key = st
-            .entries
-            .get(&id)
-            .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?
-            .key;
+        let key = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?.key;
         if st.in_step {
             st.trace.push(key);
             let pos = st.trace.len() - 1;
@@ -506,11 +445,7 @@ impl Pager {
             e.dirty = true;
         }
         let buffer = e.gpu.clone().expect("resident");
-        Ok(View {
-            buffer,
-            offset: 0,
-            size: e.copy_len(),
-        })
+        Ok(View { buffer, offset: 0, size: e.copy_len() })
     }
 
     /// Number of pins now held (for op scopes).
@@ -538,10 +473,7 @@ impl Pager {
             st.drain(recorder, true)?;
         }
         let (host, bytes) = {
-            let e = st
-                .entries
-                .get(&id)
-                .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             (e.host, e.bytes as usize)
         };
         if data.len() != bytes {
@@ -587,10 +519,7 @@ impl Pager {
         if st.readback.has_jobs_for(id) {
             st.drain(recorder, true)?;
         }
-        let e = st
-            .entries
-            .get_mut(&id)
-            .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if let Some(buf) = &e.gpu {
             let len = e.copy_len();
             recorder.record(|enc| enc.clear_buffer(buf, 0, Some(len)));
@@ -605,10 +534,7 @@ impl Pager {
         let recorder = &*self.recorder;
         let mut st = self.state.borrow_mut();
         let (dirty, contents, bytes) = {
-            let e = st
-                .entries
-                .get(&id)
-                .ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize)
         };
         if dirty {
@@ -628,12 +554,8 @@ impl Pager {
     pub fn flush(&self) -> Result<()> {
         let recorder = &*self.recorder;
         let mut st = self.state.borrow_mut();
-        let dirty: Vec<TensorId> = st
-            .entries
-            .iter()
-            .filter(|(_, e)| e.dirty && e.gpu.is_some())
-            .map(|(&i, _)| i)
-            .collect();
+        let dirty: Vec<TensorId> =
+            st.entries.iter().filter(|(_, e)| e.dirty && e.gpu.is_some()).map(|(&i, _)| i).collect();
         for id in dirty {
             st.write_back(recorder, id)?;
         }
@@ -675,12 +597,7 @@ impl Pager {
     }
 
     pub fn name(&self, id: TensorId) -> String {
-        self.state
-            .borrow()
-            .entries
-            .get(&id)
-            .map(|e| e.name.clone())
-            .unwrap_or_default()
+        self.state.borrow().entries.get(&id).map(|e| e.name.clone()).unwrap_or_default()
     }
 
     pub fn stats(&self) -> MemoryStats {

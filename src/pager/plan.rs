@@ -99,12 +99,7 @@ pub fn choose_victim(
 /// single-tensor accesses; `sizes` by key) under `policy`, each step predicted by the one before
 /// it, as the pager does. A model of the pager's eviction for property tests and reports;
 /// `None` if a tensor is larger than the budget.
-pub fn simulate(
-    steps: &[Vec<Key>],
-    sizes: &HashMap<Key, u64>,
-    budget: u64,
-    policy: Policy,
-) -> Option<u64> {
+pub fn simulate(steps: &[Vec<Key>], sizes: &HashMap<Key, u64>, budget: u64, policy: Policy) -> Option<u64> {
     let mut resident: HashMap<Key, u64> = HashMap::new(); // key -> last use
     let mut used = 0u64;
     let mut uploaded = 0u64;
@@ -124,12 +119,7 @@ pub fn simulate(
             while used + size > budget {
                 let cands: Vec<Candidate> = resident
                     .iter()
-                    .map(|(&k, &last_use)| Candidate {
-                        key: k,
-                        bytes: sizes[&k],
-                        last_use,
-                        dirty: false,
-                    })
+                    .map(|(&k, &last_use)| Candidate { key: k, bytes: sizes[&k], last_use, dirty: false })
                     .collect();
                 let v = choose_victim(policy, future.as_ref(), cursor, &cands)?;
                 used -= cands[v].bytes;

@@ -27,13 +27,7 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(budget: u64) -> Self {
-        Pool {
-            free: HashMap::new(),
-            held: 0,
-            in_use: 0,
-            peak: 0,
-            budget,
-        }
+        Pool { free: HashMap::new(), held: 0, in_use: 0, peak: 0, budget }
     }
 
     pub fn budget(&self) -> u64 {
@@ -57,11 +51,7 @@ impl Pool {
     pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
         let class = size_class(bytes);
         if class > self.budget {
-            return Err(Error::BudgetTooSmall {
-                tensor: label.into(),
-                needed: class,
-                budget: self.budget,
-            });
+            return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
         }
         if let Some(buf) = self.free.get_mut(&class).and_then(|v| v.pop()) {
             self.in_use += class;
@@ -79,9 +69,7 @@ impl Pool {
         let buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: class,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         self.held += class;
@@ -98,12 +86,7 @@ impl Pool {
     }
 
     fn destroy_one_free(&mut self) -> bool {
-        let Some((&class, _)) = self
-            .free
-            .iter()
-            .filter(|(_, v)| !v.is_empty())
-            .max_by_key(|(c, _)| **c)
-        else {
+        let Some((&class, _)) = self.free.iter().filter(|(_, v)| !v.is_empty()).max_by_key(|(c, _)| **c) else {
             return false;
         };
         // Dropped, not destroyed: commands recorded but not yet submitted may still use it, and
@@ -138,18 +121,7 @@ mod tests {
 
     #[test]
     fn size_classes_cover_request_with_bounded_slack() {
-        for bytes in [
-            1u64,
-            255,
-            256,
-            257,
-            4095,
-            4097,
-            10_000,
-            1 << 20,
-            (1 << 20) + 1,
-            123_456_789,
-        ] {
+        for bytes in [1u64, 255, 256, 257, 4095, 4097, 10_000, 1 << 20, (1 << 20) + 1, 123_456_789] {
             let c = size_class(bytes);
             assert!(c >= bytes, "{bytes} -> {c}");
             assert_eq!(c % 256, 0);

@@ -30,13 +30,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(
-        device: &wgpu::Device,
-        label: &str,
-        bytes: u64,
-        usage: wgpu::BufferUsages,
-        mapped: bool,
-    ) -> Rc<Slot> {
+    fn new(device: &wgpu::Device, label: &str, bytes: u64, usage: wgpu::BufferUsages, mapped: bool) -> Rc<Slot> {
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes,
@@ -62,9 +56,8 @@ impl Slot {
             *slot.submission.borrow_mut() = Some(index.clone());
             slot.state.store(MAPPING, Ordering::Release);
             let state = slot.state.clone();
-            slot.buffer.map_async(mode, .., move |r| {
-                state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release)
-            });
+            slot.buffer
+                .map_async(mode, .., move |r| state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release));
         });
     }
 
@@ -88,14 +81,8 @@ impl Slot {
         }
         match self.state() {
             MAPPED => Ok(waited),
-            FAILED => Err(Error::Gpu {
-                context: "staging buffer".into(),
-                msg: "map_async failed".into(),
-            }),
-            s => Err(Error::Gpu {
-                context: "staging buffer".into(),
-                msg: format!("unexpected state {s}"),
-            }),
+            FAILED => Err(Error::Gpu { context: "staging buffer".into(), msg: "map_async failed".into() }),
+            s => Err(Error::Gpu { context: "staging buffer".into(), msg: format!("unexpected state {s}") }),
         }
     }
 }
@@ -135,9 +122,7 @@ fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
     assert_eq!(dst.len(), src.len());
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
         if threads > 1 && src.len() >= 2 * PER_THREAD {
             let base = StagingPtr(dst.as_raw_element_ptr());
             let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
@@ -149,11 +134,7 @@ fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
                         // SAFETY: `dst` is a live write mapping of `src.len()` bytes; the chunks
                         // are disjoint and in bounds; bytes are written, never read.
                         unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                part.as_ptr(),
-                                base.0.as_ptr().add(i * chunk),
-                                part.len(),
-                            )
+                            std::ptr::copy_nonoverlapping(part.as_ptr(), base.0.as_ptr().add(i * chunk), part.len())
                         }
                     });
                 }
@@ -185,13 +166,7 @@ impl UploadRing {
 
     /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`.
     /// Returns the seconds spent waiting for a free slot (a stall).
-    pub fn upload(
-        &self,
-        recorder: &Recorder,
-        src: &[u8],
-        dst: &wgpu::Buffer,
-        dst_offset: u64,
-    ) -> Result<f64> {
+    pub fn upload(&self, recorder: &Recorder, src: &[u8], dst: &wgpu::Buffer, dst_offset: u64) -> Result<f64> {
         debug_assert!(src.len() % 4 == 0);
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
@@ -202,17 +177,12 @@ impl UploadRing {
                 let mut view = slot
                     .buffer
                     .get_mapped_range_mut(0..chunk.len() as u64)
-                    .map_err(|e| Error::Gpu {
-                        context: "upload ring".into(),
-                        msg: e.to_string(),
-                    })?;
+                    .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
                 fill(view.slice(..), chunk);
             }
             slot.buffer.unmap();
             let offset = dst_offset + i as u64 * self.slot_bytes;
-            recorder.record(|enc| {
-                enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, chunk.len() as u64)
-            });
+            recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, chunk.len() as u64));
             slot.remap_after_submit(recorder, wgpu::MapMode::Write);
         }
         Ok(stalled)
@@ -239,22 +209,9 @@ pub struct ReadbackRing {
 impl ReadbackRing {
     pub fn new(device: &wgpu::Device, slots: usize, slot_bytes: u64) -> Self {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let slots: Vec<Rc<Slot>> = (0..slots)
-            .map(|i| {
-                Slot::new(
-                    device,
-                    &format!("readback ring {i}"),
-                    slot_bytes,
-                    usage,
-                    false,
-                )
-            })
-            .collect();
-        ReadbackRing {
-            free: RefCell::new(slots),
-            slot_bytes,
-            busy: RefCell::new(VecDeque::new()),
-        }
+        let slots: Vec<Rc<Slot>> =
+            (0..slots).map(|i| Slot::new(device, &format!("readback ring {i}"), slot_bytes, usage, false)).collect();
+        ReadbackRing { free: RefCell::new(slots), slot_bytes, busy: RefCell::new(VecDeque::new()) }
     }
 
     /// Records copies of `src[src_offset..+len]` for `tensor` (chunked by slot size). When no slot
@@ -276,33 +233,16 @@ impl ReadbackRing {
             if self.free.borrow().is_empty() {
                 stalled += self.deliver_oldest(recorder, deliver)?;
             }
-            let slot = self
-                .free
-                .borrow_mut()
-                .pop()
-                .expect("a slot was freed above");
-            recorder.record(|enc| {
-                enc.copy_buffer_to_buffer(src, src_offset + done, &slot.buffer, 0, n)
-            });
+            let slot = self.free.borrow_mut().pop().expect("a slot was freed above");
+            recorder.record(|enc| enc.copy_buffer_to_buffer(src, src_offset + done, &slot.buffer, 0, n));
             slot.remap_after_submit(recorder, wgpu::MapMode::Read);
-            self.busy.borrow_mut().push_back((
-                slot,
-                Job {
-                    tensor,
-                    offset: done,
-                    len: n,
-                },
-            ));
+            self.busy.borrow_mut().push_back((slot, Job { tensor, offset: done, len: n }));
             done += n;
         }
         Ok(stalled)
     }
 
-    fn deliver_oldest(
-        &self,
-        recorder: &Recorder,
-        deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>,
-    ) -> Result<f64> {
+    fn deliver_oldest(&self, recorder: &Recorder, deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>) -> Result<f64> {
         let Some((slot, job)) = self.busy.borrow_mut().pop_front() else {
             return Ok(0.0);
         };
@@ -311,10 +251,7 @@ impl ReadbackRing {
             let view = slot
                 .buffer
                 .get_mapped_range(0..job.len)
-                .map_err(|e| Error::Gpu {
-                    context: "readback ring".into(),
-                    msg: e.to_string(),
-                })?;
+                .map_err(|e| Error::Gpu { context: "readback ring".into(), msg: e.to_string() })?;
             deliver(job, &view)
         };
         slot.buffer.unmap();

@@ -50,10 +50,7 @@ pub struct Checkpoint {
 }
 
 fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
-    Error::Checkpoint {
-        path: path.to_path_buf(),
-        msg: msg.into(),
-    }
+    Error::Checkpoint { path: path.to_path_buf(), msg: msg.into() }
 }
 
 /// Hugging Face's `config.json` for a GPT-2 of this shape.
@@ -89,10 +86,7 @@ fn config_from_hf(path: &Path, v: &serde_json::Value) -> Result<GptConfig> {
     };
     if let Some(act) = v.get("activation_function").and_then(|a| a.as_str()) {
         if act != "gelu_new" && act != "gelu_pytorch_tanh" {
-            return Err(ckpt_err(
-                path,
-                format!("activation `{act}` is not GPT-2's tanh GELU"),
-            ));
+            return Err(ckpt_err(path, format!("activation `{act}` is not GPT-2's tanh GELU")));
         }
     }
     let c = GptConfig {
@@ -125,27 +119,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-async fn host_tensors(
-    ctx: &Context,
-    named: Vec<(String, &Tensor)>,
-) -> Result<Vec<(String, Vec<usize>, Vec<u8>)>> {
+async fn host_tensors(ctx: &Context, named: Vec<(String, &Tensor)>) -> Result<Vec<(String, Vec<usize>, Vec<u8>)>> {
     let mut out = Vec::with_capacity(named.len());
     for (name, t) in named {
         let data = ctx.to_f32(t).await?;
-        out.push((
-            name,
-            t.shape().to_vec(),
-            bytemuck::cast_slice(&data).to_vec(),
-        ));
+        out.push((name, t.shape().to_vec(), bytemuck::cast_slice(&data).to_vec()));
     }
     Ok(out)
 }
 
-fn serialize(
-    path: &Path,
-    tensors: &[(String, Vec<usize>, Vec<u8>)],
-    meta: HashMap<String, String>,
-) -> Result<Vec<u8>> {
+fn serialize(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], meta: HashMap<String, String>) -> Result<Vec<u8>> {
     let views = tensors
         .iter()
         .map(|(n, s, d)| TensorView::new(Dtype::F32, s.clone(), d).map(|v| (n.clone(), v)))
@@ -162,21 +145,13 @@ pub struct CheckpointFiles {
 }
 
 /// Reads model and optimizer state back from the GPU and serializes the checkpoint files.
-pub async fn encode(
-    ctx: &Context,
-    model: &Gpt,
-    opt: &AdamW,
-    state: &TrainState,
-) -> Result<CheckpointFiles> {
+pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<CheckpointFiles> {
     let here = Path::new(MODEL_FILE);
     let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(here, e.to_string()))?;
     let meta = |extra: &[(&str, String)]| {
         let mut m: HashMap<String, String> = HashMap::from([
             ("format".into(), "pt".into()),
-            (
-                "pagetrain_format_version".into(),
-                FORMAT_VERSION.to_string(),
-            ),
+            ("pagetrain_format_version".into(), FORMAT_VERSION.to_string()),
             ("step".into(), state.step.to_string()),
             ("train_state".into(), state_json.clone()),
         ]);
@@ -184,44 +159,24 @@ pub async fn encode(
         m
     };
     let params = model.params();
-    let weights = host_tensors(
-        ctx,
-        params.iter().map(|p| (p.name.clone(), &p.value)).collect(),
-    )
-    .await?;
+    let weights = host_tensors(ctx, params.iter().map(|p| (p.name.clone(), &p.value)).collect()).await?;
     let moments: Vec<(String, &Tensor)> = params
         .iter()
         .zip(opt.m.iter().zip(&opt.v))
-        .flat_map(|(p, (m, v))| {
-            [
-                (format!("{}.exp_avg", p.name), m),
-                (format!("{}.exp_avg_sq", p.name), v),
-            ]
-        })
+        .flat_map(|(p, (m, v))| [(format!("{}.exp_avg", p.name), m), (format!("{}.exp_avg_sq", p.name), v)])
         .collect();
     let moments = host_tensors(ctx, moments).await?;
     Ok(CheckpointFiles {
         model: serialize(here, &weights, meta(&[]))?,
-        optimizer: serialize(
-            Path::new(OPTIMIZER_FILE),
-            &moments,
-            meta(&[("adam_t", opt.t.to_string())]),
-        )?,
-        config: serde_json::to_vec_pretty(&hf_config_json(&model.config))
-            .map_err(|e| ckpt_err(here, e.to_string()))?,
+        optimizer: serialize(Path::new(OPTIMIZER_FILE), &moments, meta(&[("adam_t", opt.t.to_string())]))?,
+        config: serde_json::to_vec_pretty(&hf_config_json(&model.config)).map_err(|e| ckpt_err(here, e.to_string()))?,
     })
 }
 
 /// Writes model, optimizer and config into `dir` (created if missing). The model file goes
 /// last: a checkpoint whose model file carries step N has every other file of step N.
 #[cfg(not(target_arch = "wasm32"))]
-pub async fn save(
-    ctx: &Context,
-    dir: &Path,
-    model: &Gpt,
-    opt: &AdamW,
-    state: &TrainState,
-) -> Result<()> {
+pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<()> {
     let files = encode(ctx, model, opt, state).await?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     write_atomic(&dir.join(OPTIMIZER_FILE), &files.optimizer)?;
@@ -232,25 +187,20 @@ pub async fn save(
 
 fn read_safetensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         let data: Vec<f32> = match view.dtype() {
             Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
-            Dtype::F16 => view
-                .data()
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => view
-                .data()
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+            Dtype::F16 => {
+                view.data().chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            Dtype::BF16 => {
+                view.data().chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
             other => {
                 return Err(ckpt_err(
                     path,
@@ -259,18 +209,9 @@ fn read_safetensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap
             }
         };
         if let Some(i) = data.iter().position(|v| !v.is_finite()) {
-            return Err(ckpt_err(
-                path,
-                format!("tensor `{name}` holds a non-finite value at {i}"),
-            ));
+            return Err(ckpt_err(path, format!("tensor `{name}` holds a non-finite value at {i}")));
         }
-        tensors.insert(
-            name,
-            HostTensor {
-                shape: view.shape().to_vec(),
-                data,
-            },
-        );
+        tensors.insert(name, HostTensor { shape: view.shape().to_vec(), data });
     }
     Ok((tensors, meta))
 }
@@ -284,20 +225,13 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     let model_path = dir.join(MODEL_FILE);
     let (mut weights, meta) = read_safetensors(&model_path)?;
     // GPT2Model checkpoints name tensors without the `transformer.` prefix.
-    if weights
-        .keys()
-        .any(|k| k.starts_with("h.") || k == "wte.weight")
-    {
-        weights = weights
-            .into_iter()
-            .map(|(k, v)| (format!("transformer.{k}"), v))
-            .collect();
+    if weights.keys().any(|k| k.starts_with("h.") || k == "wte.weight") {
+        weights = weights.into_iter().map(|(k, v)| (format!("transformer.{k}"), v)).collect();
     }
     let state: Option<TrainState> = match meta.get("train_state") {
-        Some(s) => Some(
-            serde_json::from_str(s)
-                .map_err(|e| ckpt_err(&model_path, format!("bad train_state metadata: {e}")))?,
-        ),
+        Some(s) => {
+            Some(serde_json::from_str(s).map_err(|e| ckpt_err(&model_path, format!("bad train_state metadata: {e}")))?)
+        }
         None => None,
     };
     let config = match &state {
@@ -305,8 +239,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
         None => {
             let path = dir.join(CONFIG_FILE);
             let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ckpt_err(&path, e.to_string()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ckpt_err(&path, e.to_string()))?;
             config_from_hf(&path, &v)?
         }
     };
@@ -323,50 +256,25 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
                 ),
             ));
         }
-        let t = ometa
-            .get("adam_t")
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| ckpt_err(&opt_path, "missing adam_t"))?;
+        let t =
+            ometa.get("adam_t").and_then(|t| t.parse().ok()).ok_or_else(|| ckpt_err(&opt_path, "missing adam_t"))?;
         Some((moments, t))
     } else {
         None
     };
-    Ok(Checkpoint {
-        config,
-        state,
-        weights,
-        optimizer,
-    })
+    Ok(Checkpoint { config, state, weights, optimizer })
 }
 
-fn take<'a>(
-    path: &Path,
-    map: &'a HashMap<String, HostTensor>,
-    name: &str,
-    want: &[usize],
-) -> Result<&'a HostTensor> {
-    let t = map
-        .get(name)
-        .ok_or_else(|| ckpt_err(path, format!("missing tensor `{name}`")))?;
+fn take<'a>(path: &Path, map: &'a HashMap<String, HostTensor>, name: &str, want: &[usize]) -> Result<&'a HostTensor> {
+    let t = map.get(name).ok_or_else(|| ckpt_err(path, format!("missing tensor `{name}`")))?;
     if t.shape != want {
-        return Err(ckpt_err(
-            path,
-            format!(
-                "tensor `{name}` has shape {:?}, the model needs {want:?}",
-                t.shape
-            ),
-        ));
+        return Err(ckpt_err(path, format!("tensor `{name}` has shape {:?}, the model needs {want:?}", t.shape)));
     }
     Ok(t)
 }
 
 /// Copies the checkpoint's weights into `model` (every parameter must be present, shapes equal).
-pub fn load_weights(
-    ctx: &Context,
-    dir: &Path,
-    model: &Gpt,
-    weights: &HashMap<String, HostTensor>,
-) -> Result<()> {
+pub fn load_weights(ctx: &Context, dir: &Path, model: &Gpt, weights: &HashMap<String, HostTensor>) -> Result<()> {
     let params: Vec<&Param> = model.params();
     // Check everything before writing anything.
     let path = dir.join(MODEL_FILE);
@@ -390,18 +298,8 @@ pub fn load_optimizer(
 ) -> Result<()> {
     let params = model.params();
     for p in &params {
-        take(
-            dir,
-            moments,
-            &format!("{}.exp_avg", p.name),
-            p.value.shape(),
-        )?;
-        take(
-            dir,
-            moments,
-            &format!("{}.exp_avg_sq", p.name),
-            p.value.shape(),
-        )?;
+        take(dir, moments, &format!("{}.exp_avg", p.name), p.value.shape())?;
+        take(dir, moments, &format!("{}.exp_avg_sq", p.name), p.value.shape())?;
     }
     for (i, p) in params.iter().enumerate() {
         ctx.write_f32(&opt.m[i], &moments[&format!("{}.exp_avg", p.name)].data)?;

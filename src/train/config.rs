@@ -75,10 +75,7 @@ impl TrainConfig {
             return bad("--steps must be at least 1".into());
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return bad(format!(
-                "weight decay must be >= 0, got {}",
-                self.weight_decay
-            ));
+            return bad(format!("weight decay must be >= 0, got {}", self.weight_decay));
         }
         if self.eval_batches == 0 {
             return bad("eval batches must be at least 1".into());

@@ -10,53 +10,17 @@ pub const DEMO_BYTES: usize = 200_000;
 /// The shipped corpus (the same text `generate(DEMO_SEED, DEMO_BYTES)` makes).
 pub const DEMO: &str = include_str!("../../assets/corpus.txt");
 
-const NAMES: &[&str] = &[
-    "Ada", "Ben", "Cleo", "Dara", "Emil", "Fern", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena",
-];
-const ANIMALS: &[&str] = &[
-    "cat", "dog", "fox", "owl", "frog", "horse", "rabbit", "bird", "mouse", "bear",
-];
-const THINGS: &[&str] = &[
-    "ball", "kite", "book", "boat", "cake", "lamp", "map", "drum", "hat", "key", "apple", "box",
-];
-const PLACES: &[&str] = &[
-    "the park",
-    "the river",
-    "the garden",
-    "the market",
-    "the hill",
-    "the forest",
-    "the school",
-    "the beach",
-];
-const ADJECTIVES: &[&str] = &[
-    "red", "small", "happy", "old", "green", "quiet", "big", "shiny", "soft", "brave", "little",
-    "blue",
-];
-const FEELINGS: &[&str] = &[
-    "happy", "sad", "tired", "excited", "scared", "proud", "hungry", "sleepy",
-];
-const VERBS: &[&str] = &[
-    "found",
-    "lost",
-    "saw",
-    "liked",
-    "wanted",
-    "made",
-    "took",
-    "gave away",
-    "painted",
-    "carried",
-];
-const TIMES: &[&str] = &[
-    "One day",
-    "In the morning",
-    "After lunch",
-    "That night",
-    "Later",
-    "On Sunday",
-    "Once upon a time",
-];
+const NAMES: &[&str] = &["Ada", "Ben", "Cleo", "Dara", "Emil", "Fern", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena"];
+const ANIMALS: &[&str] = &["cat", "dog", "fox", "owl", "frog", "horse", "rabbit", "bird", "mouse", "bear"];
+const THINGS: &[&str] = &["ball", "kite", "book", "boat", "cake", "lamp", "map", "drum", "hat", "key", "apple", "box"];
+const PLACES: &[&str] =
+    &["the park", "the river", "the garden", "the market", "the hill", "the forest", "the school", "the beach"];
+const ADJECTIVES: &[&str] =
+    &["red", "small", "happy", "old", "green", "quiet", "big", "shiny", "soft", "brave", "little", "blue"];
+const FEELINGS: &[&str] = &["happy", "sad", "tired", "excited", "scared", "proud", "hungry", "sleepy"];
+const VERBS: &[&str] = &["found", "lost", "saw", "liked", "wanted", "made", "took", "gave away", "painted", "carried"];
+const TIMES: &[&str] =
+    &["One day", "In the morning", "After lunch", "That night", "Later", "On Sunday", "Once upon a time"];
 
 fn pick<'a>(rng: &mut Rng, words: &[&'a str]) -> &'a str {
     words[rng.below(words.len())]
@@ -77,11 +41,7 @@ fn story(rng: &mut Rng) -> String {
     let adj = pick(rng, ADJECTIVES);
     let thing = pick(rng, THINGS);
     let place = pick(rng, PLACES);
-    let mut s = format!(
-        "{} {hero} went to {place} with {} {adj} {animal}. ",
-        pick(rng, TIMES),
-        article(adj)
-    );
+    let mut s = format!("{} {hero} went to {place} with {} {adj} {animal}. ", pick(rng, TIMES), article(adj));
     let sentences = 2 + rng.below(4);
     for _ in 0..sentences {
         let line = match rng.below(7) {
@@ -90,34 +50,16 @@ fn story(rng: &mut Rng) -> String {
                 let what = pick(rng, ADJECTIVES);
                 format!("{hero} {verb} {} {what} {thing}. ", article(what))
             }
-            1 => format!(
-                "The {animal} was {} because it {} the {thing}. ",
-                pick(rng, FEELINGS),
-                pick(rng, VERBS)
-            ),
+            1 => format!("The {animal} was {} because it {} the {thing}. ", pick(rng, FEELINGS), pick(rng, VERBS)),
             2 => format!("\"Can I play with your {thing}?\" asked {friend}. "),
             3 => format!("{friend} said, \"I am {} today.\" ", pick(rng, FEELINGS)),
-            4 => format!(
-                "They counted {} {thing}s near {}. ",
-                2 + rng.below(9),
-                pick(rng, PLACES)
-            ),
-            5 => format!(
-                "{hero} and {friend} ran to {} and back. ",
-                pick(rng, PLACES)
-            ),
-            _ => format!(
-                "The {} {} sat under a tree. ",
-                pick(rng, ADJECTIVES),
-                pick(rng, ANIMALS)
-            ),
+            4 => format!("They counted {} {thing}s near {}. ", 2 + rng.below(9), pick(rng, PLACES)),
+            5 => format!("{hero} and {friend} ran to {} and back. ", pick(rng, PLACES)),
+            _ => format!("The {} {} sat under a tree. ", pick(rng, ADJECTIVES), pick(rng, ANIMALS)),
         };
         s.push_str(&line);
     }
-    s.push_str(&format!(
-        "At the end of the day, {hero} felt {}.\n\n",
-        pick(rng, FEELINGS)
-    ));
+    s.push_str(&format!("At the end of the day, {hero} felt {}.\n\n", pick(rng, FEELINGS)));
     s
 }
 

@@ -39,19 +39,13 @@ impl Vocab {
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let Vocab::Chars(chars) = self else {
-            return Err(Error::invalid(
-                "encode",
-                "this vocabulary has no characters (token-file data)",
-            ));
+            return Err(Error::invalid("encode", "this vocabulary has no characters (token-file data)"));
         };
         text.chars()
             .enumerate()
             .map(|(i, ch)| {
                 chars.binary_search(&ch).map(|t| t as u32).map_err(|_| {
-                    Error::invalid(
-                        "text",
-                        format!("character {ch:?} at {i} is not in the model's vocabulary"),
-                    )
+                    Error::invalid("text", format!("character {ch:?} at {i} is not in the model's vocabulary"))
                 })
             })
             .collect()
@@ -59,15 +53,10 @@ impl Vocab {
 
     pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
-            Vocab::Chars(chars) => tokens
-                .iter()
-                .map(|&t| chars.get(t as usize).copied().unwrap_or('\u{fffd}'))
-                .collect(),
-            Vocab::Ids { .. } => tokens
-                .iter()
-                .map(|t| format!("<{t}>"))
-                .collect::<Vec<_>>()
-                .join(""),
+            Vocab::Chars(chars) => {
+                tokens.iter().map(|&t| chars.get(t as usize).copied().unwrap_or('\u{fffd}')).collect()
+            }
+            Vocab::Ids { .. } => tokens.iter().map(|t| format!("<{t}>")).collect::<Vec<_>>().join(""),
         }
     }
 }
@@ -100,77 +89,39 @@ pub enum Split {
 impl Dataset {
     /// Character-level data from text; `vocab` fixes the token ids (e.g. a checkpoint's), otherwise
     /// the text's own characters.
-    pub fn from_text(
-        text: &str,
-        path: impl Into<PathBuf>,
-        vocab: Option<Vocab>,
-    ) -> Result<Dataset> {
+    pub fn from_text(text: &str, path: impl Into<PathBuf>, vocab: Option<Vocab>) -> Result<Dataset> {
         let path = path.into();
         if text.is_empty() {
-            return Err(Error::Data {
-                path,
-                msg: "is empty".into(),
-            });
+            return Err(Error::Data { path, msg: "is empty".into() });
         }
         let vocab = vocab.unwrap_or_else(|| Vocab::from_text(text));
-        let tokens = vocab.encode(text).map_err(|e| Error::Data {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
+        let tokens = vocab.encode(text).map_err(|e| Error::Data { path: path.clone(), msg: e.to_string() })?;
         Ok(Self::with_split(Store::Owned(tokens), vocab, path))
     }
 
     /// Token ids already in memory (< `vocab_size`).
-    pub fn from_tokens(
-        tokens: Vec<u32>,
-        vocab_size: usize,
-        path: impl Into<PathBuf>,
-    ) -> Result<Dataset> {
+    pub fn from_tokens(tokens: Vec<u32>, vocab_size: usize, path: impl Into<PathBuf>) -> Result<Dataset> {
         let path = path.into();
-        if let Some((i, t)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab_size)
-        {
+        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab_size) {
             return Err(Error::Data {
                 path,
-                msg: format!(
-                    "token {t} at position {i} is not below the vocabulary size {vocab_size}"
-                ),
+                msg: format!("token {t} at position {i} is not below the vocabulary size {vocab_size}"),
             });
         }
-        Ok(Self::with_split(
-            Store::Owned(tokens),
-            Vocab::Ids { size: vocab_size },
-            path,
-        ))
+        Ok(Self::with_split(Store::Owned(tokens), Vocab::Ids { size: vocab_size }, path))
     }
 
     /// A `.bin` token file's bytes (llm.c header or raw uint16), e.g. fetched by the browser.
-    pub fn from_bin_bytes(
-        bytes: &[u8],
-        vocab_size: usize,
-        path: impl Into<PathBuf>,
-    ) -> Result<Dataset> {
+    pub fn from_bin_bytes(bytes: &[u8], vocab_size: usize, path: impl Into<PathBuf>) -> Result<Dataset> {
         let path = path.into();
-        let (offset, len) = token_layout(bytes).map_err(|msg| Error::Data {
-            path: path.clone(),
-            msg,
-        })?;
-        let tokens = bytes[offset..offset + 2 * len]
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
-            .collect();
+        let (offset, len) = token_layout(bytes).map_err(|msg| Error::Data { path: path.clone(), msg })?;
+        let tokens =
+            bytes[offset..offset + 2 * len].chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect();
         Self::from_tokens(tokens, vocab_size, path)
     }
 
     fn with_split(store: Store, vocab: Vocab, path: PathBuf) -> Dataset {
-        let mut d = Dataset {
-            store,
-            vocab,
-            path,
-            n_train: 0,
-        };
+        let mut d = Dataset { store, vocab, path, n_train: 0 };
         d.n_train = d.len() - d.len() / 10;
         d
     }
@@ -179,10 +130,7 @@ impl Dataset {
     /// `vocab` (from a checkpoint) fixes the token ids; token files default to GPT-2's 50257.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &std::path::Path, vocab: Option<Vocab>) -> Result<Dataset> {
-        let data_err = |msg: String| Error::Data {
-            path: path.to_path_buf(),
-            msg,
-        };
+        let data_err = |msg: String| Error::Data { path: path.to_path_buf(), msg };
         if path.extension().is_some_and(|e| e == "bin") {
             let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
             // SAFETY: the map is read-only and we never write the file; a file truncated by
@@ -194,10 +142,7 @@ impl Dataset {
             let vocab_size = vocab.as_ref().map_or(GPT2_VOCAB, Vocab::size);
             let store = Store::U16 { map, offset, len };
             let d = Self::with_split(store, Vocab::Ids { size: vocab_size }, path.to_path_buf());
-            if let Some((i, t)) = (0..d.len())
-                .map(|i| (i, d.token(i)))
-                .find(|&(_, t)| t as usize >= vocab_size)
-            {
+            if let Some((i, t)) = (0..d.len()).map(|i| (i, d.token(i))).find(|&(_, t)| t as usize >= vocab_size) {
                 return Err(data_err(format!(
                     "token {t} at position {i} is not below the vocabulary size {vocab_size}"
                 )));
@@ -225,9 +170,7 @@ impl Dataset {
         match &self.store {
             Store::Owned(v) => v[i],
             #[cfg(not(target_arch = "wasm32"))]
-            Store::U16 { map, offset, .. } => {
-                u16::from_le_bytes([map[offset + 2 * i], map[offset + 2 * i + 1]]) as u32
-            }
+            Store::U16 { map, offset, .. } => u16::from_le_bytes([map[offset + 2 * i], map[offset + 2 * i + 1]]) as u32,
         }
     }
 
@@ -283,11 +226,7 @@ impl Dataset {
             counts[self.token(i) as usize] += 1;
         }
         let n = (b - a) as f64;
-        -counts
-            .iter()
-            .filter(|&&c| c > 0)
-            .map(|&c| c as f64 / n * (c as f64 / n).ln())
-            .sum::<f64>() as f32
+        -counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n * (c as f64 / n).ln()).sum::<f64>() as f32
     }
 }
 
@@ -297,30 +236,21 @@ fn token_layout(bytes: &[u8]) -> std::result::Result<(usize, usize), String> {
         return Err("is empty".into());
     }
     if bytes.len() >= LLMC_HEADER_BYTES {
-        let word =
-            |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let word = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
         if word(0) == LLMC_MAGIC {
             if word(1) != 1 {
-                return Err(format!(
-                    "llm.c token file version {} (only 1, uint16 tokens, is known)",
-                    word(1)
-                ));
+                return Err(format!("llm.c token file version {} (only 1, uint16 tokens, is known)", word(1)));
             }
             let n = word(2).max(0) as usize;
             let have = (bytes.len() - LLMC_HEADER_BYTES) / 2;
             if have < n {
-                return Err(format!(
-                    "header promises {n} tokens but the file holds {have}: truncated"
-                ));
+                return Err(format!("header promises {n} tokens but the file holds {have}: truncated"));
             }
             return Ok((LLMC_HEADER_BYTES, n));
         }
     }
     if bytes.len() % 2 != 0 {
-        return Err(format!(
-            "has an odd length ({} bytes): not uint16 tokens",
-            bytes.len()
-        ));
+        return Err(format!("has an odd length ({} bytes): not uint16 tokens", bytes.len()));
     }
     Ok((0, bytes.len() / 2))
 }

@@ -72,21 +72,14 @@ impl Trainer {
         } else {
             None
         };
-        let ckpt_vocab = ckpt
-            .as_ref()
-            .and_then(|c| c.state.as_ref())
-            .and_then(|s| s.vocab.clone())
-            .map(Vocab::Chars);
+        let ckpt_vocab = ckpt.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.vocab.clone()).map(Vocab::Chars);
         let data = match data {
             Some(d) => d,
             None => open_data(&cfg, ckpt_vocab.clone())?,
         };
         if let (Some(v), Vocab::Chars(_)) = (&ckpt_vocab, &data.vocab) {
             if *v != data.vocab {
-                return Err(Error::invalid(
-                    "data",
-                    "the checkpoint's character vocabulary differs from this data's",
-                ));
+                return Err(Error::invalid("data", "the checkpoint's character vocabulary differs from this data's"));
             }
         }
         let config = match &ckpt {
@@ -96,20 +89,13 @@ impl Trainer {
         if data.vocab.size() > config.vocab_size {
             return Err(Error::invalid(
                 "data",
-                format!(
-                    "{} tokens in the vocabulary, the model has {}",
-                    data.vocab.size(),
-                    config.vocab_size
-                ),
+                format!("{} tokens in the vocabulary, the model has {}", data.vocab.size(), config.vocab_size),
             ));
         }
         if cfg.seq_len > config.block_size {
             return Err(Error::invalid(
                 "hyperparameter",
-                format!(
-                    "--seq-len {} exceeds the model's block size {}",
-                    cfg.seq_len, config.block_size
-                ),
+                format!("--seq-len {} exceeds the model's block size {}", cfg.seq_len, config.block_size),
             ));
         }
         data.check_fits(cfg.seq_len)?;
@@ -125,11 +111,7 @@ impl Trainer {
         let mut step = 0;
         let mut data_rng = Rng::new(cfg.seed.wrapping_add(1));
         if let Some(c) = &ckpt {
-            let dir = cfg
-                .resume
-                .as_deref()
-                .or(cfg.init_from.as_deref())
-                .expect("a checkpoint dir");
+            let dir = cfg.resume.as_deref().or(cfg.init_from.as_deref()).expect("a checkpoint dir");
             checkpoint::load_weights(ctx, dir, &model, &c.weights)?;
             if let Some(state) = &resumed_state {
                 let (moments, t) = c.optimizer.as_ref().ok_or_else(|| Error::Checkpoint {
@@ -141,14 +123,7 @@ impl Trainer {
                 data_rng = Rng::from_state(state.data_rng);
             }
         }
-        Ok(Trainer {
-            cfg,
-            model,
-            opt,
-            data,
-            step,
-            data_rng,
-        })
+        Ok(Trainer { cfg, model, opt, data, step, data_rng })
     }
 
     /// One optimizer step on a fresh training batch; returns the loss before the update.
@@ -165,10 +140,7 @@ impl Trainer {
         self.model.zero_grad(ctx)?;
         let value = ctx.to_f32(&loss).await?[0];
         if !value.is_finite() {
-            return Err(Error::invalid(
-                "training",
-                format!("loss became {value} at step {}", self.step),
-            ));
+            return Err(Error::invalid("training", format!("loss became {value} at step {}", self.step)));
         }
         self.step += 1;
         Ok(value)
@@ -191,14 +163,7 @@ impl Trainer {
     }
 
     /// `n` tokens sampled after `prompt` at `temperature`, decoded.
-    pub async fn sample(
-        &self,
-        ctx: &Context,
-        prompt: &[u32],
-        n: usize,
-        temperature: f32,
-        seed: u64,
-    ) -> Result<String> {
+    pub async fn sample(&self, ctx: &Context, prompt: &[u32], n: usize, temperature: f32, seed: u64) -> Result<String> {
         let mut rng = Rng::new(seed);
         let mut tokens = prompt.to_vec();
         let block = self.model.config.block_size.min(self.cfg.seq_len.max(1));
@@ -211,11 +176,7 @@ impl Trainer {
             let all = ctx.to_f32(&logits).await?;
             let v = self.model.config.vocab_size;
             let last = &all[all.len() - v..];
-            tokens.push(sample_logits(
-                &last[..self.data.vocab.size()],
-                temperature,
-                &mut rng,
-            ));
+            tokens.push(sample_logits(&last[..self.data.vocab.size()], temperature, &mut rng));
         }
         Ok(self.data.vocab.decode(&tokens[prompt.len()..]))
     }
@@ -256,31 +217,19 @@ impl Trainer {
                 tokens_per_s: (self.step - first_step) as f64 * tokens_per_step / elapsed.max(1e-9),
             };
             reporter.on_step(&r);
-            if self.cfg.eval_every > 0
-                && self.step % self.cfg.eval_every == 0
-                && self.step < self.cfg.steps
-            {
+            if self.cfg.eval_every > 0 && self.step % self.cfg.eval_every == 0 && self.step < self.cfg.steps {
                 let v = self.evaluate(ctx).await?;
                 reporter.on_eval(self.step, v);
             }
         }
         let elapsed = web_time_now() - start;
         let trained = self.step - first_step;
-        let tokens_per_s = if trained > 0 {
-            trained as f64 * tokens_per_step / elapsed.max(1e-9)
-        } else {
-            0.0
-        };
+        let tokens_per_s = if trained > 0 { trained as f64 * tokens_per_step / elapsed.max(1e-9) } else { 0.0 };
         let val = self.evaluate(ctx).await?;
         reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 {
-            let prompt = self
-                .data
-                .vocab
-                .encode("One day")
-                .unwrap_or_else(|_| vec![0]);
-            self.sample(ctx, &prompt, self.cfg.sample_len, 0.8, self.cfg.seed)
-                .await?
+            let prompt = self.data.vocab.encode("One day").unwrap_or_else(|_| vec![0]);
+            self.sample(ctx, &prompt, self.cfg.sample_len, 0.8, self.cfg.seed).await?
         } else {
             String::new()
         };
@@ -305,9 +254,7 @@ impl Trainer {
 fn web_time_now() -> f64 {
     use std::sync::OnceLock;
     static T0: OnceLock<std::time::Instant> = OnceLock::new();
-    T0.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs_f64()
+    T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -321,10 +268,9 @@ fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
 #[cfg(target_arch = "wasm32")]
 fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
     match &cfg.data {
-        Some(path) => Err(Error::Data {
-            path: path.clone(),
-            msg: "files cannot be opened in the browser; pass a Dataset".into(),
-        }),
+        Some(path) => {
+            Err(Error::Data { path: path.clone(), msg: "files cannot be opened in the browser; pass a Dataset".into() })
+        }
         None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab),
     }
 }
@@ -332,18 +278,10 @@ fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
 /// Samples an index from softmax(logits / temperature); temperature 0 takes the argmax.
 pub fn sample_logits(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
     if temperature <= 0.0 {
-        return logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .unwrap_or(0);
+        return logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap_or(0);
     }
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let w: Vec<f64> = logits
-        .iter()
-        .map(|&l| (((l - m) / temperature) as f64).exp())
-        .collect();
+    let w: Vec<f64> = logits.iter().map(|&l| (((l - m) / temperature) as f64).exp()).collect();
     let total: f64 = w.iter().sum();
     let mut u = rng.uniform() as f64 * total;
     for (i, wi) in w.iter().enumerate() {

@@ -12,8 +12,7 @@ use pagetrain::{Context, ContextOptions};
 pub const AWKWARD: &[usize] = &[1, 3, 17, 64, 65, 129, 1000];
 
 pub fn ctx() -> Context {
-    pollster::block_on(Context::new(&ContextOptions::default()))
-        .expect("a GPU adapter (lavapipe in CI)")
+    pollster::block_on(Context::new(&ContextOptions::default())).expect("a GPU adapter (lavapipe in CI)")
 }
 
 pub fn randn(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
@@ -30,27 +29,15 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut worst = (0usize, 0.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            g.is_finite(),
-            "{what}: got non-finite {g} at {i} (want {w})"
-        );
+        assert!(g.is_finite(), "{what}: got non-finite {g} at {i} (want {w})");
         let excess = (g as f64 - w).abs() - (atol + rtol * w.abs());
         if excess > worst.1 || (i == 0 && excess > 0.0) {
             worst = (i, excess);
         }
     }
     let (i, excess) = worst;
-    let maxdiff = got
-        .iter()
-        .zip(want)
-        .map(|(&g, &w)| (g as f64 - w).abs())
-        .fold(0.0, f64::max);
-    assert!(
-        excess <= 0.0,
-        "{what}: maxdiff {maxdiff:.3e}; worst at {i}: got {} want {}",
-        got[i],
-        want[i]
-    );
+    let maxdiff = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    assert!(excess <= 0.0, "{what}: maxdiff {maxdiff:.3e}; worst at {i}: got {} want {}", got[i], want[i]);
 }
 
 /// A raw GPU buffer with `n` floats to bind plus a tail of canaries that must survive.
@@ -76,43 +63,28 @@ impl Guarded {
         let buffer = ctx.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("guarded"),
             size: (data.len() * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        ctx.gpu
-            .queue
-            .write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        ctx.gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
         Guarded { buffer, n }
     }
 
     pub fn from_u32(ctx: &Context, data: &[u32]) -> Guarded {
         let g = Guarded::new(ctx, data.len(), Some(&vec![0.0; data.len()]));
-        ctx.gpu
-            .queue
-            .write_buffer(&g.buffer, 0, bytemuck::cast_slice(data));
+        ctx.gpu.queue.write_buffer(&g.buffer, 0, bytemuck::cast_slice(data));
         g
     }
 
     /// The binding: exactly `n` floats.
     pub fn view(&self) -> View {
-        View {
-            buffer: self.buffer.clone(),
-            offset: 0,
-            size: (self.n.max(1) * 4) as u64,
-        }
+        View { buffer: self.buffer.clone(), offset: 0, size: (self.n.max(1) * 4) as u64 }
     }
 
     /// The bound values; panics if a canary after them was overwritten.
     pub fn read(&self, ctx: &Context) -> Vec<f32> {
-        let full = View {
-            buffer: self.buffer.clone(),
-            offset: 0,
-            size: self.buffer.size(),
-        };
-        let bytes =
-            pollster::block_on(ctx.kernels.read_view(&full, self.buffer.size())).expect("readback");
+        let full = View { buffer: self.buffer.clone(), offset: 0, size: self.buffer.size() };
+        let bytes = pollster::block_on(ctx.kernels.read_view(&full, self.buffer.size())).expect("readback");
         let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         for (i, &c) in all[self.n..].iter().enumerate() {
             assert_eq!(

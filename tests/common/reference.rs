@@ -24,16 +24,8 @@ pub fn matmul_forward(
             for j in 0..n {
                 let mut s = 0.0;
                 for kk in 0..k {
-                    let av = if ta {
-                        a[ao + kk * m + i]
-                    } else {
-                        a[ao + i * k + kk]
-                    };
-                    let bv = if tb {
-                        b[bo + j * k + kk]
-                    } else {
-                        b[bo + kk * n + j]
-                    };
+                    let av = if ta { a[ao + kk * m + i] } else { a[ao + i * k + kk] };
+                    let bv = if tb { b[bo + j * k + kk] } else { b[bo + kk * n + j] };
                     s += av * bv;
                 }
                 c[bt * m * n + i * n + j] = alpha * s + bias.map_or(0.0, |bb| bb[j]);
@@ -46,9 +38,7 @@ pub fn matmul_forward(
 const GELU_SCALE: f64 = 0.7978845608028654;
 
 pub fn gelu_forward(x: &[f64]) -> Vec<f64> {
-    x.iter()
-        .map(|&v| 0.5 * v * (1.0 + (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh()))
-        .collect()
+    x.iter().map(|&v| 0.5 * v * (1.0 + (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh())).collect()
 }
 
 pub fn gelu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
@@ -56,8 +46,7 @@ pub fn gelu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
         .zip(dout)
         .map(|(&v, &d)| {
             let t = (GELU_SCALE * (v + 0.044715 * v * v * v)).tanh();
-            d * (0.5 * (1.0 + t)
-                + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v))
+            d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v))
         })
         .collect()
 }
@@ -67,10 +56,7 @@ pub fn relu_forward(x: &[f64]) -> Vec<f64> {
 }
 
 pub fn relu_backward(x: &[f64], dout: &[f64]) -> Vec<f64> {
-    x.iter()
-        .zip(dout)
-        .map(|(&v, &d)| if v > 0.0 { d } else { 0.0 })
-        .collect()
+    x.iter().zip(dout).map(|(&v, &d)| if v > 0.0 { d } else { 0.0 }).collect()
 }
 
 /// (out, mean, rstd)
@@ -127,25 +113,12 @@ pub fn layernorm_backward(
     (dx, dw, db)
 }
 
-pub fn softmax_forward(
-    x: &[f64],
-    rows: usize,
-    len: usize,
-    causal_t: usize,
-    scale: f64,
-) -> Vec<f64> {
+pub fn softmax_forward(x: &[f64], rows: usize, len: usize, causal_t: usize, scale: f64) -> Vec<f64> {
     let mut y = vec![0.0; rows * len];
     for r in 0..rows {
-        let valid = if causal_t == 0 {
-            len
-        } else {
-            (r % causal_t + 1).min(len)
-        };
+        let valid = if causal_t == 0 { len } else { (r % causal_t + 1).min(len) };
         let row = &x[r * len..r * len + valid];
-        let m = row
-            .iter()
-            .map(|v| v * scale)
-            .fold(f64::NEG_INFINITY, f64::max);
+        let m = row.iter().map(|v| v * scale).fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = row.iter().map(|v| (v * scale - m).exp()).sum();
         for j in 0..valid {
             y[r * len + j] = (row[j] * scale - m).exp() / s;
@@ -177,19 +150,13 @@ pub fn attention_forward(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) ->
                 let q = |dd: usize| qkv[(bi * t + i) * 3 * c + hi * d + dd];
                 let mut scores = vec![0.0; i + 1];
                 for (j, s) in scores.iter_mut().enumerate() {
-                    *s = (0..d)
-                        .map(|dd| q(dd) * qkv[(bi * t + j) * 3 * c + c + hi * d + dd])
-                        .sum::<f64>()
-                        * scale;
+                    *s = (0..d).map(|dd| q(dd) * qkv[(bi * t + j) * 3 * c + c + hi * d + dd]).sum::<f64>() * scale;
                 }
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 for dd in 0..d {
                     out[(bi * t + i) * c + hi * d + dd] = (0..=i)
-                        .map(|j| {
-                            (scores[j] - m).exp() / z
-                                * qkv[(bi * t + j) * 3 * c + 2 * c + hi * d + dd]
-                        })
+                        .map(|j| (scores[j] - m).exp() / z * qkv[(bi * t + j) * 3 * c + 2 * c + hi * d + dd])
                         .sum();
                 }
             }
@@ -230,12 +197,7 @@ pub fn embedding_backward(
 }
 
 /// Per-row losses (0 for ignored rows) and their mean over valid rows.
-pub fn cross_entropy_forward(
-    logits: &[f64],
-    targets: &[u32],
-    v: usize,
-    ignore: u32,
-) -> (Vec<f64>, f64) {
+pub fn cross_entropy_forward(logits: &[f64], targets: &[u32], v: usize, ignore: u32) -> (Vec<f64>, f64) {
     let rows = targets.len();
     let mut losses = vec![0.0; rows];
     let mut count = 0;
@@ -249,21 +211,11 @@ pub fn cross_entropy_forward(
         losses[r] = lse - row[targets[r] as usize];
         count += 1;
     }
-    let mean = if count == 0 {
-        0.0
-    } else {
-        losses.iter().sum::<f64>() / count as f64
-    };
+    let mean = if count == 0 { 0.0 } else { losses.iter().sum::<f64>() / count as f64 };
     (losses, mean)
 }
 
-pub fn cross_entropy_backward(
-    logits: &[f64],
-    targets: &[u32],
-    v: usize,
-    ignore: u32,
-    dloss: f64,
-) -> Vec<f64> {
+pub fn cross_entropy_backward(logits: &[f64], targets: &[u32], v: usize, ignore: u32, dloss: f64) -> Vec<f64> {
     let rows = targets.len();
     let count = targets.iter().filter(|&&t| t != ignore).count().max(1) as f64;
     let mut d = vec![0.0; rows * v];
@@ -287,9 +239,7 @@ pub fn sum_forward(x: &[f64], squares: bool) -> f64 {
 }
 
 pub fn sum_rows(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    (0..cols)
-        .map(|j| (0..rows).map(|r| x[r * cols + j]).sum())
-        .collect()
+    (0..cols).map(|j| (0..rows).map(|r| x[r * cols + j]).sum()).collect()
 }
 
 /// One AdamW step; returns (param, m, v).
@@ -350,13 +300,7 @@ pub fn gpt2_forward(
     t: usize,
 ) -> Vec<f64> {
     let n = b * t;
-    let mut x = embedding_forward(
-        tokens,
-        &w("transformer.wte.weight"),
-        &w("transformer.wpe.weight"),
-        t,
-        c,
-    );
+    let mut x = embedding_forward(tokens, &w("transformer.wte.weight"), &w("transformer.wpe.weight"), t, c);
     for l in 0..n_layer {
         let p = |s: &str| w(&format!("transformer.h.{l}.{s}"));
         let h = layernorm_forward(&x, &p("ln_1.weight"), &p("ln_1.bias"), n, c, 1e-5).0;
@@ -417,26 +361,6 @@ pub fn gpt2_forward(
         );
         x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
     }
-    let h = layernorm_forward(
-        &x,
-        &w("transformer.ln_f.weight"),
-        &w("transformer.ln_f.bias"),
-        n,
-        c,
-        1e-5,
-    )
-    .0;
-    matmul_forward(
-        &h,
-        &w("transformer.wte.weight"),
-        None,
-        1,
-        n,
-        v,
-        c,
-        false,
-        true,
-        true,
-        1.0,
-    )
+    let h = layernorm_forward(&x, &w("transformer.ln_f.weight"), &w("transformer.ln_f.bias"), n, c, 1e-5).0;
+    matmul_forward(&h, &w("transformer.wte.weight"), None, 1, n, v, c, false, true, true, 1.0)
 }
