@@ -94,6 +94,48 @@ impl Grads {
     }
 }
 
+/// Activation checkpointing: runs `f(x)` keeping none of its intermediate tensors; backward runs
+/// `f(x)` again, this time recording, and backpropagates through that. Memory for one block's
+/// input instead of all its activations, for one more forward of the block.
+pub fn checkpoint(
+    ctx: &Context,
+    x: &Tensor,
+    f: impl Fn(&Context, &Tensor) -> Result<Tensor> + 'static,
+) -> Result<Tensor> {
+    if !ctx.grad_enabled() {
+        return f(ctx, x);
+    }
+    let outer = std::mem::take(&mut ctx.tape().nodes);
+    let result = f(ctx, x);
+    // Putting the outer nodes back drops the ones `f` recorded, and the tensors they saved.
+    ctx.tape().nodes = outer;
+    let out = result?;
+    if out.requires_grad() {
+        ctx.record(&[&out], Recompute { x: x.clone(), out: out.clone(), f: Box::new(f) });
+    }
+    Ok(out)
+}
+
+type Forward = Box<dyn Fn(&Context, &Tensor) -> Result<Tensor>>;
+
+struct Recompute {
+    x: Tensor,
+    out: Tensor,
+    f: Forward,
+}
+
+impl Backward for Recompute {
+    fn name(&self) -> &'static str {
+        "recompute"
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        // The outer tape is being replayed and is empty now: `f` records onto a fresh one.
+        let again = (self.f)(ctx, &self.x)?;
+        ctx.backward_from(&again, &dout, grads)
+    }
+}
+
 impl Context {
     /// Backpropagates from the scalar `loss` (d loss = `seed`), replaying the tape in reverse,
     /// then clears the tape. Parameter gradients in `grads` are accumulated into.

@@ -50,8 +50,9 @@ fn train_json_reports_the_run() {
     assert_eq!(v["steps"], 4);
     assert!(v["final_train_loss"].as_f64().unwrap() > 0.0);
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
-    assert!(std::path::Path::new(&out).join("model.safetensors").exists());
-    assert!(std::path::Path::new(&out).join("config.json").exists());
+    let latest = std::path::Path::new(&out).join("latest");
+    assert!(latest.join("model.safetensors").exists());
+    assert!(latest.join("config.json").exists());
 }
 
 #[test]

@@ -130,7 +130,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
         assert_eq!(&ck.weights.get(name).unwrap_or_else(|| panic!("missing {name}")).shape, shape, "{name}");
     }
     let hf: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("latest/config.json")).unwrap()).unwrap();
     assert_eq!(hf["model_type"], "gpt2");
     assert_eq!(hf["activation_function"], "gelu_new");
     assert_eq!(
@@ -143,7 +143,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
         ),
         (Some(2), Some(2), Some(8), Some(16), Some(11))
     );
-    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let bytes = std::fs::read(dir.join("latest/model.safetensors")).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     assert_eq!(meta.metadata().as_ref().unwrap()["format"], "pt", "transformers refuses files without format=pt");
 
@@ -298,7 +298,7 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     let mut t = Trainer::new(&ctx, small_cfg(&dir), None).unwrap();
     losses(&mut t, &ctx, 1);
     pollster::block_on(t.save(&ctx, &dir)).unwrap();
-    let good = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let good = std::fs::read(dir.join("latest/model.safetensors")).unwrap();
 
     let resume =
         |d: &Path| Trainer::new(&ctx, TrainConfig { resume: Some(d.to_path_buf()), ..small_cfg(d) }, None).map(|_| ());
@@ -306,7 +306,7 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
 
     let corrupt = tmpdir("ckpt-corrupt");
     for f in ["config.json", "optimizer.safetensors"] {
-        std::fs::copy(dir.join(f), corrupt.join(f)).unwrap();
+        std::fs::copy(dir.join("latest").join(f), corrupt.join(f)).unwrap();
     }
     std::fs::write(corrupt.join("model.safetensors"), b"definitely not safetensors").unwrap();
     expect_err(resume(&corrupt), &["model.safetensors", "not a valid safetensors"]);
@@ -323,7 +323,9 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     )
     .unwrap();
     tr.model = Gpt::new(&ctx, ocfg, 1).unwrap();
-    tr.opt = pagetrain::optim::AdamW::new(&ctx, &tr.model, Default::default()).unwrap();
+    tr.opt = pagetrain::train::trainer::Optimizer::Gpu(
+        pagetrain::optim::AdamW::new(&ctx, &tr.model, Default::default()).unwrap(),
+    );
     pollster::block_on(tr.save(&ctx, &other)).unwrap();
     let model = Gpt::new(&ctx, t.model.config, 1).unwrap();
     let ck = checkpoint::load(&other).unwrap();

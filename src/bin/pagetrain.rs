@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::pager::PagerOptions;
-use pagetrain::train::{Reporter, StepReport, TrainConfig, Trainer};
+use pagetrain::train::{OptimizerOn, Reporter, StepReport, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
@@ -73,6 +73,20 @@ struct TrainArgs {
     /// Start from the weights of a GPT-2-layout checkpoint directory (e.g. Hugging Face's).
     #[arg(long)]
     init_from: Option<PathBuf>,
+    /// Micro-batches per optimizer step (gradient accumulation); the effective batch is
+    /// --batch-size × --accum.
+    #[arg(long)]
+    accum: Option<usize>,
+    /// Where AdamW runs: gpu (fused kernels over paged states), host (worker threads over
+    /// host-resident states; ~8 instead of ~28 bytes per parameter on the bus), or auto.
+    #[arg(long)]
+    optimizer_on: Option<OptimizerOn>,
+    /// Keep only each block's input in forward and recompute the block in backward.
+    #[arg(long)]
+    recompute: bool,
+    /// Write a checkpoint every N steps (and at the end).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
     /// Evaluate on the validation split every N steps.
     #[arg(long)]
     eval_every: Option<u64>,
@@ -84,18 +98,22 @@ struct TrainArgs {
     json: bool,
     /// GPU byte budget for tensors, e.g. 512MiB, 2GiB, or auto (4 × the adapter's largest buffer).
     #[arg(long, value_parser = parse_budget)]
-    gpu_budget: Option<Option<u64>>,
+    gpu_budget: Option<Budget>,
     /// Where tensors live on the host: a directory of memory-mapped files (default: OUT/store),
     /// or `memory`.
     #[arg(long)]
     store: Option<String>,
 }
 
-fn parse_budget(s: &str) -> Result<Option<u64>, String> {
+/// A GPU budget: bytes, or `auto` (None).
+#[derive(Clone, Copy, Debug)]
+struct Budget(Option<u64>);
+
+fn parse_budget(s: &str) -> Result<Budget, String> {
     if s.eq_ignore_ascii_case("auto") {
-        return Ok(None);
+        return Ok(Budget(None));
     }
-    parse_bytes(s).map(Some)
+    parse_bytes(s).map(|b| Budget(Some(b)))
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -129,6 +147,10 @@ impl TrainArgs {
             init_from: self.init_from.clone(),
             eval_every: self.eval_every.unwrap_or(d.eval_every),
             sample_len: self.sample_len.unwrap_or(d.sample_len),
+            accum: self.accum.unwrap_or(d.accum),
+            optimizer_on: self.optimizer_on.unwrap_or(d.optimizer_on),
+            recompute: self.recompute,
+            checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
             ..d
         }
     }
@@ -158,6 +180,7 @@ impl Reporter for Bar {
             t.data.split_len(pagetrain::train::Split::Train),
             t.data.split_len(pagetrain::train::Split::Val)
         ));
+        self.bar.println(format!("optimizer on the {} ({})", t.opt.name(), t.optimizer_reason));
         self.bar.set_position(t.step);
     }
     fn on_step(&mut self, r: &StepReport) {
@@ -180,7 +203,7 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
         Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
         None => StoreKind::Mmap(cfg.out.join("store")),
     };
-    let pager = PagerOptions { budget: args.gpu_budget.flatten(), ..Default::default() };
+    let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.0), ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
     eprintln!("store: {}; GPU budget {} MiB", ctx.pager.describe_store(), ctx.pager.budget() >> 20);
     eprintln!("adapter: {}", ctx.gpu.describe());
@@ -202,6 +225,16 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
         summary.tokens_per_s,
         summary.steps,
         summary.params
+    );
+    let per_step = |b: u64| b as f64 / summary.steps.max(1) as f64 / (1 << 20) as f64;
+    eprintln!(
+        "memory: footprint {:.1} MiB, GPU budget {:.1} MiB, GPU peak {:.1} MiB; per step {:.1} MiB up, {:.1} MiB back, {:.2} s stalled in all",
+        summary.footprint_bytes as f64 / (1 << 20) as f64,
+        summary.budget_bytes as f64 / (1 << 20) as f64,
+        summary.peak_gpu_bytes as f64 / (1 << 20) as f64,
+        per_step(summary.bytes_uploaded),
+        per_step(summary.bytes_written_back),
+        summary.stall_s
     );
     for (entry, n, secs) in ctx.kernels.profile() {
         eprintln!(

@@ -1,10 +1,14 @@
 //! GPT-2: token + position embedding, pre-LayerNorm blocks, final LayerNorm, output head tied
 //! to the token embedding. Parameter names and layouts are Hugging Face's `GPT2LMHeadModel`.
 
+use std::cell::Cell;
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 
 use super::layers::{Block, LayerNorm};
 use super::{Module, Param};
+use crate::autograd;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ops::{self, MatmulOpts};
@@ -61,8 +65,10 @@ pub struct Gpt {
     pub config: GptConfig,
     pub wte: Param,
     pub wpe: Param,
-    pub blocks: Vec<Block>,
+    pub blocks: Vec<Rc<Block>>,
     pub ln_f: LayerNorm,
+    /// Checkpoint every block: keep its input, recompute it in backward.
+    recompute: Cell<bool>,
 }
 
 impl Gpt {
@@ -77,9 +83,15 @@ impl Gpt {
         let wpe = Param::normal(ctx, &mut rng, "transformer.wpe.weight", &[config.block_size, c], 0.01)?;
         let blocks = (0..config.n_layer)
             .map(|i| Block::new(ctx, &mut rng, &format!("transformer.h.{i}"), c, config.n_head, proj_std))
+            .map(|b| b.map(Rc::new))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
-        Ok(Gpt { config, wte, wpe, blocks, ln_f })
+        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false) })
+    }
+
+    /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
+    pub fn set_recompute(&self, on: bool) {
+        self.recompute.set(on);
     }
 
     /// tokens (B,T) u32 → logits (B,T,V).
@@ -103,7 +115,12 @@ impl Gpt {
         }
         let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
         for block in &self.blocks {
-            x = block.forward(ctx, &x)?;
+            x = if self.recompute.get() {
+                let block = block.clone();
+                autograd::checkpoint(ctx, &x, move |ctx, x| block.forward(ctx, x))?
+            } else {
+                block.forward(ctx, &x)?
+            };
         }
         self.ln_f.forward(ctx, &x)
     }

@@ -149,6 +149,9 @@ struct State {
     clock: u64,
     counters: Counters,
     channel: telemetry::Channel,
+    /// Bytes of all live tensors (wherever they are), and the most there ever were: the footprint.
+    live_bytes: u64,
+    peak_live_bytes: u64,
 }
 
 /// Writes a finished readback job into the host store (dropped if its tensor is gone).
@@ -214,11 +217,16 @@ impl State {
             (e.name.clone(), e.bytes)
         };
         loop {
-            match self.pool.take(device, &name, bytes.max(4)) {
+            let oom = match self.pool.take(device, &name, bytes.max(4)) {
                 Ok(buf) => return Ok(buf),
-                Err(Error::BudgetTooSmall { .. }) => {}
+                Err(Error::BudgetTooSmall { .. }) => None,
+                Err(e @ Error::OutOfMemory { .. }) => {
+                    // Cached free buffers hold driver memory the budget thought was there.
+                    self.pool.trim();
+                    Some(e)
+                }
                 Err(e) => return Err(e),
-            }
+            };
             let candidates: Vec<(TensorId, plan::Candidate)> = self
                 .entries
                 .iter()
@@ -232,6 +240,7 @@ impl State {
             let cursor = self.trace.len().saturating_sub(1);
             match plan::choose_victim(self.policy, future, cursor, &cands) {
                 Some(v) => self.evict(recorder, candidates[v].0)?,
+                None if oom.is_some() => return Err(oom.expect("checked")),
                 None => {
                     let pinned: u64 = self
                         .entries
@@ -353,6 +362,8 @@ impl Pager {
             clock: 0,
             counters: Counters::default(),
             channel: telemetry::Channel::default(),
+            live_bytes: 0,
+            peak_live_bytes: 0,
         };
         Pager { gpu, recorder, state: RefCell::new(state) }
     }
@@ -392,6 +403,8 @@ impl Pager {
             pins: 0,
         };
         st.entries.insert(id, entry);
+        st.live_bytes += bytes;
+        st.peak_live_bytes = st.peak_live_bytes.max(st.live_bytes);
         Ok(id)
     }
 
@@ -588,6 +601,7 @@ impl Pager {
         // `try_borrow_mut`: a drop during a panic unwind must not panic again.
         if let Ok(mut st) = self.state.try_borrow_mut() {
             if let Some(e) = st.entries.remove(&id) {
+                st.live_bytes -= e.bytes;
                 if let Some(buf) = e.gpu {
                     st.pool.give(buf);
                 }
@@ -609,6 +623,17 @@ impl Pager {
             peak_bytes: st.pool.peak(),
             budget: st.pool.budget(),
         }
+    }
+
+    /// Counts a micro-batch shrink (out-of-memory recovery) in the telemetry.
+    pub fn note_shrink(&self) {
+        self.state.borrow_mut().counters.micro_batch_shrinks += 1;
+    }
+
+    /// Bytes of all live tensors now, and at most so far (the footprint a fully resident run needs).
+    pub fn live_bytes(&self) -> (u64, u64) {
+        let st = self.state.borrow();
+        (st.live_bytes, st.peak_live_bytes)
     }
 
     pub fn counters(&self) -> Counters {

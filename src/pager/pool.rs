@@ -66,12 +66,21 @@ impl Pool {
                 });
             }
         }
+        // The driver may have less memory than the budget promises: an out-of-memory error scope
+        // turns that into an `Err` the pager answers by evicting (and the trainer by shrinking
+        // the micro-batch), not an abort.
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: class,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        // Native wgpu answers at once; where the answer is not ready (the web), a later error
+        // surfaces through the device's error handler instead.
+        if let Some(Some(_)) = futures::FutureExt::now_or_never(scope.pop()) {
+            return Err(Error::OutOfMemory { what: label.into(), bytes: class });
+        }
         self.held += class;
         self.in_use += class;
         self.peak = self.peak.max(self.held);

@@ -48,6 +48,8 @@ pub struct Counters {
     pub stall_s: f64,
     /// Seconds spent copying bytes into staging memory.
     pub fill_s: f64,
+    /// Times the trainer halved its micro-batch because one did not fit.
+    pub micro_batch_shrinks: u64,
 }
 
 /// The pager at one moment.

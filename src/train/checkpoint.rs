@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, GptConfig, Module, Param};
-use crate::optim::AdamW;
 use crate::tensor::Tensor;
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -25,8 +24,8 @@ pub const CONFIG_FILE: &str = "config.json";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
     pub step: u64,
-    /// State of the data sampler's RNG.
-    pub data_rng: u64,
+    /// Seed of the per-step batch sampler (batch of step n = f(seed, n)).
+    pub data_seed: u64,
     /// Character vocabulary of a text-trained model (None for token-file data).
     pub vocab: Option<Vec<char>>,
     pub config: GptConfig,
@@ -144,8 +143,15 @@ pub struct CheckpointFiles {
     pub config: Vec<u8>,
 }
 
+/// Optimizer state as a checkpoint sees it: AdamW's moments (one per parameter) and step count.
+pub struct Moments<'a> {
+    pub m: &'a [Tensor],
+    pub v: &'a [Tensor],
+    pub t: u64,
+}
+
 /// Reads model and optimizer state back from the GPU and serializes the checkpoint files.
-pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<CheckpointFiles> {
+pub async fn encode(ctx: &Context, model: &Gpt, opt: Moments<'_>, state: &TrainState) -> Result<CheckpointFiles> {
     let here = Path::new(MODEL_FILE);
     let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(here, e.to_string()))?;
     let meta = |extra: &[(&str, String)]| {
@@ -162,7 +168,7 @@ pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState)
     let weights = host_tensors(ctx, params.iter().map(|p| (p.name.clone(), &p.value)).collect()).await?;
     let moments: Vec<(String, &Tensor)> = params
         .iter()
-        .zip(opt.m.iter().zip(&opt.v))
+        .zip(opt.m.iter().zip(opt.v.iter()))
         .flat_map(|(p, (m, v))| [(format!("{}.exp_avg", p.name), m), (format!("{}.exp_avg_sq", p.name), v)])
         .collect();
     let moments = host_tensors(ctx, moments).await?;
@@ -173,16 +179,71 @@ pub async fn encode(ctx: &Context, model: &Gpt, opt: &AdamW, state: &TrainState)
     })
 }
 
-/// Writes model, optimizer and config into `dir` (created if missing). The model file goes
-/// last: a checkpoint whose model file carries step N has every other file of step N.
+/// Where the newest complete checkpoint under `dir` is: `dir/latest` (a link to a `step-N`
+/// directory) when present, else `dir` itself (a plain Hugging Face-style directory).
+pub fn resolve(dir: &Path) -> PathBuf {
+    let latest = dir.join(LATEST);
+    if latest.join(MODEL_FILE).exists() {
+        return latest;
+    }
+    #[cfg(not(unix))]
+    if let Ok(name) = std::fs::read_to_string(&latest) {
+        return dir.join(name.trim());
+    }
+    dir.to_path_buf()
+}
+
+/// Checkpoints written by `save` keep this many step directories (the newest first).
+pub const KEEP: usize = 2;
+pub const LATEST: &str = "latest";
+
+/// Writes model, optimizer and config into `dir/step-N/` and only then points `dir/latest` at it
+/// (an atomic rename), so a process killed at any moment leaves the last complete checkpoint in
+/// place and no torn files. Older step directories beyond `KEEP` are removed.
 #[cfg(not(target_arch = "wasm32"))]
-pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<()> {
+pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: Moments<'_>, state: &TrainState) -> Result<PathBuf> {
     let files = encode(ctx, model, opt, state).await?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    write_atomic(&dir.join(OPTIMIZER_FILE), &files.optimizer)?;
-    write_atomic(&dir.join(CONFIG_FILE), &files.config)?;
-    write_atomic(&dir.join(MODEL_FILE), &files.model)?;
+    let name = format!("step-{:08}", state.step);
+    let step_dir = dir.join(&name);
+    std::fs::create_dir_all(&step_dir).map_err(|e| Error::io(&step_dir, e))?;
+    write_atomic(&step_dir.join(OPTIMIZER_FILE), &files.optimizer)?;
+    write_atomic(&step_dir.join(CONFIG_FILE), &files.config)?;
+    write_atomic(&step_dir.join(MODEL_FILE), &files.model)?;
+    point_latest(dir, &name)?;
+    prune(dir, &name);
+    Ok(step_dir)
+}
+
+#[cfg(unix)]
+fn point_latest(dir: &Path, name: &str) -> Result<()> {
+    let tmp = dir.join("latest.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(name, &tmp).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, dir.join(LATEST)).map_err(|e| Error::io(dir.join(LATEST), e))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
     Ok(())
+}
+
+#[cfg(all(not(unix), not(target_arch = "wasm32")))]
+fn point_latest(dir: &Path, name: &str) -> Result<()> {
+    write_atomic(&dir.join(LATEST), name.as_bytes())
+}
+
+/// Removes step directories other than the `KEEP` newest (never `current`).
+#[cfg(not(target_arch = "wasm32"))]
+fn prune(dir: &Path, current: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut steps: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-") && n.as_str() != current)
+        .collect();
+    steps.sort();
+    let extra = steps.len().saturating_sub(KEEP - 1);
+    for old in &steps[..extra] {
+        let _ = std::fs::remove_dir_all(dir.join(old));
+    }
 }
 
 fn read_safetensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
@@ -222,6 +283,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     if !dir.is_dir() {
         return Err(ckpt_err(dir, "is not a directory"));
     }
+    let dir = &resolve(dir);
     let model_path = dir.join(MODEL_FILE);
     let (mut weights, meta) = read_safetensors(&model_path)?;
     // GPT2Model checkpoints name tensors without the `transformer.` prefix.
@@ -277,7 +339,7 @@ fn take<'a>(path: &Path, map: &'a HashMap<String, HostTensor>, name: &str, want:
 pub fn load_weights(ctx: &Context, dir: &Path, model: &Gpt, weights: &HashMap<String, HostTensor>) -> Result<()> {
     let params: Vec<&Param> = model.params();
     // Check everything before writing anything.
-    let path = dir.join(MODEL_FILE);
+    let path = resolve(dir).join(MODEL_FILE);
     for p in &params {
         take(&path, weights, &p.name, p.value.shape())?;
     }
@@ -287,29 +349,28 @@ pub fn load_weights(ctx: &Context, dir: &Path, model: &Gpt, weights: &HashMap<St
     Ok(())
 }
 
-/// Copies the AdamW moments and step count into `opt`.
+/// Copies the AdamW moments into `opt` (the caller restores the step count).
 pub fn load_optimizer(
     ctx: &Context,
     dir: &Path,
     model: &Gpt,
-    opt: &mut AdamW,
+    opt: Moments<'_>,
     moments: &HashMap<String, HostTensor>,
-    t: u64,
 ) -> Result<()> {
     let params = model.params();
+    let path = resolve(dir).join(OPTIMIZER_FILE);
     for p in &params {
-        take(dir, moments, &format!("{}.exp_avg", p.name), p.value.shape())?;
-        take(dir, moments, &format!("{}.exp_avg_sq", p.name), p.value.shape())?;
+        take(&path, moments, &format!("{}.exp_avg", p.name), p.value.shape())?;
+        take(&path, moments, &format!("{}.exp_avg_sq", p.name), p.value.shape())?;
     }
     for (i, p) in params.iter().enumerate() {
         ctx.write_f32(&opt.m[i], &moments[&format!("{}.exp_avg", p.name)].data)?;
         ctx.write_f32(&opt.v[i], &moments[&format!("{}.exp_avg_sq", p.name)].data)?;
     }
-    opt.t = t;
     Ok(())
 }
 
 /// The directory's model file, for messages.
 pub fn model_path(dir: &Path) -> PathBuf {
-    dir.join(MODEL_FILE)
+    resolve(dir).join(MODEL_FILE)
 }

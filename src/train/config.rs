@@ -4,13 +4,40 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 
+/// Where AdamW runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OptimizerOn {
+    /// Fused kernels over paged states.
+    #[default]
+    Gpu,
+    /// Worker threads over the host-resident states.
+    Host,
+    /// Decided from the model and the budget; the run says which and why.
+    Auto,
+}
+
+impl std::str::FromStr for OptimizerOn {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "gpu" => Ok(OptimizerOn::Gpu),
+            "host" => Ok(OptimizerOn::Host),
+            "auto" => Ok(OptimizerOn::Auto),
+            other => Err(format!("`{other}`: use gpu, host or auto")),
+        }
+    }
+}
+
 /// Everything a training run needs to know. `Default` is the built-in demo run.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     /// Model preset: `tiny`, `small`, `gpt2-124m`.
     pub model: String,
     pub steps: u64,
+    /// Sequences per micro-batch.
     pub batch_size: usize,
+    /// Micro-batches whose gradients are summed per optimizer step.
+    pub accum: usize,
     pub seq_len: usize,
     /// Peak learning rate (after warmup; cosine decay to lr/10).
     pub lr: f32,
@@ -33,6 +60,11 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Characters to sample at the end (0: none).
     pub sample_len: usize,
+    /// Write a checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: u64,
+    pub optimizer_on: OptimizerOn,
+    /// Keep only each block's input in forward; recompute the block in backward.
+    pub recompute: bool,
 }
 
 impl Default for TrainConfig {
@@ -41,6 +73,7 @@ impl Default for TrainConfig {
             model: "tiny".into(),
             steps: 400,
             batch_size: 16,
+            accum: 1,
             seq_len: 64,
             lr: 3e-3,
             warmup_steps: 30,
@@ -54,6 +87,9 @@ impl Default for TrainConfig {
             eval_batches: 8,
             eval_every: 0,
             sample_len: 300,
+            checkpoint_every: 0,
+            optimizer_on: OptimizerOn::Gpu,
+            recompute: false,
         }
     }
 }
@@ -67,6 +103,9 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("--batch-size must be at least 1".into());
+        }
+        if self.accum == 0 {
+            return bad("--accum must be at least 1".into());
         }
         if self.seq_len == 0 {
             return bad("--seq-len must be at least 1".into());

@@ -217,6 +217,14 @@ impl Dataset {
         (x, y)
     }
 
+    /// The training batch of step `step`: `n` windows of `t + 1` tokens drawn with a generator
+    /// seeded by (`seed`, `step`), so any step's batch can be made again — after a resume, or
+    /// ahead of time by a prefetch thread — without carrying generator state along.
+    pub fn step_batch(&self, seed: u64, step: u64, n: usize, t: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut rng = Rng::new(seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17));
+        self.batch(Split::Train, &mut rng, n, t)
+    }
+
     /// Entropy (nats) of the training split's token frequencies: the loss of the best model that
     /// ignores context. A model that learns must go far below it.
     pub fn unigram_entropy(&self) -> f32 {
@@ -253,4 +261,56 @@ fn token_layout(bytes: &[u8]) -> std::result::Result<(usize, usize), String> {
         return Err(format!("has an odd length ({} bytes): not uint16 tokens", bytes.len()));
     }
     Ok((0, bytes.len() / 2))
+}
+
+/// Makes the batches of upcoming steps on a worker thread (reading the memory-mapped tokens),
+/// a few steps ahead of the trainer.
+pub struct Prefetcher {
+    #[cfg(not(target_arch = "wasm32"))]
+    rx: std::sync::mpsc::Receiver<(u64, Vec<u32>, Vec<u32>)>,
+    #[cfg(target_arch = "wasm32")]
+    data: std::sync::Arc<Dataset>,
+    seed: u64,
+    n: usize,
+    t: usize,
+}
+
+impl Prefetcher {
+    /// Batches for steps `first..`, `n` windows of `t` tokens each, at most `depth` steps ahead.
+    pub fn new(data: std::sync::Arc<Dataset>, seed: u64, first: u64, n: usize, t: usize, depth: usize) -> Prefetcher {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let (tx, rx) = std::sync::mpsc::sync_channel(depth.max(1));
+            std::thread::spawn(move || {
+                for step in first.. {
+                    let (x, y) = data.step_batch(seed, step, n, t);
+                    if tx.send((step, x, y)).is_err() {
+                        break;
+                    }
+                }
+            });
+            Prefetcher { rx, seed, n, t }
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (first, depth);
+            Prefetcher { data, seed, n, t }
+        }
+    }
+
+    /// The batch of `step` (made here if the thread is elsewhere).
+    pub fn get(&self, data: &Dataset, step: u64) -> (Vec<u32>, Vec<u32>) {
+        #[cfg(not(target_arch = "wasm32"))]
+        while let Ok((s, x, y)) = self.rx.recv() {
+            if s == step {
+                return (x, y);
+            }
+            if s > step {
+                break;
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = &self.data;
+        data.step_batch(self.seed, step, self.n, self.t)
+    }
 }

@@ -1,13 +1,18 @@
-//! The training loop: batches from the data, forward, backward, AdamW, evaluation, sampling,
-//! checkpoints. Progress goes to a [`Reporter`] (the CLI's progress bar; later the studio).
+//! The training loop: batches from the data, forward, backward, the optimizer, evaluation,
+//! sampling, checkpoints. A step's batch is split into micro-batches whose gradients accumulate;
+//! when a micro-batch does not fit the GPU, the step starts over with half the micro-batch and
+//! twice the accumulation (the same data, the same effective batch). Progress goes to a
+//! [`Reporter`] (the CLI's progress bar; later the studio).
 
-use super::checkpoint::{self, TrainState};
-use super::config::TrainConfig;
-use super::data::{Dataset, Split, Vocab};
+use std::sync::Arc;
+
+use super::checkpoint::{self, Moments, TrainState};
+use super::config::{OptimizerOn, TrainConfig};
+use super::data::{Dataset, Prefetcher, Split, Vocab};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, GptConfig, Module};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::{AdamW, AdamWConfig, HostAdamW};
 use crate::rng::Rng;
 
 /// One finished optimizer step.
@@ -17,6 +22,7 @@ pub struct StepReport {
     pub loss: f32,
     pub lr: f32,
     pub tokens_per_s: f64,
+    pub micro_batch: usize,
 }
 
 /// Receives progress; every method has a do-nothing default.
@@ -43,16 +49,76 @@ pub struct RunSummary {
     pub losses: Vec<f32>,
     pub sample: String,
     pub adapter: String,
+    /// Most bytes the GPU pool held at once; never above `budget_bytes`.
     pub peak_gpu_bytes: u64,
+    pub budget_bytes: u64,
+    /// Most bytes of live tensors at once (what a fully resident run would need).
+    pub footprint_bytes: u64,
+    pub bytes_uploaded: u64,
+    pub bytes_written_back: u64,
+    /// Seconds the host waited for transfers.
+    pub stall_s: f64,
+    /// Micro-batch the run ended with (smaller than --batch-size after out-of-memory shrinks).
+    pub micro_batch: usize,
+    pub accum: usize,
+    pub optimizer_on: String,
+    pub recompute: bool,
+}
+
+/// Where the optimizer runs in this run.
+pub enum Optimizer {
+    Gpu(AdamW),
+    Host(HostAdamW),
+}
+
+impl Optimizer {
+    pub fn moments(&self) -> Moments<'_> {
+        match self {
+            Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+        }
+    }
+
+    fn set_t(&mut self, t: u64) {
+        match self {
+            Optimizer::Gpu(o) => o.t = t,
+            Optimizer::Host(o) => o.t = t,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Gpu(_) => "gpu",
+            Optimizer::Host(_) => "host",
+        }
+    }
+
+    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32) -> Result<()> {
+        match self {
+            Optimizer::Gpu(o) => o.step_lr(ctx, &model.params(), lr, 1.0),
+            Optimizer::Host(o) => o.step_lr(ctx, &model.params(), lr, 1.0).await,
+        }
+    }
 }
 
 pub struct Trainer {
     pub cfg: TrainConfig,
     pub model: Gpt,
-    pub opt: AdamW,
-    pub data: Dataset,
+    pub opt: Optimizer,
+    pub data: Arc<Dataset>,
     pub step: u64,
-    data_rng: Rng,
+    /// Sequences per micro-batch now (starts at --batch-size, halves on out-of-memory).
+    pub micro_batch: usize,
+    /// Seed of the per-step batch sampler (kept in checkpoints).
+    data_seed: u64,
+    prefetch: Option<Prefetcher>,
+    /// Why the optimizer runs where it does.
+    pub optimizer_reason: String,
+}
+
+/// Whether `e` means "this much does not fit on the GPU".
+pub fn is_out_of_memory(e: &Error) -> bool {
+    matches!(e, Error::BudgetTooSmall { .. } | Error::OutOfMemory { .. })
 }
 
 impl Trainer {
@@ -101,55 +167,114 @@ impl Trainer {
         data.check_fits(cfg.seq_len)?;
 
         let model = Gpt::new(ctx, config, cfg.seed)?;
+        model.set_recompute(cfg.recompute);
         let opt_cfg = AdamWConfig {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,
             max_grad_norm: cfg.grad_clip,
             ..Default::default()
         };
-        let mut opt = AdamW::new(ctx, &model, opt_cfg)?;
+        let (on, optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
+        let mut opt = match on {
+            OptimizerOn::Host => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
+            _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
+        };
         let mut step = 0;
-        let mut data_rng = Rng::new(cfg.seed.wrapping_add(1));
+        let mut data_seed = cfg.seed.wrapping_add(1);
         if let Some(c) = &ckpt {
             let dir = cfg.resume.as_deref().or(cfg.init_from.as_deref()).expect("a checkpoint dir");
             checkpoint::load_weights(ctx, dir, &model, &c.weights)?;
             if let Some(state) = &resumed_state {
                 let (moments, t) = c.optimizer.as_ref().ok_or_else(|| Error::Checkpoint {
-                    path: dir.join(checkpoint::OPTIMIZER_FILE),
+                    path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
                     msg: "missing: cannot resume without the optimizer state".into(),
                 })?;
-                checkpoint::load_optimizer(ctx, dir, &model, &mut opt, moments, *t)?;
+                checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?;
+                opt.set_t(*t);
                 step = state.step;
-                data_rng = Rng::from_state(state.data_rng);
+                data_seed = state.data_seed;
             }
         }
-        Ok(Trainer { cfg, model, opt, data, step, data_rng })
+        let micro_batch = cfg.batch_size;
+        Ok(Trainer {
+            cfg,
+            model,
+            opt,
+            data: Arc::new(data),
+            step,
+            micro_batch,
+            data_seed,
+            prefetch: None,
+            optimizer_reason,
+        })
     }
 
-    /// One optimizer step on a fresh training batch; returns the loss before the update.
+    /// Sequences per optimizer step: micro-batch × accumulation, fixed for the run.
+    pub fn effective_batch(&self) -> usize {
+        self.cfg.batch_size * self.cfg.accum
+    }
+
+    /// Forward and backward over one step's batch in micro-batches; returns the mean loss.
+    async fn accumulate(&mut self, ctx: &Context, x: &[u32], y: &[u32]) -> Result<f32> {
+        let t = self.cfg.seq_len;
+        let micro = self.micro_batch;
+        let n_micro = self.effective_batch() / micro;
+        let mut total = 0.0;
+        for i in 0..n_micro {
+            let rows = i * micro * t..(i + 1) * micro * t;
+            let tokens = ctx.from_u32("tokens", &[micro, t], &x[rows.clone()])?;
+            let loss = self.model.loss(ctx, &tokens, &y[rows])?;
+            let mut grads = self.model.grads();
+            ctx.backward(&loss, &mut grads, 1.0 / n_micro as f32)?;
+            total += ctx.to_f32(&loss).await?[0];
+        }
+        Ok(total / n_micro as f32)
+    }
+
+    /// One optimizer step on the step's batch; returns the mean loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
-        ctx.pager.begin_step();
-        let (b, t) = (self.cfg.batch_size, self.cfg.seq_len);
-        let (x, y) = self.data.batch(Split::Train, &mut self.data_rng, b, t);
-        let tokens = ctx.from_u32("tokens", &[b, t], &x)?;
-        let loss = self.model.loss(ctx, &tokens, &y)?;
-        let mut grads = self.model.grads();
-        ctx.backward(&loss, &mut grads, 1.0)?;
+        let (b, t) = (self.effective_batch(), self.cfg.seq_len);
+        let (x, y) = match &self.prefetch {
+            Some(p) => p.get(&self.data, self.step),
+            None => self.data.step_batch(self.data_seed, self.step, b, t),
+        };
+        let loss = loop {
+            ctx.pager.begin_step();
+            match self.accumulate(ctx, &x, &y).await {
+                Ok(loss) => break loss,
+                Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
+                    // Throw the partial step away and run it again in smaller pieces.
+                    ctx.tape().clear();
+                    self.model.zero_grad(ctx)?;
+                    ctx.pager.trim();
+                    let from = self.micro_batch;
+                    let effective = self.effective_batch();
+                    self.micro_batch = (1..=from / 2).rev().find(|d| effective % d == 0).unwrap_or(1);
+                    log::warn!(
+                        "step {}: a micro-batch of {from} does not fit ({e}); retrying with {} x {}",
+                        self.step,
+                        effective / self.micro_batch,
+                        self.micro_batch
+                    );
+                    ctx.pager.note_shrink();
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let lr = self.cfg.lr_at(self.step);
-        self.opt.step_lr(ctx, &self.model.params(), lr, 1.0)?;
+        self.opt.step(ctx, &self.model, lr).await?;
         self.model.zero_grad(ctx)?;
-        let value = ctx.to_f32(&loss).await?[0];
-        if !value.is_finite() {
-            return Err(Error::invalid("training", format!("loss became {value} at step {}", self.step)));
+        if !loss.is_finite() {
+            return Err(Error::invalid("training", format!("loss became {loss} at step {}", self.step)));
         }
         self.step += 1;
-        Ok(value)
+        Ok(loss)
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
     pub async fn evaluate(&self, ctx: &Context) -> Result<f32> {
         let mut rng = Rng::new(self.cfg.seed ^ 0xE7A1);
-        let (b, t) = (self.cfg.batch_size, self.cfg.seq_len);
+        let (b, t) = (self.micro_batch, self.cfg.seq_len);
         let mut total = 0.0;
         for _ in 0..self.cfg.eval_batches {
             let (x, y) = self.data.batch(Split::Val, &mut rng, b, t);
@@ -184,7 +309,7 @@ impl Trainer {
     pub fn state(&self) -> TrainState {
         TrainState {
             step: self.step,
-            data_rng: self.data_rng.state(),
+            data_seed: self.data_seed,
             vocab: match &self.data.vocab {
                 Vocab::Chars(c) => Some(c.clone()),
                 Vocab::Ids { .. } => None,
@@ -193,38 +318,62 @@ impl Trainer {
         }
     }
 
+    /// Writes a checkpoint of the current step under `dir` (see [`checkpoint::save`]).
     #[cfg(not(target_arch = "wasm32"))]
-    pub async fn save(&self, ctx: &Context, dir: &std::path::Path) -> Result<()> {
-        checkpoint::save(ctx, dir, &self.model, &self.opt, &self.state()).await
+    pub async fn save(&self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await
+    }
+
+    /// Starts a thread that prepares the batches of the coming steps.
+    pub fn start_prefetch(&mut self) {
+        let p =
+            Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.effective_batch(), self.cfg.seq_len, 4);
+        self.prefetch = Some(p);
     }
 
     /// Trains to `cfg.steps`, evaluates, samples, saves to `cfg.out`; returns the summary.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn run(&mut self, ctx: &Context, reporter: &mut dyn Reporter) -> Result<RunSummary> {
         reporter.on_start(self);
-        let tokens_per_step = (self.cfg.batch_size * self.cfg.seq_len) as f64;
+        self.start_prefetch();
+        let tokens_per_step = (self.effective_batch() * self.cfg.seq_len) as f64;
         let mut losses = Vec::new();
-        let start = web_time_now();
+        let start = std::time::Instant::now();
         let first_step = self.step;
         while self.step < self.cfg.steps {
             let loss = self.train_step(ctx).await?;
             losses.push(loss);
-            let elapsed = web_time_now() - start;
+            let elapsed = start.elapsed().as_secs_f64();
             let r = StepReport {
                 step: self.step,
                 loss,
                 lr: self.cfg.lr_at(self.step - 1),
                 tokens_per_s: (self.step - first_step) as f64 * tokens_per_step / elapsed.max(1e-9),
+                micro_batch: self.micro_batch,
             };
             reporter.on_step(&r);
+            ctx.pager.publish();
             if self.cfg.eval_every > 0 && self.step % self.cfg.eval_every == 0 && self.step < self.cfg.steps {
                 let v = self.evaluate(ctx).await?;
                 reporter.on_eval(self.step, v);
             }
+            if self.cfg.checkpoint_every > 0 && self.step % self.cfg.checkpoint_every == 0 && self.step < self.cfg.steps
+            {
+                let dir = self.save(ctx, &self.cfg.out.clone()).await?;
+                reporter.on_message(&format!("checkpoint written to {}", dir.display()));
+            }
         }
-        let elapsed = web_time_now() - start;
         let trained = self.step - first_step;
-        let tokens_per_s = if trained > 0 { trained as f64 * tokens_per_step / elapsed.max(1e-9) } else { 0.0 };
+        let tokens_per_s =
+            if trained > 0 { trained as f64 * tokens_per_step / start.elapsed().as_secs_f64() } else { 0.0 };
+        if self.micro_batch != self.cfg.batch_size {
+            reporter.on_message(&format!(
+                "micro-batch shrunk from {} to {} to fit the GPU budget ({} micro-batches per step)",
+                self.cfg.batch_size,
+                self.micro_batch,
+                self.effective_batch() / self.micro_batch
+            ));
+        }
         let val = self.evaluate(ctx).await?;
         reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 {
@@ -233,8 +382,10 @@ impl Trainer {
         } else {
             String::new()
         };
-        self.save(ctx, &self.cfg.out.clone()).await?;
-        reporter.on_message(&format!("checkpoint written to {}", self.cfg.out.display()));
+        let dir = self.save(ctx, &self.cfg.out.clone()).await?;
+        reporter.on_message(&format!("checkpoint written to {}", dir.display()));
+        let stats = ctx.pager.stats();
+        let counters = ctx.pager.counters();
         Ok(RunSummary {
             final_train_loss: losses.last().copied().unwrap_or(f32::NAN),
             final_val_loss: val,
@@ -245,16 +396,49 @@ impl Trainer {
             losses,
             sample,
             adapter: ctx.gpu.describe(),
-            peak_gpu_bytes: ctx.pager.stats().peak_bytes,
+            peak_gpu_bytes: stats.peak_bytes,
+            budget_bytes: stats.budget,
+            footprint_bytes: ctx.pager.live_bytes().1,
+            bytes_uploaded: counters.bytes_uploaded,
+            bytes_written_back: counters.bytes_written_back,
+            stall_s: counters.stall_s,
+            micro_batch: self.micro_batch,
+            accum: self.effective_batch() / self.micro_batch,
+            optimizer_on: self.opt.name().into(),
+            recompute: self.cfg.recompute,
         })
     }
 }
 
-#[cfg(not(target_arch = "wasm32"))]
-fn web_time_now() -> f64 {
-    use std::sync::OnceLock;
-    static T0: OnceLock<std::time::Instant> = OnceLock::new();
-    T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+/// Where the optimizer should run, and why. `auto` keeps it on the GPU when parameters,
+/// gradients and both moments (16 bytes per parameter) fit in half the budget; otherwise the
+/// GPU optimizer would page ~28 bytes per parameter across the bus each step against ~8 for the
+/// host one, and the host wins unless its CPU is too slow for the bytes saved.
+fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
+    let params = model.num_params() as u64;
+    match cfg.optimizer_on {
+        OptimizerOn::Gpu => (OptimizerOn::Gpu, "--optimizer-on gpu".into()),
+        OptimizerOn::Host => (OptimizerOn::Host, "--optimizer-on host".into()),
+        OptimizerOn::Auto => {
+            let states = 16 * params;
+            let budget = ctx.pager.budget();
+            if states * 2 <= budget {
+                (
+                    OptimizerOn::Gpu,
+                    format!("auto: optimizer state {} MiB fits half the {} MiB budget", states >> 20, budget >> 20),
+                )
+            } else {
+                (
+                    OptimizerOn::Host,
+                    format!(
+                        "auto: optimizer state {} MiB exceeds half the {} MiB budget; the host optimizer moves 8 instead of 28 bytes per parameter",
+                        states >> 20,
+                        budget >> 20
+                    ),
+                )
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "wasm32"))]

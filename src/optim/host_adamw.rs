@@ -1,0 +1,124 @@
+//! AdamW on the host (ZeRO-Offload's idea): the moments never leave host memory, gradients come
+//! down and updated parameters go up — about 8 bytes per parameter on the bus each step instead
+//! of the ~28 a GPU optimizer moves when nothing stays resident. The update runs on worker
+//! threads in chunks the compiler vectorizes.
+
+use super::AdamWConfig;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::nn::{Module, Param};
+use crate::tensor::Tensor;
+
+pub struct HostAdamW {
+    pub config: AdamWConfig,
+    /// First and second moments, pager tensors that are only ever touched on the host.
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    pub t: u64,
+    /// Global gradient norm of the last step.
+    pub last_norm: f32,
+}
+
+/// One AdamW update of `p`, `m`, `v` from `g` (all the same length), like `adamw_update` in
+/// shaders/optim.wgsl.
+#[allow(clippy::too_many_arguments)]
+fn update(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    c: &AdamWConfig,
+    lr: f32,
+    decay: f32,
+    scale: f32,
+    t: u64,
+) {
+    let bc1 = 1.0 - c.beta1.powi(t as i32);
+    let bc2 = 1.0 - c.beta2.powi(t as i32);
+    for i in 0..p.len() {
+        let gi = g[i] * scale;
+        let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+        let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
+        p[i] -= lr * (upd + decay * p[i]);
+    }
+}
+
+/// `update` split over worker threads.
+#[allow(clippy::too_many_arguments)]
+fn update_parallel(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    c: &AdamWConfig,
+    lr: f32,
+    decay: f32,
+    scale: f32,
+    t: u64,
+) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+        if threads > 1 && p.len() >= 1 << 16 {
+            let chunk = p.len().div_ceil(threads);
+            std::thread::scope(|s| {
+                for (((p, m), v), g) in
+                    p.chunks_mut(chunk).zip(m.chunks_mut(chunk)).zip(v.chunks_mut(chunk)).zip(g.chunks(chunk))
+                {
+                    s.spawn(move || update(p, m, v, g, c, lr, decay, scale, t));
+                }
+            });
+            return;
+        }
+    }
+    update(p, m, v, g, c, lr, decay, scale, t)
+}
+
+impl HostAdamW {
+    pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
+        if !(config.lr > 0.0) {
+            return Err(Error::invalid("AdamW config", format!("need lr > 0: {config:?}")));
+        }
+        let params = model.params();
+        let mut m = Vec::with_capacity(params.len());
+        let mut v = Vec::with_capacity(params.len());
+        for p in &params {
+            m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
+            v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
+        }
+        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0 })
+    }
+
+    /// One update at learning rate `lr`; gradients are multiplied by `grad_scale` and clipped to
+    /// the configured global norm first.
+    pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
+        if params.len() != self.m.len() {
+            return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
+        }
+        let mut grads = Vec::with_capacity(params.len());
+        for p in params {
+            grads.push(ctx.to_f32(&p.grad).await?);
+        }
+        let sumsq: f64 = grads.iter().flatten().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum();
+        let norm = sumsq.sqrt() as f32;
+        self.last_norm = norm;
+        let clip =
+            if self.config.max_grad_norm > 0.0 { (self.config.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        self.t += 1;
+        let c = self.config;
+        for (i, p) in params.iter().enumerate() {
+            let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
+            let mut value = ctx.to_f32(&p.value).await?;
+            let mut m = ctx.to_f32(&self.m[i]).await?;
+            let mut v = ctx.to_f32(&self.v[i]).await?;
+            update_parallel(&mut value, &mut m, &mut v, &grads[i], &c, lr, decay, clip * grad_scale, self.t);
+            ctx.write_f32(&p.value, &value)?;
+            ctx.write_f32(&self.m[i], &m)?;
+            ctx.write_f32(&self.v[i], &v)?;
+        }
+        Ok(())
+    }
+}
