@@ -1,0 +1,206 @@
+//! Training bigger than the GPU budget: paged runs equal resident ones, accumulation equals a big
+//! batch, the host optimizer equals the GPU one, recompute equals storing, out-of-memory shrinks
+//! the micro-batch, and a killed run resumes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::assert_close;
+use pagetrain::device::Gpu;
+use pagetrain::pager::{MemStore, PagerOptions};
+use pagetrain::train::{Dataset, OptimizerOn, TrainConfig, Trainer};
+use pagetrain::Context;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pagetrain-mem-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn context(budget: Option<u64>) -> Context {
+    let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter");
+    Context::with_store(
+        gpu,
+        Box::new(MemStore::new()),
+        &PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() },
+    )
+}
+
+fn cfg(out: &Path) -> TrainConfig {
+    TrainConfig {
+        steps: 20,
+        batch_size: 4,
+        seq_len: 32,
+        lr: 3e-3,
+        warmup_steps: 3,
+        sample_len: 0,
+        eval_batches: 1,
+        out: out.to_path_buf(),
+        seed: 5,
+        ..Default::default()
+    }
+}
+
+/// Losses of the first `steps` steps of a run configured by `cfg`.
+fn losses(ctx: &Context, cfg: TrainConfig, steps: usize) -> (Vec<f32>, Trainer) {
+    let mut t = Trainer::new(ctx, cfg, None).unwrap();
+    let l = (0..steps).map(|_| pollster::block_on(t.train_step(ctx)).unwrap()).collect();
+    (l, t)
+}
+
+fn to64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+#[test]
+fn budgets_of_100_25_and_10_percent_give_the_same_losses() {
+    let out = tmpdir("budgets");
+    let ctx = context(None);
+    let (full, _) = losses(&ctx, cfg(&out), 20);
+    let footprint = ctx.pager.live_bytes().1;
+    for pct in [25u64, 10] {
+        let budget = footprint * pct / 100;
+        let paged = context(Some(budget));
+        let (l, t) = losses(&paged, cfg(&out), 20);
+        let stats = paged.pager.stats();
+        let c = paged.pager.counters();
+        println!(
+            "{pct}%: budget {budget} B of footprint {footprint} B, peak {} B, micro-batch {}, {c:?}",
+            stats.peak_bytes, t.micro_batch
+        );
+        assert!(stats.peak_bytes <= budget);
+        assert!(c.evictions > 0);
+        assert_close(&format!("losses at {pct}% budget"), &l, &to64(&full), 0.0, 1e-6);
+    }
+}
+
+#[test]
+fn accumulating_four_micro_batches_of_two_equals_one_batch_of_eight() {
+    let out = tmpdir("accum");
+    let ctx = context(None);
+    let (eight, _) = losses(&ctx, TrainConfig { batch_size: 8, ..cfg(&out) }, 10);
+    let ctx = context(None);
+    let (two_by_four, t) = losses(&ctx, TrainConfig { batch_size: 2, accum: 4, ..cfg(&out) }, 10);
+    assert_eq!(t.effective_batch(), 8);
+    assert_close("accum 4 x batch 2 vs batch 8", &two_by_four, &to64(&eight), 0.0, 1e-5);
+}
+
+#[test]
+fn host_optimizer_matches_the_gpu_optimizer() {
+    let out = tmpdir("host-opt");
+    let (gpu, _) = losses(&context(None), cfg(&out), 20);
+    let (host, t) = losses(&context(None), TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);
+    assert_eq!(t.opt.name(), "host");
+    assert_close("host vs gpu AdamW", &host, &to64(&gpu), 0.0, 1e-5);
+}
+
+#[test]
+fn recompute_gives_the_same_losses_with_a_smaller_footprint() {
+    let out = tmpdir("recompute");
+    let stored_ctx = context(None);
+    let (stored, _) = losses(&stored_ctx, cfg(&out), 5);
+    let recompute_ctx = context(None);
+    let (again, _) = losses(&recompute_ctx, TrainConfig { recompute: true, ..cfg(&out) }, 5);
+    let (a, b) = (stored_ctx.pager.live_bytes().1, recompute_ctx.pager.live_bytes().1);
+    println!("footprint stored {a} B, recomputed {b} B");
+    assert!(b < a, "recompute must need less memory: {b} vs {a}");
+    assert_close("recompute vs stored", &again, &to64(&stored), 0.0, 1e-6);
+}
+
+#[test]
+fn a_budget_too_small_for_the_micro_batch_shrinks_it_and_finishes() {
+    let out = tmpdir("oom");
+    let ctx = context(None);
+    let (full, _) = losses(&ctx, TrainConfig { batch_size: 8, ..cfg(&out) }, 3);
+    // Enough for the weights and a micro-batch of 2, not for 8.
+    let small = context(Some(640 << 10));
+    let (l, t) = losses(&small, TrainConfig { batch_size: 8, ..cfg(&out) }, 3);
+    println!("micro-batch {} after shrinking, counters {:?}", t.micro_batch, small.pager.counters());
+    assert!(t.micro_batch < 8, "no shrink happened");
+    assert_eq!(t.effective_batch(), 8, "the effective batch is kept");
+    assert!(small.pager.counters().micro_batch_shrinks >= 1);
+    assert_close("shrunk run vs full batch", &l, &to64(&full), 0.0, 1e-5);
+}
+
+#[test]
+fn a_budget_below_the_largest_tensor_is_a_clear_error() {
+    let out = tmpdir("tiny-budget");
+    let ctx = context(Some(4 << 10));
+    let err = Trainer::new(&ctx, cfg(&out), None).err().expect("an error");
+    assert!(err.to_string().contains("budget"), "{err}");
+}
+
+#[test]
+fn tokens_outside_the_vocabulary_are_rejected_before_training() {
+    let dir = tmpdir("vocab");
+    let bytes: Vec<u8> =
+        (0..4000u16).map(|i| if i == 3000 { 60000 } else { i % 50 }).flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(dir.join("tok.bin"), bytes).unwrap();
+    let err = Dataset::open(&dir.join("tok.bin"), Some(pagetrain::train::Vocab::Ids { size: 50257 })).err().unwrap();
+    assert!(err.to_string().contains("60000") && err.to_string().contains("3000"), "{err}");
+}
+
+#[test]
+fn a_run_killed_mid_training_resumes_from_its_last_checkpoint() {
+    let out = tmpdir("kill");
+    let outs = out.to_string_lossy().into_owned();
+    fn args(steps: &'static str) -> Vec<&'static str> {
+        vec![
+            "train",
+            "--steps",
+            steps,
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--sample-len",
+            "0",
+            "--checkpoint-every",
+            "2",
+            "--json",
+            "--out",
+        ]
+    }
+    // The uninterrupted run.
+    let straight = tmpdir("kill-straight");
+    let mut a: Vec<&str> = args("12");
+    a.push(straight.to_str().unwrap());
+    let o = Command::new(env!("CARGO_BIN_EXE_pagetrain")).args(&a).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+
+    // The same run, SIGKILLed as soon as its first checkpoints exist (mid-step or mid-checkpoint).
+    let mut a: Vec<&str> = args("12");
+    a.push(&outs);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pagetrain"))
+        .args(&a)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !out.join("latest").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    let resumed_from = std::fs::read_link(out.join("latest")).unwrap();
+    println!("killed ({status:?}) with latest -> {}", resumed_from.display());
+
+    let mut a: Vec<&str> = args("12");
+    a.push(&outs);
+    a.extend(["--resume", outs.as_str()]);
+    let o = Command::new(env!("CARGO_BIN_EXE_pagetrain")).args(&a).output().unwrap();
+    assert!(o.status.success(), "resume failed: {}", String::from_utf8_lossy(&o.stderr));
+    let got: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(got["steps"], 12);
+    let (g, w) = (got["final_train_loss"].as_f64().unwrap(), want["final_train_loss"].as_f64().unwrap());
+    assert!((g - w).abs() <= 1e-6, "resumed run ends at {g}, the uninterrupted one at {w}");
+    assert_eq!(got["final_val_loss"], want["final_val_loss"]);
+}
