@@ -118,3 +118,88 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         upload_ring_vs_write_buffer: ring / wb,
     })
 }
+
+/// Step times of one model at several GPU budgets (fractions of its footprint).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepReport {
+    pub model: String,
+    pub tokens_per_step: usize,
+    pub footprint_bytes: u64,
+    pub step_ms_resident: f64,
+    pub step_ms_budget50: f64,
+    pub step_ms_budget25: f64,
+    pub step_ms_budget10: f64,
+    /// Bytes moved per step (up + back) at 50 / 25 / 10 % budgets.
+    pub bytes_per_step_budget50: u64,
+    pub bytes_per_step_budget25: u64,
+    pub bytes_per_step_budget10: u64,
+    /// Share of the transfer time (bytes / measured ring bandwidth) that did not add to the
+    /// step time, at 25 % budget.
+    pub hidden_fraction_budget25: f64,
+    pub resident_tokens_per_s: f64,
+    pub budget25_vs_resident: f64,
+}
+
+/// Runs `warmup + steps` training steps under `budget` and returns (ms per step, bytes moved per
+/// step, footprint bytes).
+pub fn time_steps(
+    make_ctx: &dyn Fn(Option<u64>) -> Result<Context>,
+    cfg: &crate::train::TrainConfig,
+    data: &dyn Fn() -> Result<crate::train::Dataset>,
+    budget: Option<u64>,
+    warmup: usize,
+    steps: usize,
+) -> Result<(f64, u64, u64)> {
+    let ctx = make_ctx(budget)?;
+    let mut t = crate::train::Trainer::new(&ctx, cfg.clone(), Some(data()?))?;
+    for _ in 0..warmup {
+        pollster::block_on(t.train_step(&ctx))?;
+    }
+    ctx.sync()?;
+    let before = ctx.pager.counters();
+    let start = Instant::now();
+    for _ in 0..steps {
+        pollster::block_on(t.train_step(&ctx))?;
+    }
+    ctx.sync()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let after = ctx.pager.counters();
+    let moved = (after.bytes_uploaded - before.bytes_uploaded + after.bytes_written_back - before.bytes_written_back)
+        / steps as u64;
+    Ok((ms, moved, ctx.pager.live_bytes().1))
+}
+
+/// Step time resident and at 50 %, 25 %, 10 % of the footprint; `ring_gbps` converts bytes moved
+/// into transfer time for the hidden fraction.
+pub fn step_times(
+    make_ctx: &dyn Fn(Option<u64>) -> Result<Context>,
+    cfg: &crate::train::TrainConfig,
+    data: &dyn Fn() -> Result<crate::train::Dataset>,
+    ring_gbps: f64,
+    warmup: usize,
+    steps: usize,
+) -> Result<StepReport> {
+    let (resident, _, footprint) = time_steps(make_ctx, cfg, data, None, warmup, steps)?;
+    let mut at = Vec::new();
+    for pct in [50u64, 25, 10] {
+        at.push(time_steps(make_ctx, cfg, data, Some(footprint * pct / 100), warmup, steps)?);
+    }
+    let transfer_ms = at[1].1 as f64 / (ring_gbps * 1e9) * 1e3;
+    let exposed = (at[1].0 - resident).max(0.0);
+    let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
+    Ok(StepReport {
+        model: cfg.model.clone(),
+        tokens_per_step: tokens,
+        footprint_bytes: footprint,
+        step_ms_resident: resident,
+        step_ms_budget50: at[0].0,
+        step_ms_budget25: at[1].0,
+        step_ms_budget10: at[2].0,
+        bytes_per_step_budget50: at[0].1,
+        bytes_per_step_budget25: at[1].1,
+        bytes_per_step_budget10: at[2].1,
+        hidden_fraction_budget25: if transfer_ms > 0.0 { (1.0 - exposed / transfer_ms).clamp(0.0, 1.0) } else { 1.0 },
+        resident_tokens_per_s: tokens as f64 / (resident / 1e3),
+        budget25_vs_resident: resident / at[1].0,
+    })
+}

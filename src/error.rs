@@ -23,7 +23,7 @@ pub enum Error {
     #[error("GPU out of memory while allocating {what} ({bytes} bytes)")]
     OutOfMemory { what: String, bytes: u64 },
 
-    #[error("GPU budget of {budget} bytes is smaller than tensor `{tensor}` ({needed} bytes)")]
+    #[error("GPU budget of {budget} bytes cannot hold `{tensor}`: {needed} bytes must be on the GPU at once")]
     BudgetTooSmall { tensor: String, needed: u64, budget: u64 },
 
     #[error("tensor `{tensor}` is {bytes} bytes, over this adapter's {limit}-byte {what}")]

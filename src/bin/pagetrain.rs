@@ -43,6 +43,17 @@ struct BenchArgs {
     /// Host store: a directory for mmap files, or `memory`.
     #[arg(long, default_value = "memory")]
     store: String,
+    /// Also time training steps resident and at 50/25/10 % budgets for this model preset.
+    #[arg(long)]
+    steps_model: Option<String>,
+    /// Sequences per step for the step timing.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Timed steps per budget (after two warm-up steps).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
 }
 
 #[derive(Args, Default)]
@@ -260,8 +271,41 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     let store = if args.store == "memory" { StoreKind::Memory } else { StoreKind::Mmap(PathBuf::from(&args.store)) };
     let ctx = Context::new(&ContextOptions { store, ..Default::default() }).await?;
     let r = pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
+    drop(ctx);
+    let steps = match &args.steps_model {
+        Some(model) => {
+            let cfg = TrainConfig {
+                model: model.clone(),
+                batch_size: args.batch_size,
+                seq_len: args.seq_len,
+                sample_len: 0,
+                ..TrainConfig::default()
+            };
+            let make = |budget: Option<u64>| {
+                let pager = PagerOptions { budget, ..Default::default() };
+                pollster::block_on(Context::new(&ContextOptions { pager, ..Default::default() }))
+            };
+            let data = || -> Result<pagetrain::train::Dataset, Error> {
+                if model.starts_with("gpt2") {
+                    let mut rng = pagetrain::rng::Rng::new(1);
+                    let tokens = (0..4_000_000).map(|_| rng.below(50257) as u32).collect();
+                    pagetrain::train::Dataset::from_tokens(tokens, 50257, "random GPT-2 tokens")
+                } else {
+                    pagetrain::train::Dataset::from_text(pagetrain::train::corpus::DEMO, "demo corpus", None)
+                }
+            };
+            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_ring_gbps, 2, args.steps)?)
+        }
+        None => None,
+    };
     if args.json {
-        println!("{}", serde_json::to_string(&r).expect("serializable"));
+        let mut v = serde_json::to_value(&r).expect("serializable");
+        if let (Some(s), Some(o)) = (&steps, v.as_object_mut()) {
+            if let serde_json::Value::Object(m) = serde_json::to_value(s).expect("serializable") {
+                o.extend(m);
+            }
+        }
+        println!("{v}");
     } else {
         println!("adapter: {}", r.adapter);
         println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
@@ -271,6 +315,32 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
             r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer
         );
         println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
+        if let Some(s) = &steps {
+            println!(
+                "training step, {} ({} tokens, footprint {} MiB):",
+                s.model,
+                s.tokens_per_step,
+                s.footprint_bytes >> 20
+            );
+            println!("  resident:    {:9.1} ms  ({:.0} tokens/s)", s.step_ms_resident, s.resident_tokens_per_s);
+            println!(
+                "  50% budget:  {:9.1} ms  ({} MiB moved per step)",
+                s.step_ms_budget50,
+                s.bytes_per_step_budget50 >> 20
+            );
+            println!(
+                "  25% budget:  {:9.1} ms  ({} MiB moved; {:.0}% of transfer time hidden; {:.2}x resident throughput)",
+                s.step_ms_budget25,
+                s.bytes_per_step_budget25 >> 20,
+                s.hidden_fraction_budget25 * 100.0,
+                s.budget25_vs_resident
+            );
+            println!(
+                "  10% budget:  {:9.1} ms  ({} MiB moved per step)",
+                s.step_ms_budget10,
+                s.bytes_per_step_budget10 >> 20
+            );
+        }
     }
     Ok(())
 }
