@@ -138,10 +138,9 @@ impl Gpu {
 
     async fn open(adapter: wgpu::Adapter, opts: &DeviceOptions) -> Result<Gpu> {
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        // Not MAPPABLE_PRIMARY_BUFFERS: wgpu warns it is a performance trap on discrete GPUs, and
+        // nothing here maps a storage buffer.
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let (device, queue) = adapter

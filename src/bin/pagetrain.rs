@@ -370,11 +370,10 @@ async fn info() -> Result<(), Error> {
     println!("  storage offset alignment:   {}", l.min_storage_buffer_offset_alignment);
     let f = gpu.features;
     println!(
-        "  features: shader-f16 {}, subgroups {}, timestamp queries {}, mappable primary buffers {}",
+        "  features: shader-f16 {}, subgroups {}, timestamp queries {}",
         f.contains(wgpu::Features::SHADER_F16),
         f.contains(wgpu::Features::SUBGROUP),
-        f.contains(wgpu::Features::TIMESTAMP_QUERY),
-        f.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        f.contains(wgpu::Features::TIMESTAMP_QUERY)
     );
     println!(
         "  shader runtime checks: {}",
