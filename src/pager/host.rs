@@ -2,9 +2,12 @@
 //! (RAM is the OS page cache, the SSD the tier below); `MemStore` keeps them in memory (wasm,
 //! tests). Both carve tensors out of large segments with a first-fit free list.
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::error::Error;
+use crate::error::Result;
 
 /// Host byte ranges are aligned to this (≥ wgpu's copy and map alignments).
 pub const HOST_ALIGN: usize = 256;

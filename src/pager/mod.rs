@@ -160,7 +160,7 @@ fn deliver_into(store: &mut dyn HostStore, entries: &HashMap<TensorId, Entry>, j
         let dst = store.bytes_mut(&e.host)?;
         let (a, b) = (job.offset as usize, (job.offset + job.len) as usize);
         let b = b.min(dst.len());
-        dst[a..b].copy_from_slice(&data[..b - a]);
+        staging::copy_parallel(&mut dst[a..b], &data[..b - a]);
     }
     Ok(())
 }

@@ -105,6 +105,32 @@ impl Now {
     }
 }
 
+/// Threads worth using for a copy of `len` bytes: one per 4 MiB, at most 8 (one thread of memcpy
+/// does not saturate the bus: 7 GB/s with 1, 25 GB/s with 4–8 on an H200 host).
+#[cfg(not(target_arch = "wasm32"))]
+fn copy_threads(len: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    (len / (4 << 20)).clamp(1, cores)
+}
+
+/// `dst.copy_from_slice(src)` on several threads when it is large (readback delivery).
+pub fn copy_parallel(dst: &mut [u8], src: &[u8]) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = copy_threads(src.len());
+        if threads > 1 {
+            let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
+            std::thread::scope(|s| {
+                for (d, part) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                    s.spawn(move || d.copy_from_slice(part));
+                }
+            });
+            return;
+        }
+    }
+    dst.copy_from_slice(src);
+}
+
 /// A pointer into mapped staging memory that worker threads may write through.
 #[cfg(not(target_arch = "wasm32"))]
 #[derive(Clone, Copy)]
@@ -115,15 +141,13 @@ struct StagingPtr(std::ptr::NonNull<u8>);
 #[cfg(not(target_arch = "wasm32"))]
 unsafe impl Send for StagingPtr {}
 
-/// Copies `src` into mapped staging memory, with several threads when it is large (one thread
-/// of memcpy does not saturate the bus: 7 GB/s with 1, 25 GB/s with 4–8 on an H200 host).
+/// Copies `src` into mapped staging memory, with several threads when it is large.
 fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
-    const PER_THREAD: usize = 4 << 20;
     assert_eq!(dst.len(), src.len());
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-        if threads > 1 && src.len() >= 2 * PER_THREAD {
+        let threads = copy_threads(src.len());
+        if threads > 1 {
             let base = StagingPtr(dst.as_raw_element_ptr());
             let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
             std::thread::scope(|s| {
