@@ -107,8 +107,8 @@ impl Default for PagerOptions {
         PagerOptions {
             budget: None,
             policy: Policy::Belady,
-            upload_slots: 4,
-            readback_slots: 4,
+            upload_slots: 6,
+            readback_slots: 8,
             slot_bytes: 64 << 20,
             prefetch_window: 32,
         }
