@@ -30,7 +30,8 @@ pub fn host_tensors(ctx: &Context, count: usize, bytes: usize) -> Result<Vec<Ten
     (0..count).map(|i| ctx.from_f32(&format!("bench {i}"), &[n], &data, false)).collect()
 }
 
-/// Uploads every tensor through the pager's staging ring and waits until the GPU has them.
+/// Uploads every tensor through the pager's upload path (staging ring or zero-copy) and waits
+/// until the GPU has them.
 pub fn upload_ring(ctx: &Context, tensors: &[Tensor]) -> Result<Transfer> {
     for t in tensors {
         ctx.pager.evict(t.id())?;
@@ -90,7 +91,11 @@ pub struct TransferReport {
     pub tensor_bytes: u64,
     pub tensors: usize,
     pub upload_ring_gbps: f64,
+    /// Straight into host-visible GPU buffers, where memory is unified (else None).
+    pub upload_zero_copy_gbps: Option<f64>,
     pub upload_write_buffer_gbps: f64,
+    /// The path the pager picked on this adapter, and why.
+    pub upload_path: String,
     pub writeback_gbps: f64,
     pub upload_ring_vs_write_buffer: f64,
 }
@@ -105,7 +110,17 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         }
         Ok(best)
     };
+    let chosen = ctx.pager.upload_path();
+    ctx.pager.set_upload_path(crate::pager::UploadPath::Ring);
     let ring = best(&mut || upload_ring(ctx, &tensors))?;
+    let zero_copy = if ctx.gpu.unified_memory() {
+        ctx.pager.set_upload_path(crate::pager::UploadPath::ZeroCopy);
+        let z = best(&mut || upload_ring(ctx, &tensors))?;
+        ctx.pager.set_upload_path(crate::pager::UploadPath::Ring);
+        Some(z)
+    } else {
+        None
+    };
     let wb = best(&mut || upload_write_buffer(ctx, count, bytes))?;
     let back = best(&mut || writeback(ctx, &tensors))?;
     Ok(TransferReport {
@@ -113,7 +128,9 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         tensor_bytes: bytes as u64,
         tensors: count,
         upload_ring_gbps: ring,
+        upload_zero_copy_gbps: zero_copy,
         upload_write_buffer_gbps: wb,
+        upload_path: chosen,
         writeback_gbps: back,
         upload_ring_vs_write_buffer: ring / wb,
     })

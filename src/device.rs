@@ -138,9 +138,12 @@ impl Gpu {
 
     async fn open(adapter: wgpu::Adapter, opts: &DeviceOptions) -> Result<Gpu> {
         let info = adapter.get_info();
-        // Not MAPPABLE_PRIMARY_BUFFERS: wgpu warns it is a performance trap on discrete GPUs, and
-        // nothing here maps a storage buffer.
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        // Host-visible storage buffers (the pager's zero-copy mode) only where GPU and CPU share
+        // memory; on a discrete GPU wgpu warns that they are a performance trap.
+        if matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu) {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let (device, queue) = adapter
@@ -196,6 +199,12 @@ impl Gpu {
             return Err(Error::Gpu { context: context.into(), msg });
         }
         Ok(())
+    }
+
+    /// Whether storage buffers can be mapped: GPU and host share memory (integrated GPUs, Apple
+    /// silicon, CPU drivers), and the pager can fill tensors without a staging copy.
+    pub fn unified_memory(&self) -> bool {
+        self.features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
     }
 
     /// Largest tensor one storage binding can see.

@@ -13,7 +13,7 @@ use pagetrain::kernels::elementwise;
 use pagetrain::nn::{Gpt, GptConfig, Module};
 use pagetrain::optim::{AdamW, AdamWConfig};
 use pagetrain::pager::plan::{self, Key, Policy};
-use pagetrain::pager::{HostRange, HostStore, MemStore, MmapStore, PagerOptions};
+use pagetrain::pager::{HostRange, HostStore, MemStore, MmapStore, PagerOptions, UploadPath};
 use pagetrain::{Context, Error, Tensor};
 use proptest::prelude::*;
 
@@ -37,6 +37,7 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         readback_slots: 2,
         slot_bytes: 8192,
         prefetch_window: 8,
+        upload: UploadPath::Ring,
     }
 }
 
@@ -176,6 +177,15 @@ proptest! {
     fn memory_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
         let budget = budget_kib * 1024;
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(budget, Policy::Belady));
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn zero_copy_uploads_match_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        // Tensors written straight into host-visible GPU buffers (unified-memory adapters, such
+        // as the CPU drivers CI runs on; elsewhere the pager keeps the staging ring).
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::ZeroCopy, ..opts(budget, Policy::Belady) });
         run_against_model(&ctx, &ops, budget, None);
     }
 

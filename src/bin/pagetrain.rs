@@ -216,7 +216,12 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     };
     let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.0), ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
-    eprintln!("store: {}; GPU budget {} MiB", ctx.pager.describe_store(), ctx.pager.budget() >> 20);
+    eprintln!(
+        "store: {}; GPU budget {} MiB; uploads by {}",
+        ctx.pager.describe_store(),
+        ctx.pager.budget() >> 20,
+        ctx.pager.upload_path()
+    );
     eprintln!("adapter: {}", ctx.gpu.describe());
     let mut trainer = Trainer::new(&ctx, cfg, None)?;
     let bar = ProgressBar::new(trainer.cfg.steps);
@@ -310,11 +315,15 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         println!("adapter: {}", r.adapter);
         println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
         println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
+        if let Some(z) = r.upload_zero_copy_gbps {
+            println!("  upload, zero-copy:           {z:8.2} GB/s");
+        }
         println!(
             "  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)",
             r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer
         );
         println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
+        println!("  the pager uploads by: {}", r.upload_path);
         if let Some(s) = &steps {
             println!(
                 "training step, {} ({} tokens, footprint {} MiB):",

@@ -24,7 +24,7 @@ pub use host::MmapStore;
 pub use host::{HostRange, HostStore, MemStore};
 pub use plan::{Key, Policy};
 pub use pool::size_class;
-use pool::Pool;
+use pool::{Pool, Taken};
 use staging::{Job, ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
 
@@ -100,6 +100,18 @@ pub struct PagerOptions {
     pub slot_bytes: u64,
     /// Accesses to look ahead for uploads.
     pub prefetch_window: usize,
+    pub upload: UploadPath,
+}
+
+/// How host bytes reach GPU buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UploadPath {
+    /// Through the staging ring and a GPU copy (every adapter).
+    Ring,
+    /// Straight into host-visible GPU buffers created mapped (unified memory only).
+    ZeroCopy,
+    /// Zero-copy where memory is unified and a measurement at start-up says it is faster.
+    Auto,
 }
 
 impl Default for PagerOptions {
@@ -111,6 +123,7 @@ impl Default for PagerOptions {
             readback_slots: 8,
             slot_bytes: 64 << 20,
             prefetch_window: 32,
+            upload: UploadPath::Auto,
         }
     }
 }
@@ -129,6 +142,7 @@ pub struct Pager {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
     state: RefCell<State>,
+    upload_choice: RefCell<String>,
 }
 
 struct State {
@@ -211,7 +225,7 @@ impl State {
     }
 
     /// A GPU buffer for `id`, evicting by the policy until the pool has room.
-    fn place(&mut self, device: &wgpu::Device, recorder: &Recorder, id: TensorId) -> Result<wgpu::Buffer> {
+    fn place(&mut self, device: &wgpu::Device, recorder: &Recorder, id: TensorId) -> Result<Taken> {
         let (name, bytes) = {
             let e = &self.entries[&id];
             (e.name.clone(), e.bytes)
@@ -258,30 +272,48 @@ impl State {
         }
     }
 
-    /// Fills a freshly placed buffer with the tensor's host contents.
-    fn fill(&mut self, recorder: &Recorder, id: TensorId, buffer: &wgpu::Buffer) -> Result<()> {
+    /// Gives a freshly placed buffer the tensor's contents (nothing when the kernel will
+    /// `overwrite` it all), and unmaps a zero-copy buffer so kernels can use it.
+    fn fill(&mut self, recorder: &Recorder, id: TensorId, taken: &Taken, overwrite: bool) -> Result<()> {
         if self.readback.has_jobs_for(id) {
             self.drain(recorder, true)?;
         }
         let e = &self.entries[&id];
-        match e.contents {
-            Contents::Undefined => {}
-            Contents::Zero => {
-                let len = e.copy_len();
-                recorder.record(|enc| enc.clear_buffer(buffer, 0, Some(len)));
+        let len = e.copy_len();
+        let result = match (overwrite, e.contents, taken.mapped) {
+            (true, _, _) | (_, Contents::Undefined, _) => Ok(()),
+            // A buffer created mapped starts zeroed.
+            (_, Contents::Zero, true) => Ok(()),
+            (_, Contents::Zero, false) => {
+                recorder.record(|enc| enc.clear_buffer(&taken.buffer, 0, Some(len)));
+                Ok(())
             }
-            Contents::Host => {
-                let len = e.copy_len() as usize;
-                let src = &self.store.bytes(&e.host)?[..len];
-                let start = Now::now();
-                self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
-                self.counters.fill_s += start.elapsed();
-                self.counters.uploads += 1;
-                self.counters.bytes_uploaded += e.bytes;
-                let e = self.entries.get_mut(&id).expect("exists");
-                e.uploads += 1;
-            }
+            (_, Contents::Host, mapped) => self.upload(recorder, id, &taken.buffer, mapped),
+        };
+        if taken.mapped {
+            taken.buffer.unmap();
         }
+        result
+    }
+
+    /// Host bytes of `id` into `buffer`: written in place when it is mapped, else through the ring.
+    fn upload(&mut self, recorder: &Recorder, id: TensorId, buffer: &wgpu::Buffer, mapped: bool) -> Result<()> {
+        let e = &self.entries[&id];
+        let len = e.copy_len() as usize;
+        let src = &self.store.bytes(&e.host)?[..len];
+        let start = Now::now();
+        if mapped {
+            let mut view = buffer
+                .get_mapped_range_mut(0..len as u64)
+                .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
+            staging::fill(view.slice(..), src);
+        } else {
+            self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
+        }
+        self.counters.fill_s += start.elapsed();
+        self.counters.uploads += 1;
+        self.counters.bytes_uploaded += e.bytes;
+        self.entries.get_mut(&id).expect("exists").uploads += 1;
         Ok(())
     }
 
@@ -313,9 +345,9 @@ impl State {
                 break;
             }
             self.store.will_need(&e.host);
-            let buffer = self.pool.take(device, &e.name.clone(), e.bytes.max(4))?;
-            self.fill(recorder, id, &buffer)?;
-            self.entries.get_mut(&id).expect("exists").gpu = Some(buffer);
+            let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4))?;
+            self.fill(recorder, id, &taken, false)?;
+            self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
             self.counters.prefetches += 1;
         }
         Ok(())
@@ -365,7 +397,76 @@ impl Pager {
             live_bytes: 0,
             peak_live_bytes: 0,
         };
-        Pager { gpu, recorder, state: RefCell::new(state) }
+        let pager = Pager { gpu, recorder, state: RefCell::new(state), upload_choice: RefCell::new(String::new()) };
+        pager.choose_upload_path(opts.upload);
+        pager
+    }
+
+    /// Picks the upload path: zero-copy needs unified memory; `Auto` times both on 32 MiB and
+    /// takes the faster.
+    fn choose_upload_path(&self, want: UploadPath) {
+        let (zero_copy, why) = match want {
+            UploadPath::Ring => (false, "staging ring (asked for)".to_string()),
+            _ if !self.gpu.unified_memory() => (false, "staging ring (no unified memory on this adapter)".to_string()),
+            UploadPath::ZeroCopy => (true, "zero-copy (asked for)".to_string()),
+            UploadPath::Auto => match self.measure_upload_paths(32 << 20) {
+                Ok((ring, zero)) if zero > ring => {
+                    (true, format!("zero-copy: {zero:.1} GB/s vs staging ring {ring:.1} GB/s"))
+                }
+                Ok((ring, zero)) => (false, format!("staging ring: {ring:.1} GB/s vs zero-copy {zero:.1} GB/s")),
+                Err(e) => (false, format!("staging ring (zero-copy measurement failed: {e})")),
+            },
+        };
+        self.state.borrow_mut().pool.set_zero_copy(zero_copy);
+        *self.upload_choice.borrow_mut() = why;
+    }
+
+    /// GB/s of (staging ring + copy, mapped-at-creation buffer) for `bytes` bytes, best of two.
+    fn measure_upload_paths(&self, bytes: usize) -> Result<(f64, f64)> {
+        let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+        let device = &self.gpu.device;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let (mut ring, mut zero) = (0.0f64, 0.0f64);
+        for _ in 0..2 {
+            let dst = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("upload probe"),
+                size: bytes as u64,
+                usage,
+                mapped_at_creation: false,
+            });
+            let start = Now::now();
+            self.state.borrow().upload.upload(&self.recorder, &data, &dst, 0)?;
+            let index = self.recorder.flush();
+            self.recorder.wait(index)?;
+            ring = ring.max(bytes as f64 / start.elapsed().max(1e-9) / 1e9);
+
+            let start = Now::now();
+            let dst = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("zero-copy probe"),
+                size: bytes as u64,
+                usage: usage | wgpu::BufferUsages::MAP_WRITE,
+                mapped_at_creation: true,
+            });
+            {
+                let mut view = dst
+                    .get_mapped_range_mut(..)
+                    .map_err(|e| Error::Gpu { context: "zero-copy probe".into(), msg: e.to_string() })?;
+                staging::fill(view.slice(..), &data);
+            }
+            dst.unmap();
+            zero = zero.max(bytes as f64 / start.elapsed().max(1e-9) / 1e9);
+        }
+        Ok((ring, zero))
+    }
+
+    /// Which upload path the pager uses, and why.
+    pub fn upload_path(&self) -> String {
+        self.upload_choice.borrow().clone()
+    }
+
+    /// Switches between the staging ring and zero-copy uploads (zero-copy needs unified memory).
+    pub fn set_upload_path(&self, path: UploadPath) {
+        self.choose_upload_path(path);
     }
 
     fn create(&self, name: &str, bytes: u64, contents: Contents) -> Result<TensorId> {
@@ -443,14 +544,12 @@ impl Pager {
             st.counters.hits += 1;
         } else {
             st.counters.misses += 1;
-            let buffer = st.place(device, recorder, id)?;
-            if access != Access::Write {
-                if let Err(e) = st.fill(recorder, id, &buffer) {
-                    st.pool.give(buffer);
-                    return Err(e);
-                }
+            let taken = st.place(device, recorder, id)?;
+            if let Err(e) = st.fill(recorder, id, &taken, access == Access::Write) {
+                st.pool.give(taken.buffer);
+                return Err(e);
             }
-            st.entries.get_mut(&id).expect("exists").gpu = Some(buffer);
+            st.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
             st.prefetch(device, recorder)?;
         }
         let e = st.entries.get_mut(&id).expect("exists");

@@ -16,8 +16,18 @@ pub fn size_class(bytes: u64) -> u64 {
     bytes.div_ceil(step) * step
 }
 
+/// A buffer from the pool; `mapped` ones were just created mapped for writing (zero-copy mode):
+/// host bytes go straight into them, and they must be unmapped before a kernel uses them.
+pub struct Taken {
+    pub buffer: wgpu::Buffer,
+    pub mapped: bool,
+}
+
 pub struct Pool {
     free: HashMap<u64, Vec<wgpu::Buffer>>,
+    /// Zero-copy mode (unified memory): buffers are host-visible and created mapped, and freed
+    /// ones are dropped rather than reused, so every placement can be filled without a copy.
+    zero_copy: bool,
     /// Bytes of every buffer the pool has created and not destroyed: in use + free.
     held: u64,
     in_use: u64,
@@ -27,7 +37,12 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(budget: u64) -> Self {
-        Pool { free: HashMap::new(), held: 0, in_use: 0, peak: 0, budget }
+        Pool { free: HashMap::new(), zero_copy: false, held: 0, in_use: 0, peak: 0, budget }
+    }
+
+    pub fn set_zero_copy(&mut self, on: bool) {
+        self.zero_copy = on;
+        self.trim();
     }
 
     pub fn budget(&self) -> u64 {
@@ -48,14 +63,14 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes; reuses a free one of the same class, else creates one,
     /// destroying free buffers first when the budget requires it.
-    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> Result<Taken> {
         let class = size_class(bytes);
         if class > self.budget {
             return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
         }
-        if let Some(buf) = self.free.get_mut(&class).and_then(|v| v.pop()) {
+        if let Some(buffer) = self.free.get_mut(&class).and_then(|v| v.pop()) {
             self.in_use += class;
-            return Ok(buf);
+            return Ok(Taken { buffer, mapped: false });
         }
         while self.held + class > self.budget {
             if !self.destroy_one_free() {
@@ -70,11 +85,15 @@ impl Pool {
         // turns that into an `Err` the pager answers by evicting (and the trainer by shrinking
         // the micro-batch), not an abort.
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        if self.zero_copy {
+            usage |= wgpu::BufferUsages::MAP_WRITE;
+        }
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: class,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+            usage,
+            mapped_at_creation: self.zero_copy,
         });
         // Native wgpu answers at once; where the answer is not ready (the web), a later error
         // surfaces through the device's error handler instead.
@@ -84,13 +103,17 @@ impl Pool {
         self.held += class;
         self.in_use += class;
         self.peak = self.peak.max(self.held);
-        Ok(buf)
+        Ok(Taken { buffer, mapped: self.zero_copy })
     }
 
-    /// Returns a buffer to its free list.
+    /// Returns a buffer to its free list (zero-copy mode: lets it go).
     pub fn give(&mut self, buf: wgpu::Buffer) {
         let class = buf.size();
         self.in_use -= class;
+        if self.zero_copy {
+            self.held -= class;
+            return;
+        }
         self.free.entry(class).or_default().push(buf);
     }
 

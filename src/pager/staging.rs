@@ -142,7 +142,7 @@ struct StagingPtr(std::ptr::NonNull<u8>);
 unsafe impl Send for StagingPtr {}
 
 /// Copies `src` into mapped staging memory, with several threads when it is large.
-fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+pub fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
     assert_eq!(dst.len(), src.len());
     #[cfg(not(target_arch = "wasm32"))]
     {
