@@ -280,6 +280,19 @@ fn a_tensor_larger_than_the_budget_is_budget_too_small() {
     assert!(matches!(err, Error::BudgetTooSmall { .. }), "{err}");
 }
 
+#[test]
+fn a_tensor_over_the_storage_binding_limit_is_refused_naming_the_limit() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(u64::MAX / 4, Policy::Belady));
+    let limit = ctx.gpu.max_binding_bytes();
+    let elems = (limit / 4 + 1) as usize;
+    let err = ctx.zeros("too big", &[elems], false).map(|_| ()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("too big") && msg.contains("storage-binding limit") && msg.contains(&limit.to_string()),
+        "{msg}"
+    );
+}
+
 /// A store whose writes can be made to fail, like a disk that filled up.
 struct FlakyStore {
     inner: MemStore,
