@@ -289,7 +289,10 @@ impl HostStore for MmapStore {
     }
 
     fn will_need(&self, r: &HostRange) {
+        #[cfg(unix)]
         let _ = self.segments[r.segment].map.advise_range(memmap2::Advice::WillNeed, r.offset, r.len);
+        #[cfg(not(unix))]
+        let _ = r;
     }
 
     fn capacity(&self) -> usize {
