@@ -2,6 +2,8 @@
 //   c (batch, M, N) row-major;  a: op(A)[m,k] = a[b*stride_a + m*a_rs + k*a_cs];
 //   b: op(B)[k,n] = b[b*stride_b + k*b_rs + n*b_cs];  bias (N) added when has_bias = 1.
 // a_off, b_off, c_off shift all three by whole elements, so a product can work on a row chunk.
+// B may be int8 with one scale per stored row (frozen weights): `load_b` dequantizes as it reads.
+// Bindings: c, a, b, bias, bq, bscale (unused ones get a small stand-in buffer), Params.
 // Strides express transposes: A (M,K) has a_rs = K, a_cs = 1; Aᵀ of a (K,M) array has a_rs = 1, a_cs = M.
 // beta = 1 accumulates (backward passes add into gradients); beta = 0 never reads C.
 // Tiling: one workgroup of 16x16 threads computes a 64x64 tile of C, each thread a 4x4 block held in
@@ -31,16 +33,29 @@ struct Params {
     a_off: u32,
     b_off: u32,
     c_off: u32,
+    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len]
+    quant_b: u32,
+    q_row_len: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> c: array<f32>;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read> bq: array<u32>;
+@group(0) @binding(5) var<storage, read> bscale: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+// Element `i` of B: f32, or int8 (sign-extended from its byte) times its row's scale.
+fn load_b(i: u32) -> f32 {
+    if (p.quant_b == 1u) {
+        let byte = (bq[i / 4u] >> ((i % 4u) * 8u)) & 0xFFu;
+        let q = bitcast<i32>(byte << 24u) >> 24u;
+        return f32(q) * bscale[i / p.q_row_len];
+    }
+    return b[i];
+}
 
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
@@ -104,7 +119,7 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
             let gk = k0 + kk;
             var v = 0.0;
             if (gn < p.n && gk < p.k) {
-                v = b[b_base + gk * p.b_rs + gn * p.b_cs];
+                v = load_b(b_base + gk * p.b_rs + gn * p.b_cs);
             }
             Bs[kk * 16u + nn / 4u][nn % 4u] = v;
         }
@@ -167,7 +182,7 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     for (var kk = 0u; kk < p.k; kk++) {
         let ak = kk * p.a_cs;
         let bk = kk * p.b_rs;
-        let bv = vec4<f32>(b[bc[0] + bk], b[bc[1] + bk], b[bc[2] + bk], b[bc[3] + bk]);
+        let bv = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
         acc[0] += a[ar[0] + ak] * bv;
         acc[1] += a[ar[1] + ak] * bv;
         acc[2] += a[ar[2] + ak] * bv;

@@ -93,6 +93,25 @@ fn linear_and_matmul_backward_match_finite_differences() {
 }
 
 #[test]
+fn int8_linear_backward_matches_finite_differences() {
+    let ctx = ctx();
+    let mut rng = Rng::new(18);
+    let (rows, k, n) = (5, 7, 9);
+    let w = randn(&mut rng, k * n, 0.5);
+    let q = ops::QWeight::quantize(&ctx, "w", &w, k, n).unwrap();
+    let deq = pollster::block_on(q.dequantize(&ctx)).unwrap();
+    let deq64 = to64(&deq);
+    check(
+        &ctx,
+        "linear_q8",
+        &[(randn(&mut rng, rows * k, 1.0), vec![rows, k]), (randn(&mut rng, n, 1.0), vec![n])],
+        |ctx, v| ops::linear_q8(ctx, &v[0], &q, Some(&v[1])).unwrap(),
+        Box::new(move |v| r::matmul_forward(&v[0], &deq64, Some(&v[1]), 1, rows, n, k, false, false, true, 1.0)),
+        1e-4,
+    );
+}
+
+#[test]
 fn elementwise_ops_backward_match_finite_differences() {
     let ctx = ctx();
     let mut rng = Rng::new(12);

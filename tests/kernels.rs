@@ -113,6 +113,45 @@ fn matmul_offsets_select_row_chunks() {
 }
 
 #[test]
+fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
+    use kernels::matmul::{dequantize_rows, quantize_rows, QuantB};
+    let ctx = ctx();
+    let mut rng = Rng::new(22);
+    for &(m, k, n) in &[(1, 1, 1), (3, 17, 65), (65, 129, 3), (17, 64, 1000)] {
+        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+            for trans_b in [false, true] {
+                // W is stored (rows, cols) = (k, n) for x·W, (n, k) for x·Wᵀ; one scale per stored row.
+                let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
+                let w = randn(&mut rng, rows * cols, 0.5);
+                let (words, scales) = quantize_rows(&w, rows, cols);
+                let deq = dequantize_rows(&words, &scales, rows, cols);
+                let x = randn(&mut rng, m * k, 1.0);
+                let gx = Guarded::new(&ctx, x.len(), Some(&x));
+                let gq = Guarded::from_u32(&ctx, &words);
+                let gs = Guarded::new(&ctx, scales.len(), Some(&scales));
+                let out = Guarded::new(&ctx, m * n, None);
+                let qb = QuantB { q: &gq.view(), scales: &gs.view(), row_len: cols };
+                let g = Gemm { trans_b, ..Gemm::new(m, n, k) };
+                kernels::matmul::matmul_q8(&ctx.kernels, variant, &out.view(), &gx.view(), qb, None, &gs.view(), g)
+                    .unwrap();
+                let want = r::matmul_forward(&to64(&x), &to64(&deq), None, 1, m, n, k, false, trans_b, true, 1.0);
+                assert_close(
+                    &format!("int8 matmul {variant:?} {m}x{k}x{n} tb={trans_b}"),
+                    &out.read(&ctx),
+                    &want,
+                    1e-4,
+                    1e-5 * (k as f64).sqrt(),
+                );
+                // quantization error is bounded by half a step per element
+                for (i, (a, b)) in w.iter().zip(&deq).enumerate() {
+                    assert!((a - b).abs() <= scales[i / cols] * 0.5 + 1e-7, "dequantized {b} vs {a}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn elementwise_kernels_match_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(2);

@@ -204,3 +204,34 @@ fn a_run_killed_mid_training_resumes_from_its_last_checkpoint() {
     assert!((g - w).abs() <= 1e-6, "resumed run ends at {g}, the uninterrupted one at {w}");
     assert_eq!(got["final_val_loss"], want["final_val_loss"]);
 }
+
+#[test]
+fn int8_frozen_layers_stay_fixed_train_the_rest_and_resume() {
+    let out = tmpdir("int8");
+    let ctx = context(None);
+    let cfg8 = TrainConfig { freeze_int8: Some("mlp".into()), ..cfg(&out) };
+    let mut t = Trainer::new(&ctx, cfg8.clone(), None).unwrap();
+    let all = pagetrain::nn::GptConfig::preset("tiny", t.data.vocab.size()).unwrap().num_params();
+    use pagetrain::nn::Module;
+    assert!(t.model.num_params() < all, "frozen weights are not trainable");
+    let frozen: usize = t.model.blocks.iter().map(|b| b.frozen()).sum();
+    assert_eq!(frozen, 2 * 2, "c_fc and c_proj of both blocks");
+    let q_before = match &t.model.blocks[0].mlp.c_fc.weight {
+        pagetrain::nn::Weight::Int8 { q, .. } => pollster::block_on(ctx.to_u32(&q.q)).unwrap(),
+        _ => panic!("mlp.c_fc is not frozen"),
+    };
+    let l: Vec<f32> = (0..20).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+    assert!(l[19] < l[0] - 0.3, "the rest still learns: {l:?}");
+    let q_after = match &t.model.blocks[0].mlp.c_fc.weight {
+        pagetrain::nn::Weight::Int8 { q, .. } => pollster::block_on(ctx.to_u32(&q.q)).unwrap(),
+        _ => unreachable!(),
+    };
+    assert_eq!(q_before, q_after, "frozen int8 weights never change");
+    // The checkpoint holds every GPT-2 tensor (frozen ones dequantized) and resuming freezes again.
+    pollster::block_on(t.save(&ctx, &out)).unwrap();
+    let ck = pagetrain::train::checkpoint::load(&out).unwrap();
+    assert!(ck.weights.contains_key("transformer.h.1.mlp.c_proj.weight"));
+    let resumed = Trainer::new(&ctx, TrainConfig { resume: Some(out.clone()), ..cfg(&out) }, None).unwrap();
+    assert_eq!(resumed.cfg.freeze_int8.as_deref(), Some("mlp"));
+    assert_eq!(resumed.model.num_params(), t.model.num_params());
+}

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
 use pagetrain::train::{OptimizerOn, Reporter, StepReport, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
@@ -95,6 +96,10 @@ struct TrainArgs {
     /// Keep only each block's input in forward and recompute the block in backward.
     #[arg(long)]
     recompute: bool,
+    /// Freeze the Linear layers whose parameter names contain PATTERN (e.g. `mlp`, `h.0.`) as
+    /// int8 weights with per-row scales, dequantized inside the matmul kernel.
+    #[arg(long, value_name = "PATTERN")]
+    freeze_int8: Option<String>,
     /// Write a checkpoint every N steps (and at the end).
     #[arg(long)]
     checkpoint_every: Option<u64>,
@@ -161,6 +166,7 @@ impl TrainArgs {
             accum: self.accum.unwrap_or(d.accum),
             optimizer_on: self.optimizer_on.unwrap_or(d.optimizer_on),
             recompute: self.recompute,
+            freeze_int8: self.freeze_int8.clone(),
             checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
             ..d
         }
@@ -192,6 +198,13 @@ impl Reporter for Bar {
             t.data.split_len(pagetrain::train::Split::Val)
         ));
         self.bar.println(format!("optimizer on the {} ({})", t.opt.name(), t.optimizer_reason));
+        if let Some(p) = &t.cfg.freeze_int8 {
+            let frozen: usize = t.model.blocks.iter().map(|b| b.frozen()).sum();
+            self.bar.println(format!(
+                "{frozen} Linear layers matching `{p}` frozen as int8; {} trainable parameters",
+                t.model.num_params()
+            ));
+        }
         self.bar.set_position(t.step);
     }
     fn on_step(&mut self, r: &StepReport) {

@@ -24,7 +24,18 @@ struct Params {
     a_off: u32,
     b_off: u32,
     c_off: u32,
-    _pad: [u32; 3],
+    quant_b: u32,
+    q_row_len: u32,
+    _pad: u32,
+}
+
+/// An int8 B operand: `q` holds the values four to a u32 word, `scales` one f32 per stored row
+/// of `row_len` elements (see `quant` for the format).
+#[derive(Clone, Copy)]
+pub struct QuantB<'a> {
+    pub q: &'a View,
+    pub scales: &'a View,
+    pub row_len: usize,
 }
 
 /// Shape and layout of one (batched) product `C = alpha·op(A)·op(B) + beta·C (+ bias)`.
@@ -71,6 +82,36 @@ pub fn matmul_variant(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
+    launch(k, variant, c, a, b, None, bias, dummy, g)
+}
+
+/// [`matmul`] with B in int8 (frozen weights), dequantized as the kernel reads it.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_q8(
+    k: &Kernels,
+    variant: MatmulVariant,
+    c: &View,
+    a: &View,
+    qb: QuantB,
+    bias: Option<&View>,
+    dummy: &View,
+    g: Gemm,
+) -> Result<()> {
+    launch(k, variant, c, a, dummy, Some(qb), bias, dummy, g)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    k: &Kernels,
+    variant: MatmulVariant,
+    c: &View,
+    a: &View,
+    b: &View,
+    qb: Option<QuantB>,
+    bias: Option<&View>,
+    dummy: &View,
+    g: Gemm,
+) -> Result<()> {
     let tiles_n = g.n.div_ceil(TILE);
     let tiles_m = g.m.div_ceil(TILE);
     if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
@@ -99,9 +140,12 @@ pub fn matmul_variant(
         a_off: g.offsets[0] as u32,
         b_off: g.offsets[1] as u32,
         c_off: g.offsets[2] as u32,
-        _pad: [0; 3],
+        quant_b: qb.is_some() as u32,
+        q_row_len: qb.map_or(1, |q| q.row_len.max(1)) as u32,
+        _pad: 0,
     };
     let bias = bias.unwrap_or(dummy);
+    let (bq, scales) = qb.map_or((dummy, dummy), |q| (q.q, q.scales));
     let entry = match variant {
         MatmulVariant::Tiled => "matmul",
         MatmulVariant::Direct => "matmul_direct",
@@ -109,8 +153,33 @@ pub fn matmul_variant(
     k.dispatch(
         MATMUL,
         entry,
-        &[c, a, b, bias],
+        &[c, a, b, bias, bq, scales],
         &p,
         [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],
     )
+}
+
+/// Symmetric int8 quantization with one scale per row: row r of `w` (rows × cols) becomes
+/// `q = round(w / s)` in [-127, 127] with `s = max|w_r| / 127`, packed four to a u32 (element
+/// e in byte e % 4 of word e / 4). Returns (packed words, scales).
+pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut words = vec![0u32; (rows * cols).div_ceil(4)];
+    let mut scales = vec![0f32; rows];
+    for r in 0..rows {
+        let row = &w[r * cols..(r + 1) * cols];
+        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+        scales[r] = s;
+        for (c, &v) in row.iter().enumerate() {
+            let q = (v / s).round().clamp(-127.0, 127.0) as i8;
+            let e = r * cols + c;
+            words[e / 4] |= (q as u8 as u32) << ((e % 4) * 8);
+        }
+    }
+    (words, scales)
+}
+
+/// The f32 values int8 weights stand for (what the kernel computes with).
+pub fn dequantize_rows(words: &[u32], scales: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|e| ((words[e / 4] >> ((e % 4) * 8)) as u8 as i8) as f32 * scales[e / cols]).collect()
 }

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use super::layers::{Block, LayerNorm};
-use super::{Module, Param};
+use super::{Module, Param, Stored};
 use crate::autograd;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -89,6 +89,23 @@ impl Gpt {
         Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false) })
     }
 
+    /// This model with every Linear layer whose parameter names contain `pattern` (e.g. `mlp`,
+    /// `h.0.`) frozen as int8 weights; returns it and how many layers were frozen. Call before
+    /// the model is shared (right after building or loading it).
+    pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<(Gpt, usize)> {
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute } = self;
+        let mut frozen = 0;
+        let mut out = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            let block = Rc::try_unwrap(b)
+                .map_err(|_| Error::invalid("freeze_int8", "the model is shared; freeze it before use"))?;
+            let block = block.freeze_int8(ctx, pattern)?;
+            frozen += block.frozen();
+            out.push(Rc::new(block));
+        }
+        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute }, frozen))
+    }
+
     /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
     pub fn set_recompute(&self, on: bool) {
         self.recompute.set(on);
@@ -127,6 +144,16 @@ impl Gpt {
 }
 
 impl Module for Gpt {
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        let mut v: Vec<(String, Stored<'_>)> =
+            [&self.wte, &self.wpe].iter().map(|p| (p.name.clone(), Stored::F32(&p.value))).collect();
+        for b in &self.blocks {
+            v.extend(b.stored());
+        }
+        v.extend(self.ln_f.stored());
+        v
+    }
+
     fn params(&self) -> Vec<&Param> {
         let mut v = vec![&self.wte, &self.wpe];
         for b in &self.blocks {

@@ -1,16 +1,23 @@
 //! Linear, LayerNorm, Mlp, CausalSelfAttention and the transformer Block.
 
-use super::{Module, Param};
+use super::{Module, Param, Stored};
 use crate::context::Context;
 use crate::error::Result;
 use crate::ops;
+use crate::ops::QWeight;
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
 /// `y = x·W + b`, W (in, out): GPT-2's Conv1D layout, so checkpoints load into transformers as is.
 pub struct Linear {
-    pub weight: Param,
+    pub weight: Weight,
     pub bias: Option<Param>,
+}
+
+/// A Linear's weight: trained in f32, or frozen in int8 (bias frozen with it).
+pub enum Weight {
+    Train(Param),
+    Int8 { name: String, q: QWeight },
 }
 
 impl Linear {
@@ -25,18 +32,51 @@ impl Linear {
     ) -> Result<Self> {
         let weight = Param::normal(ctx, rng, &format!("{name}.weight"), &[d_in, d_out], std)?;
         let bias = if bias { Some(Param::constant(ctx, &format!("{name}.bias"), &[d_out], 0.0)?) } else { None };
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight: Weight::Train(weight), bias })
     }
 
     /// x (..., in) → (..., out).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        ops::linear(ctx, x, &self.weight.value, self.bias.as_ref().map(|b| &b.value))
+        let bias = self.bias.as_ref().map(|b| &b.value);
+        match &self.weight {
+            Weight::Train(w) => ops::linear(ctx, x, &w.value, bias),
+            Weight::Int8 { q, .. } => ops::linear_q8(ctx, x, q, bias),
+        }
+    }
+
+    /// This layer with its weight frozen in int8 when its name contains `pattern`.
+    pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<Linear> {
+        let Weight::Train(w) = &self.weight else { return Ok(self) };
+        if !w.name.contains(pattern) {
+            return Ok(self);
+        }
+        let values = ctx.pager.read_now(w.value.id())?;
+        let values: Vec<f32> = bytemuck::pod_collect_to_vec(&values);
+        let (rows, cols) = (w.value.shape()[0], w.value.shape()[1]);
+        let q = QWeight::quantize(ctx, &w.name, &values, rows, cols)?;
+        Ok(Linear { weight: Weight::Int8 { name: w.name.clone(), q }, bias: self.bias })
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        matches!(self.weight, Weight::Int8 { .. })
     }
 }
 
 impl Module for Linear {
     fn params(&self) -> Vec<&Param> {
-        std::iter::once(&self.weight).chain(self.bias.as_ref()).collect()
+        match &self.weight {
+            Weight::Train(w) => std::iter::once(w).chain(self.bias.as_ref()).collect(),
+            Weight::Int8 { .. } => Vec::new(),
+        }
+    }
+
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        match &self.weight {
+            Weight::Train(_) => self.params().into_iter().map(|p| (p.name.clone(), Stored::F32(&p.value))).collect(),
+            Weight::Int8 { name, q } => std::iter::once((name.clone(), Stored::Int8(q)))
+                .chain(self.bias.as_ref().map(|b| (b.name.clone(), Stored::F32(&b.value))))
+                .collect(),
+        }
     }
 }
 
@@ -93,6 +133,10 @@ impl Module for Mlp {
     fn params(&self) -> Vec<&Param> {
         self.c_fc.params().into_iter().chain(self.c_proj.params()).collect()
     }
+
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        self.c_fc.stored().into_iter().chain(self.c_proj.stored()).collect()
+    }
 }
 
 /// Multi-head causal self-attention: c_attn (C→3C), attention, c_proj (C→C).
@@ -122,6 +166,10 @@ impl CausalSelfAttention {
 impl Module for CausalSelfAttention {
     fn params(&self) -> Vec<&Param> {
         self.c_attn.params().into_iter().chain(self.c_proj.params()).collect()
+    }
+
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        self.c_attn.stored().into_iter().chain(self.c_proj.stored()).collect()
     }
 }
 
@@ -159,5 +207,35 @@ impl Module for Block {
         v.extend(self.ln_2.params());
         v.extend(self.mlp.params());
         v
+    }
+
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        let mut v = self.ln_1.stored();
+        v.extend(self.attn.stored());
+        v.extend(self.ln_2.stored());
+        v.extend(self.mlp.stored());
+        v
+    }
+}
+
+impl Block {
+    /// This block with the Linear layers whose names contain `pattern` frozen in int8.
+    pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<Block> {
+        let Block { ln_1, attn, ln_2, mlp } = self;
+        let attn = CausalSelfAttention {
+            c_attn: attn.c_attn.freeze_int8(ctx, pattern)?,
+            c_proj: attn.c_proj.freeze_int8(ctx, pattern)?,
+            n_head: attn.n_head,
+        };
+        let mlp = Mlp { c_fc: mlp.c_fc.freeze_int8(ctx, pattern)?, c_proj: mlp.c_proj.freeze_int8(ctx, pattern)? };
+        Ok(Block { ln_1, attn, ln_2, mlp })
+    }
+
+    /// Linear layers frozen in int8.
+    pub fn frozen(&self) -> usize {
+        [&self.attn.c_attn, &self.attn.c_proj, &self.mlp.c_fc, &self.mlp.c_proj]
+            .iter()
+            .filter(|l| l.is_frozen())
+            .count()
     }
 }

@@ -4,7 +4,7 @@ mod gpt;
 mod layers;
 
 pub use gpt::{Gpt, GptConfig};
-pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp};
+pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp, Weight};
 
 use crate::autograd::Grads;
 use crate::context::Context;
@@ -42,9 +42,22 @@ impl Param {
     }
 }
 
+/// How a tensor of a module is kept (what a checkpoint reads).
+pub enum Stored<'a> {
+    F32(&'a Tensor),
+    /// Frozen int8 weights; checkpoints hold their dequantized values.
+    Int8(&'a crate::ops::QWeight),
+}
+
 /// Something that owns parameters.
 pub trait Module {
+    /// The trainable parameters.
     fn params(&self) -> Vec<&Param>;
+
+    /// Every named weight, trainable or frozen, in checkpoint order.
+    fn stored(&self) -> Vec<(String, Stored<'_>)> {
+        self.params().into_iter().map(|p| (p.name.clone(), Stored::F32(&p.value))).collect()
+    }
 
     /// A gradient map in which every parameter's gradient accumulates.
     fn grads(&self) -> Grads {

@@ -8,6 +8,7 @@ mod elementwise;
 mod embedding;
 mod layernorm;
 mod matmul;
+mod quantized;
 mod softmax;
 
 pub use activation::{gelu, relu};
@@ -17,6 +18,7 @@ pub use elementwise::{add, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::layernorm;
 pub use matmul::{linear, matmul, MatmulOpts};
+pub use quantized::{linear_q8, QWeight};
 pub use softmax::softmax;
 
 use crate::error::{Error, Result};

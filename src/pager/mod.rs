@@ -641,6 +641,20 @@ impl Pager {
         Ok(())
     }
 
+    /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
+    /// `read` then). For set-up code that runs before any kernel touched the tensor.
+    pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
+        let st = self.state.borrow();
+        let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
+            return Err(Error::invalid("read_now", format!("`{}` has newer values on the GPU", e.name)));
+        }
+        if e.contents == Contents::Zero {
+            return Ok(vec![0; e.bytes as usize]);
+        }
+        Ok(st.store.bytes(&e.host)?[..e.bytes as usize].to_vec())
+    }
+
     /// A tensor's values (waits for the GPU when its newest copy is there).
     pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
         let recorder = &*self.recorder;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::nn::{Gpt, GptConfig, Module, Param};
+use crate::nn::{Gpt, GptConfig, Module, Param, Stored};
 use crate::tensor::Tensor;
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -29,6 +29,9 @@ pub struct TrainState {
     /// Character vocabulary of a text-trained model (None for token-file data).
     pub vocab: Option<Vec<char>>,
     pub config: GptConfig,
+    /// Pattern of the Linear layers frozen in int8 (`--freeze-int8`), restored on resume.
+    #[serde(default)]
+    pub frozen_int8: Option<String>,
 }
 
 /// A tensor read from a checkpoint, converted to f32.
@@ -164,8 +167,15 @@ pub async fn encode(ctx: &Context, model: &Gpt, opt: Moments<'_>, state: &TrainS
         m.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
         m
     };
+    let mut weights = Vec::new();
+    for (name, stored) in model.stored() {
+        let (shape, data) = match stored {
+            Stored::F32(t) => (t.shape().to_vec(), ctx.to_f32(t).await?),
+            Stored::Int8(q) => (vec![q.rows, q.cols], q.dequantize(ctx).await?),
+        };
+        weights.push((name, shape, bytemuck::cast_slice(&data).to_vec()));
+    }
     let params = model.params();
-    let weights = host_tensors(ctx, params.iter().map(|p| (p.name.clone(), &p.value)).collect()).await?;
     let moments: Vec<(String, &Tensor)> = params
         .iter()
         .zip(opt.m.iter().zip(opt.v.iter()))

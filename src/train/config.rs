@@ -65,6 +65,8 @@ pub struct TrainConfig {
     pub optimizer_on: OptimizerOn,
     /// Keep only each block's input in forward; recompute the block in backward.
     pub recompute: bool,
+    /// Freeze the Linear layers whose names contain this as int8 weights (e.g. `mlp`, `h.0.`).
+    pub freeze_int8: Option<String>,
 }
 
 impl Default for TrainConfig {
@@ -90,6 +92,7 @@ impl Default for TrainConfig {
             checkpoint_every: 0,
             optimizer_on: OptimizerOn::Gpu,
             recompute: false,
+            freeze_int8: None,
         }
     }
 }

@@ -166,7 +166,24 @@ impl Trainer {
         }
         data.check_fits(cfg.seq_len)?;
 
-        let model = Gpt::new(ctx, config, cfg.seed)?;
+        let mut model = Gpt::new(ctx, config, cfg.seed)?;
+        let dir: Option<std::path::PathBuf> = cfg.resume.clone().or(cfg.init_from.clone());
+        let dir = dir.as_deref();
+        if let (Some(c), Some(dir)) = (&ckpt, dir) {
+            checkpoint::load_weights(ctx, dir, &model, &c.weights)?;
+        }
+        // Freezing happens on the loaded weights and before the optimizer sees the parameters.
+        let mut cfg = cfg;
+        if cfg.freeze_int8.is_none() {
+            cfg.freeze_int8 = resumed_state.as_ref().and_then(|s| s.frozen_int8.clone());
+        }
+        if let Some(pattern) = &cfg.freeze_int8 {
+            let (m, n) = model.freeze_int8(ctx, pattern)?;
+            if n == 0 {
+                return Err(Error::invalid("--freeze-int8", format!("no Linear layer's name contains `{pattern}`")));
+            }
+            model = m;
+        }
         model.set_recompute(cfg.recompute);
         let opt_cfg = AdamWConfig {
             lr: cfg.lr,
@@ -181,19 +198,15 @@ impl Trainer {
         };
         let mut step = 0;
         let mut data_seed = cfg.seed.wrapping_add(1);
-        if let Some(c) = &ckpt {
-            let dir = cfg.resume.as_deref().or(cfg.init_from.as_deref()).expect("a checkpoint dir");
-            checkpoint::load_weights(ctx, dir, &model, &c.weights)?;
-            if let Some(state) = &resumed_state {
-                let (moments, t) = c.optimizer.as_ref().ok_or_else(|| Error::Checkpoint {
-                    path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
-                    msg: "missing: cannot resume without the optimizer state".into(),
-                })?;
-                checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?;
-                opt.set_t(*t);
-                step = state.step;
-                data_seed = state.data_seed;
-            }
+        if let (Some(c), Some(dir), Some(state)) = (&ckpt, dir, &resumed_state) {
+            let (moments, t) = c.optimizer.as_ref().ok_or_else(|| Error::Checkpoint {
+                path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
+                msg: "missing: cannot resume without the optimizer state".into(),
+            })?;
+            checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?;
+            opt.set_t(*t);
+            step = state.step;
+            data_seed = state.data_seed;
         }
         let micro_batch = cfg.batch_size;
         Ok(Trainer {
@@ -315,6 +328,7 @@ impl Trainer {
                 Vocab::Ids { .. } => None,
             },
             config: self.model.config,
+            frozen_int8: self.cfg.freeze_int8.clone(),
         }
     }
 
