@@ -55,6 +55,12 @@ struct BenchArgs {
     /// Timed steps per budget (after two warm-up steps).
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// Time the steps with activation recompute.
+    #[arg(long)]
+    recompute: bool,
+    /// Where AdamW runs in the timed steps.
+    #[arg(long, default_value = "gpu")]
+    optimizer_on: OptimizerOn,
 }
 
 #[derive(Args, Default)]
@@ -297,6 +303,8 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 batch_size: args.batch_size,
                 seq_len: args.seq_len,
                 sample_len: 0,
+                recompute: args.recompute,
+                optimizer_on: args.optimizer_on,
                 ..TrainConfig::default()
             };
             let make = |budget: Option<u64>| {
