@@ -98,6 +98,9 @@ impl HostAdamW {
         if params.len() != self.m.len() {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
+        // One GPU round trip for all gradients, then plain host reads.
+        let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
+        ctx.pager.sync_to_host(&ids)?;
         let mut grads = Vec::with_capacity(params.len());
         for p in params {
             grads.push(ctx.to_f32(&p.grad).await?);

@@ -655,6 +655,26 @@ impl Pager {
         Ok(st.store.bytes(&e.host)?[..e.bytes as usize].to_vec())
     }
 
+    /// Records the write-back of every listed tensor whose newest copy is on the GPU and waits
+    /// once for all of them, so reading many tensors costs one GPU round trip, not one each.
+    pub fn sync_to_host(&self, ids: &[TensorId]) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state.borrow_mut();
+        let mut any = false;
+        for &id in ids {
+            let dirty = st.entries.get(&id).is_some_and(|e| e.dirty && e.gpu.is_some());
+            if dirty {
+                st.write_back(recorder, id)?;
+            }
+            any |= dirty || st.readback.has_jobs_for(id);
+        }
+        if any {
+            recorder.flush();
+            st.drain(recorder, true)?;
+        }
+        Ok(())
+    }
+
     /// A tensor's values (waits for the GPU when its newest copy is there).
     pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
         let recorder = &*self.recorder;

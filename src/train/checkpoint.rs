@@ -167,6 +167,10 @@ pub async fn encode(ctx: &Context, model: &Gpt, opt: Moments<'_>, state: &TrainS
         m.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
         m
     };
+    // Everything that must come back from the GPU comes back in one round trip.
+    let mut ids: Vec<_> = model.params().iter().map(|p| p.value.id()).collect();
+    ids.extend(opt.m.iter().chain(opt.v.iter()).map(|t| t.id()));
+    ctx.pager.sync_to_host(&ids)?;
     let mut weights = Vec::new();
     for (name, stored) in model.stored() {
         let (shape, data) = match stored {
