@@ -19,46 +19,36 @@ pub struct HostAdamW {
     pub last_norm: f32,
 }
 
-/// One AdamW update of `p`, `m`, `v` from `g` (all the same length), like `adamw_update` in
-/// shaders/optim.wgsl.
-#[allow(clippy::too_many_arguments)]
-fn update(
-    p: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[f32],
-    c: &AdamWConfig,
+/// Everything one update of one tensor needs besides the tensors.
+struct Hyper<'a> {
+    c: &'a AdamWConfig,
     lr: f32,
+    /// Weight decay for this tensor (0 for biases and gains).
     decay: f32,
+    /// Multiplies the gradient (the clip factor).
     scale: f32,
     t: u64,
-) {
-    let bc1 = 1.0 - c.beta1.powi(t as i32);
-    let bc2 = 1.0 - c.beta2.powi(t as i32);
+}
+
+/// One AdamW update of `p`, `m`, `v` from `g` (all the same length), like `adamw_update` in
+/// shaders/optim.wgsl.
+fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
+    let c = h.c;
+    let bc1 = 1.0 - c.beta1.powi(h.t as i32);
+    let bc2 = 1.0 - c.beta2.powi(h.t as i32);
     for i in 0..p.len() {
-        let gi = g[i] * scale;
+        let gi = g[i] * h.scale;
         let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
         let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
         let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
-        p[i] -= lr * (upd + decay * p[i]);
+        p[i] -= h.lr * (upd + h.decay * p[i]);
     }
 }
 
 /// `update` split over worker threads.
-#[allow(clippy::too_many_arguments)]
-fn update_parallel(
-    p: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[f32],
-    c: &AdamWConfig,
-    lr: f32,
-    decay: f32,
-    scale: f32,
-    t: u64,
-) {
+fn update_parallel(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
     #[cfg(not(target_arch = "wasm32"))]
     {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
@@ -68,13 +58,13 @@ fn update_parallel(
                 for (((p, m), v), g) in
                     p.chunks_mut(chunk).zip(m.chunks_mut(chunk)).zip(v.chunks_mut(chunk)).zip(g.chunks(chunk))
                 {
-                    s.spawn(move || update(p, m, v, g, c, lr, decay, scale, t));
+                    s.spawn(move || update(p, m, v, g, h));
                 }
             });
             return;
         }
     }
-    update(p, m, v, g, c, lr, decay, scale, t)
+    update(p, m, v, g, h)
 }
 
 impl HostAdamW {
@@ -117,7 +107,8 @@ impl HostAdamW {
             let mut value = ctx.to_f32(&p.value).await?;
             let mut m = ctx.to_f32(&self.m[i]).await?;
             let mut v = ctx.to_f32(&self.v[i]).await?;
-            update_parallel(&mut value, &mut m, &mut v, &grads[i], &c, lr, decay, clip * grad_scale, self.t);
+            let h = Hyper { c: &c, lr, decay, scale: clip * grad_scale, t: self.t };
+            update_parallel(&mut value, &mut m, &mut v, &grads[i], &h);
             ctx.write_f32(&p.value, &value)?;
             ctx.write_f32(&self.m[i], &m)?;
             ctx.write_f32(&self.v[i], &v)?;

@@ -28,6 +28,7 @@ use pool::{Pool, Taken};
 use staging::{Job, ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
 
+use crate::clock::Stopwatch;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
@@ -301,7 +302,7 @@ impl State {
         let e = &self.entries[&id];
         let len = e.copy_len() as usize;
         let src = &self.store.bytes(&e.host)?[..len];
-        let start = Now::now();
+        let start = Stopwatch::start();
         if mapped {
             let mut view = buffer
                 .get_mapped_range_mut(0..len as u64)
@@ -310,7 +311,7 @@ impl State {
         } else {
             self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
         }
-        self.counters.fill_s += start.elapsed();
+        self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
         self.counters.bytes_uploaded += e.bytes;
         self.entries.get_mut(&id).expect("exists").uploads += 1;
@@ -351,24 +352,6 @@ impl State {
             self.counters.prefetches += 1;
         }
         Ok(())
-    }
-}
-
-/// Wall clock that also compiles on wasm.
-struct Now(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
-
-impl Now {
-    fn now() -> Self {
-        Now(
-            #[cfg(not(target_arch = "wasm32"))]
-            std::time::Instant::now(),
-        )
-    }
-    fn elapsed(&self) -> f64 {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.0.elapsed().as_secs_f64();
-        #[cfg(target_arch = "wasm32")]
-        0.0
     }
 }
 
@@ -434,13 +417,13 @@ impl Pager {
                 usage,
                 mapped_at_creation: false,
             });
-            let start = Now::now();
+            let start = Stopwatch::start();
             self.state.borrow().upload.upload(&self.recorder, &data, &dst, 0)?;
             let index = self.recorder.flush();
             self.recorder.wait(index)?;
-            ring = ring.max(bytes as f64 / start.elapsed().max(1e-9) / 1e9);
+            ring = ring.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
 
-            let start = Now::now();
+            let start = Stopwatch::start();
             let dst = device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("zero-copy probe"),
                 size: bytes as u64,
@@ -454,7 +437,7 @@ impl Pager {
                 staging::fill(view.slice(..), &data);
             }
             dst.unmap();
-            zero = zero.max(bytes as f64 / start.elapsed().max(1e-9) / 1e9);
+            zero = zero.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
         }
         Ok((ring, zero))
     }

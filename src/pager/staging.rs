@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
 use crate::tensor::TensorId;
@@ -68,7 +69,7 @@ impl Slot {
         }
         let mut waited = 0.0;
         if self.state() == MAPPING {
-            let start = Now::now();
+            let start = Stopwatch::start();
             recorder.poll();
             if self.state() == MAPPING {
                 recorder.wait(self.submission.borrow().clone())?;
@@ -77,31 +78,13 @@ impl Slot {
             while self.state() == MAPPING {
                 recorder.wait(None)?;
             }
-            waited = start.elapsed();
+            waited = start.seconds();
         }
         match self.state() {
             MAPPED => Ok(waited),
             FAILED => Err(Error::Gpu { context: "staging buffer".into(), msg: "map_async failed".into() }),
             s => Err(Error::Gpu { context: "staging buffer".into(), msg: format!("unexpected state {s}") }),
         }
-    }
-}
-
-/// Wall clock that also exists on wasm (where nothing here blocks).
-struct Now(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
-
-impl Now {
-    fn now() -> Self {
-        Now(
-            #[cfg(not(target_arch = "wasm32"))]
-            std::time::Instant::now(),
-        )
-    }
-    fn elapsed(&self) -> f64 {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.0.elapsed().as_secs_f64();
-        #[cfg(target_arch = "wasm32")]
-        0.0
     }
 }
 
