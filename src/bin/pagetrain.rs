@@ -61,6 +61,13 @@ struct BenchArgs {
     /// Where AdamW runs in the timed steps.
     #[arg(long, default_value = "gpu")]
     optimizer_on: OptimizerOn,
+    /// Staging buffers for uploads and for write-backs (each --slot-size).
+    #[arg(long)]
+    upload_slots: Option<usize>,
+    #[arg(long)]
+    readback_slots: Option<usize>,
+    #[arg(long, value_parser = parse_bytes)]
+    slot_size: Option<u64>,
 }
 
 #[derive(Args, Default)]
@@ -308,7 +315,14 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 ..TrainConfig::default()
             };
             let make = |budget: Option<u64>| {
-                let pager = PagerOptions { budget, ..Default::default() };
+                let d = PagerOptions::default();
+                let pager = PagerOptions {
+                    budget,
+                    upload_slots: args.upload_slots.unwrap_or(d.upload_slots),
+                    readback_slots: args.readback_slots.unwrap_or(d.readback_slots),
+                    slot_bytes: args.slot_size.unwrap_or(d.slot_bytes),
+                    ..d
+                };
                 pollster::block_on(Context::new(&ContextOptions { pager, ..Default::default() }))
             };
             let data = || -> Result<pagetrain::train::Dataset, Error> {
