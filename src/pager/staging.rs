@@ -154,21 +154,44 @@ pub fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
 
 /// Ring of `MAP_WRITE | COPY_SRC` buffers for uploads.
 pub struct UploadRing {
-    slots: Vec<Rc<Slot>>,
+    device: wgpu::Device,
+    /// Grown on demand up to `max`: a ring that is busy gets another slot before anyone waits.
+    slots: RefCell<Vec<Rc<Slot>>>,
+    max: usize,
     slot_bytes: u64,
     next: Cell<usize>,
 }
 
 impl UploadRing {
-    pub fn new(device: &wgpu::Device, slots: usize, slot_bytes: u64) -> Self {
-        let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
+    pub fn new(device: &wgpu::Device, max: usize, slot_bytes: u64) -> Self {
         UploadRing {
-            slots: (0..slots)
-                .map(|i| Slot::new(device, &format!("upload ring {i}"), slot_bytes, usage, true))
-                .collect(),
+            device: device.clone(),
+            slots: RefCell::new(Vec::new()),
+            max: max.max(1),
             slot_bytes,
             next: Cell::new(0),
         }
+    }
+
+    /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
+    /// turn (waited for). Returns it and the seconds waited.
+    fn acquire(&self, recorder: &Recorder) -> Result<(Rc<Slot>, f64)> {
+        recorder.poll();
+        let mut slots = self.slots.borrow_mut();
+        if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
+            return Ok((slot.clone(), 0.0));
+        }
+        if slots.len() < self.max {
+            let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
+            let slot = Slot::new(&self.device, &format!("upload ring {}", slots.len()), self.slot_bytes, usage, true);
+            slots.push(slot.clone());
+            return Ok((slot, 0.0));
+        }
+        let slot = slots[self.next.get() % slots.len()].clone();
+        self.next.set((self.next.get() + 1) % slots.len());
+        drop(slots);
+        let waited = slot.wait_mapped(recorder)?;
+        Ok((slot, waited))
     }
 
     /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`.
@@ -177,9 +200,8 @@ impl UploadRing {
         debug_assert!(src.len() % 4 == 0);
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
-            let slot = self.slots[self.next.get()].clone();
-            self.next.set((self.next.get() + 1) % self.slots.len());
-            stalled += slot.wait_mapped(recorder)?;
+            let (slot, waited) = self.acquire(recorder)?;
+            stalled += waited;
             {
                 let mut view = slot
                     .buffer
@@ -207,6 +229,10 @@ pub struct Job {
 
 /// Ring of `MAP_READ | COPY_DST` buffers for write-backs and result reads.
 pub struct ReadbackRing {
+    device: wgpu::Device,
+    /// Slots made so far (grown on demand up to `max`).
+    made: Cell<usize>,
+    max: usize,
     slot_bytes: u64,
     /// Slots holding a job, oldest first.
     busy: RefCell<VecDeque<(Rc<Slot>, Job)>>,
@@ -214,11 +240,15 @@ pub struct ReadbackRing {
 }
 
 impl ReadbackRing {
-    pub fn new(device: &wgpu::Device, slots: usize, slot_bytes: u64) -> Self {
-        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let slots: Vec<Rc<Slot>> =
-            (0..slots).map(|i| Slot::new(device, &format!("readback ring {i}"), slot_bytes, usage, false)).collect();
-        ReadbackRing { free: RefCell::new(slots), slot_bytes, busy: RefCell::new(VecDeque::new()) }
+    pub fn new(device: &wgpu::Device, max: usize, slot_bytes: u64) -> Self {
+        ReadbackRing {
+            device: device.clone(),
+            made: Cell::new(0),
+            max: max.max(1),
+            free: RefCell::new(Vec::new()),
+            slot_bytes,
+            busy: RefCell::new(VecDeque::new()),
+        }
     }
 
     /// Records copies of `src[src_offset..+len]` for `tensor` (chunked by slot size). When no slot
@@ -238,7 +268,20 @@ impl ReadbackRing {
         while done < len {
             let n = (len - done).min(self.slot_bytes);
             if self.free.borrow().is_empty() {
-                stalled += self.deliver_oldest(recorder, deliver)?;
+                if self.made.get() < self.max {
+                    let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+                    let slot = Slot::new(
+                        &self.device,
+                        &format!("readback ring {}", self.made.get()),
+                        self.slot_bytes,
+                        usage,
+                        false,
+                    );
+                    self.made.set(self.made.get() + 1);
+                    self.free.borrow_mut().push(slot);
+                } else {
+                    stalled += self.deliver_oldest(recorder, deliver)?;
+                }
             }
             let slot = self.free.borrow_mut().pop().expect("a slot was freed above");
             recorder.record(|enc| enc.copy_buffer_to_buffer(src, src_offset + done, &slot.buffer, 0, n));
