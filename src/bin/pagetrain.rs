@@ -191,10 +191,21 @@ struct Bar {
     bar: ProgressBar,
 }
 
+impl Bar {
+    /// A line above the bar, or plainly on stderr when there is no terminal to draw the bar on.
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
 impl Reporter for Bar {
     fn on_start(&mut self, t: &Trainer) {
         let c = t.model.config;
-        self.bar.println(format!(
+        self.say(format!(
             "model: {} layers, {} heads, {} channels, block {}, vocab {} — {:.2}M parameters",
             c.n_layer,
             c.n_head,
@@ -203,17 +214,17 @@ impl Reporter for Bar {
             c.vocab_size,
             c.num_params() as f64 / 1e6
         ));
-        self.bar.println(format!(
+        self.say(format!(
             "data: {} ({} tokens, {} train / {} val)",
             t.data.path.display(),
             t.data.len(),
             t.data.split_len(pagetrain::train::Split::Train),
             t.data.split_len(pagetrain::train::Split::Val)
         ));
-        self.bar.println(format!("optimizer on the {} ({})", t.opt.name(), t.optimizer_reason));
+        self.say(format!("optimizer on the {} ({})", t.opt.name(), t.optimizer_reason));
         if let Some(p) = &t.cfg.freeze_int8 {
             let frozen: usize = t.model.blocks.iter().map(|b| b.frozen()).sum();
-            self.bar.println(format!(
+            self.say(format!(
                 "{frozen} Linear layers matching `{p}` frozen as int8; {} trainable parameters",
                 t.model.num_params()
             ));
@@ -225,10 +236,10 @@ impl Reporter for Bar {
         self.bar.set_message(format!("loss {:.4} | lr {:.2e} | {:.0} tok/s", r.loss, r.lr, r.tokens_per_s));
     }
     fn on_eval(&mut self, step: u64, val: f32) {
-        self.bar.println(format!("step {step}: val loss {val:.4}"));
+        self.say(format!("step {step}: val loss {val:.4}"));
     }
     fn on_message(&mut self, msg: &str) {
-        self.bar.println(msg);
+        self.say(msg.to_string());
     }
 }
 

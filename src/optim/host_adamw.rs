@@ -68,6 +68,16 @@ fn update_parallel(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &H
 }
 
 impl HostAdamW {
+    /// Parameters per second this host updates (timed on `n` of them, all threads).
+    pub fn measure_rate(n: usize) -> f64 {
+        let (mut p, mut m, mut v, g) = (vec![0.1f32; n], vec![0f32; n], vec![0f32; n], vec![0.01f32; n]);
+        let c = AdamWConfig::default();
+        let h = Hyper { c: &c, lr: 1e-3, decay: 0.1, scale: 1.0, t: 1 };
+        let start = crate::clock::Stopwatch::start();
+        update_parallel(&mut p, &mut m, &mut v, &g, &h);
+        n as f64 / start.seconds().max(1e-9)
+    }
+
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
         if !(config.lr > 0.0) {
             return Err(Error::invalid("AdamW config", format!("need lr > 0: {config:?}")));

@@ -408,29 +408,17 @@ impl Pager {
     }
 
     /// GB/s of (staging ring + copy, mapped-at-creation buffer) for `bytes` bytes, best of two.
+    /// Zero-copy needs unified memory (host-visible storage buffers).
     fn measure_upload_paths(&self, bytes: usize) -> Result<(f64, f64)> {
+        let ring = self.probe_upload_gbps(bytes)?;
         let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
-        let device = &self.gpu.device;
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let (mut ring, mut zero) = (0.0f64, 0.0f64);
+        let mut zero = 0.0f64;
         for _ in 0..2 {
-            let dst = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("upload probe"),
-                size: bytes as u64,
-                usage,
-                mapped_at_creation: false,
-            });
             let start = Stopwatch::start();
-            self.state.borrow().upload.upload(&self.recorder, &data, &dst, 0)?;
-            let index = self.recorder.flush();
-            self.recorder.wait(index)?;
-            ring = ring.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
-
-            let start = Stopwatch::start();
-            let dst = device.create_buffer(&wgpu::BufferDescriptor {
+            let dst = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("zero-copy probe"),
                 size: bytes as u64,
-                usage: usage | wgpu::BufferUsages::MAP_WRITE,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_WRITE,
                 mapped_at_creation: true,
             });
             {
@@ -443,6 +431,29 @@ impl Pager {
             zero = zero.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
         }
         Ok((ring, zero))
+    }
+
+    /// GB/s of host bytes into a GPU buffer through the staging ring and a copy (`bytes` of
+    /// them, best of two, waiting for the GPU).
+    pub fn probe_upload_gbps(&self, bytes: usize) -> Result<f64> {
+        let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let mut best = 0.0f64;
+        for _ in 0..2 {
+            let desc = wgpu::BufferDescriptor {
+                label: Some("upload probe"),
+                size: bytes as u64,
+                usage,
+                mapped_at_creation: false,
+            };
+            let dst = self.gpu.device.create_buffer(&desc);
+            let start = Stopwatch::start();
+            self.state.borrow().upload.upload(&self.recorder, &data, &dst, 0)?;
+            let index = self.recorder.flush();
+            self.recorder.wait(index)?;
+            best = best.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
+        }
+        Ok(best)
     }
 
     /// Which upload path the pager uses, and why.
