@@ -143,18 +143,19 @@ pub struct StepReport {
     pub tokens_per_step: usize,
     pub footprint_bytes: u64,
     pub step_ms_resident: f64,
-    pub step_ms_budget50: f64,
-    pub step_ms_budget25: f64,
-    pub step_ms_budget10: f64,
+    /// None where the budget cannot hold one op's working set even at a micro-batch of 1.
+    pub step_ms_budget50: Option<f64>,
+    pub step_ms_budget25: Option<f64>,
+    pub step_ms_budget10: Option<f64>,
     /// Bytes moved per step (up + back) at 50 / 25 / 10 % budgets.
-    pub bytes_per_step_budget50: u64,
-    pub bytes_per_step_budget25: u64,
-    pub bytes_per_step_budget10: u64,
+    pub bytes_per_step_budget50: Option<u64>,
+    pub bytes_per_step_budget25: Option<u64>,
+    pub bytes_per_step_budget10: Option<u64>,
     /// Share of the transfer time (bytes / measured ring bandwidth) that did not add to the
     /// step time, at 25 % budget.
-    pub hidden_fraction_budget25: f64,
+    pub hidden_fraction_budget25: Option<f64>,
     pub resident_tokens_per_s: f64,
-    pub budget25_vs_resident: f64,
+    pub budget25_vs_resident: Option<f64>,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and returns (ms per step, bytes moved per
@@ -197,26 +198,37 @@ pub fn step_times(
     steps: usize,
 ) -> Result<StepReport> {
     let (resident, _, footprint) = time_steps(make_ctx, cfg, data, None, warmup, steps)?;
-    let mut at = Vec::new();
+    let mut at: Vec<Option<(f64, u64, u64)>> = Vec::new();
     for pct in [50u64, 25, 10] {
-        at.push(time_steps(make_ctx, cfg, data, Some(footprint * pct / 100), warmup, steps)?);
+        match time_steps(make_ctx, cfg, data, Some(footprint * pct / 100), warmup, steps) {
+            Ok(r) => at.push(Some(r)),
+            Err(e) if crate::train::trainer::is_out_of_memory(&e) => at.push(None),
+            Err(e) => return Err(e),
+        }
     }
-    let transfer_ms = at[1].1 as f64 / (ring_gbps * 1e9) * 1e3;
-    let exposed = (at[1].0 - resident).max(0.0);
+    let hidden = at[1].map(|(ms, bytes, _)| {
+        let transfer_ms = bytes as f64 / (ring_gbps * 1e9) * 1e3;
+        let exposed = (ms - resident).max(0.0);
+        if transfer_ms > 0.0 {
+            (1.0 - exposed / transfer_ms).clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
     Ok(StepReport {
         model: cfg.model.clone(),
         tokens_per_step: tokens,
         footprint_bytes: footprint,
         step_ms_resident: resident,
-        step_ms_budget50: at[0].0,
-        step_ms_budget25: at[1].0,
-        step_ms_budget10: at[2].0,
-        bytes_per_step_budget50: at[0].1,
-        bytes_per_step_budget25: at[1].1,
-        bytes_per_step_budget10: at[2].1,
-        hidden_fraction_budget25: if transfer_ms > 0.0 { (1.0 - exposed / transfer_ms).clamp(0.0, 1.0) } else { 1.0 },
+        step_ms_budget50: at[0].map(|r| r.0),
+        step_ms_budget25: at[1].map(|r| r.0),
+        step_ms_budget10: at[2].map(|r| r.0),
+        bytes_per_step_budget50: at[0].map(|r| r.1),
+        bytes_per_step_budget25: at[1].map(|r| r.1),
+        bytes_per_step_budget10: at[2].map(|r| r.1),
+        hidden_fraction_budget25: hidden,
         resident_tokens_per_s: tokens as f64 / (resident / 1e3),
-        budget25_vs_resident: resident / at[1].0,
+        budget25_vs_resident: at[1].map(|r| resident / r.0),
     })
 }

@@ -371,6 +371,8 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
         println!("  the pager uploads by: {}", r.upload_path);
         if let Some(s) = &steps {
+            let ms = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:9.1} ms"));
+            let mib = |v: Option<u64>| v.map_or(String::new(), |v| format!("({} MiB moved per step)", v >> 20));
             println!(
                 "training step, {} ({} tokens, footprint {} MiB):",
                 s.model,
@@ -378,23 +380,12 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 s.footprint_bytes >> 20
             );
             println!("  resident:    {:9.1} ms  ({:.0} tokens/s)", s.step_ms_resident, s.resident_tokens_per_s);
-            println!(
-                "  50% budget:  {:9.1} ms  ({} MiB moved per step)",
-                s.step_ms_budget50,
-                s.bytes_per_step_budget50 >> 20
-            );
-            println!(
-                "  25% budget:  {:9.1} ms  ({} MiB moved; {:.0}% of transfer time hidden; {:.2}x resident throughput)",
-                s.step_ms_budget25,
-                s.bytes_per_step_budget25 >> 20,
-                s.hidden_fraction_budget25 * 100.0,
-                s.budget25_vs_resident
-            );
-            println!(
-                "  10% budget:  {:9.1} ms  ({} MiB moved per step)",
-                s.step_ms_budget10,
-                s.bytes_per_step_budget10 >> 20
-            );
+            println!("  50% budget:  {}  {}", ms(s.step_ms_budget50), mib(s.bytes_per_step_budget50));
+            println!("  25% budget:  {}  {}", ms(s.step_ms_budget25), mib(s.bytes_per_step_budget25));
+            if let (Some(h), Some(r)) = (s.hidden_fraction_budget25, s.budget25_vs_resident) {
+                println!("               {:.0}% of transfer time hidden; {:.2}x resident throughput", h * 100.0, r);
+            }
+            println!("  10% budget:  {}  {}", ms(s.step_ms_budget10), mib(s.bytes_per_step_budget10));
         }
     }
     Ok(())

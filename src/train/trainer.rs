@@ -445,6 +445,17 @@ fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (Opt
                 );
                 return (OptimizerOn::Gpu, why);
             }
+            // The fused GPU update needs a parameter, its gradient and both moments on the GPU at once.
+            let c = model.n_embd as f64;
+            let largest = 4.0 * (model.vocab_size as f64 * c).max(4.0 * c * c).max(model.block_size as f64 * c);
+            if 4.0 * largest > budget * 0.9 {
+                let why = format!(
+                    "auto: the GPU update of the largest parameter needs {:.0} MiB at once, over the {:.0} MiB budget",
+                    4.0 * largest / 1048576.0,
+                    budget / 1048576.0
+                );
+                return (OptimizerOn::Host, why);
+            }
             let bus = ctx.pager.probe_upload_gbps(16 << 20).unwrap_or(1.0).max(0.01) * 1e9;
             let cpu = HostAdamW::measure_rate(1 << 21).max(1.0);
             let gpu_s = 28.0 * params / bus;
