@@ -92,9 +92,15 @@ fn accumulating_four_micro_batches_of_two_equals_one_batch_of_eight() {
 fn host_optimizer_matches_the_gpu_optimizer() {
     let out = tmpdir("host-opt");
     let (gpu, _) = losses(&context(None), cfg(&out), 20);
-    let (host, t) = losses(&context(None), TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);
+    let resident = context(None);
+    let (host, t) = losses(&resident, TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);
     assert_eq!(t.opt.name(), "host");
     assert_close("host vs gpu AdamW", &host, &to64(&gpu), 0.0, 1e-5);
+    // and under a quarter budget, where parameters and gradients page in and out around it
+    let paged = context(Some(resident.pager.live_bytes().1 / 4));
+    let (host_paged, _) = losses(&paged, TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);
+    assert!(paged.pager.counters().evictions > 0);
+    assert_close("host AdamW paged vs resident", &host_paged, &to64(&host), 0.0, 1e-6);
 }
 
 #[test]

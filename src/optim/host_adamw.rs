@@ -67,6 +67,36 @@ fn update_parallel(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &H
     update(p, m, v, g, h)
 }
 
+/// The f32 values of host bytes (copied when the bytes are not 4-aligned).
+fn f32s(bytes: &[u8]) -> std::borrow::Cow<'_, [f32]> {
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(v) => std::borrow::Cow::Borrowed(v),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    }
+}
+
+/// Runs `f` on four byte slices seen as f32 (in place when aligned, through copies otherwise).
+fn with_f32s(
+    p: &mut [u8],
+    m: &mut [u8],
+    v: &mut [u8],
+    g: &[u8],
+    f: impl FnOnce(&mut [f32], &mut [f32], &mut [f32], &[f32]),
+) {
+    let g = f32s(g);
+    match (bytemuck::try_cast_slice_mut(p), bytemuck::try_cast_slice_mut(m), bytemuck::try_cast_slice_mut(v)) {
+        (Ok(p), Ok(m), Ok(v)) => f(p, m, v, &g),
+        _ => {
+            let (mut pc, mut mc, mut vc): (Vec<f32>, Vec<f32>, Vec<f32>) =
+                (bytemuck::pod_collect_to_vec(p), bytemuck::pod_collect_to_vec(m), bytemuck::pod_collect_to_vec(v));
+            f(&mut pc, &mut mc, &mut vc, &g);
+            p.copy_from_slice(bytemuck::cast_slice(&pc));
+            m.copy_from_slice(bytemuck::cast_slice(&mc));
+            v.copy_from_slice(bytemuck::cast_slice(&vc));
+        }
+    }
+}
+
 impl HostAdamW {
     /// Parameters per second this host updates (timed on `n` of them, all threads).
     pub fn measure_rate(n: usize) -> f64 {
@@ -98,14 +128,15 @@ impl HostAdamW {
         if params.len() != self.m.len() {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
-        // One GPU round trip for all gradients, then plain host reads.
+        // One GPU round trip for all gradients (and parameters), then in-place host updates.
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
         ctx.pager.sync_to_host(&ids)?;
-        let mut grads = Vec::with_capacity(params.len());
+        let mut sumsq = 0.0f64;
         for p in params {
-            grads.push(ctx.to_f32(&p.grad).await?);
+            sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
+                f32s(&s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
+            })?;
         }
-        let sumsq: f64 = grads.iter().flatten().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum();
         let norm = sumsq.sqrt() as f32;
         self.last_norm = norm;
         let clip =
@@ -114,14 +145,12 @@ impl HostAdamW {
         let c = self.config;
         for (i, p) in params.iter().enumerate() {
             let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
-            let mut value = ctx.to_f32(&p.value).await?;
-            let mut m = ctx.to_f32(&self.m[i]).await?;
-            let mut v = ctx.to_f32(&self.v[i]).await?;
             let h = Hyper { c: &c, lr, decay, scale: clip * grad_scale, t: self.t };
-            update_parallel(&mut value, &mut m, &mut v, &grads[i], &h);
-            ctx.write_f32(&p.value, &value)?;
-            ctx.write_f32(&self.m[i], &m)?;
-            ctx.write_f32(&self.v[i], &v)?;
+            let (pv, m, v, g) = (p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id());
+            ctx.pager.update_host(&[pv, m, v, g], &[pv, m, v], |s| {
+                let [ps, ms, vs, gs] = s else { unreachable!("four slices") };
+                with_f32s(ps, ms, vs, gs, |p, m, v, g| update_parallel(p, m, v, g, &h));
+            })?;
         }
         Ok(())
     }

@@ -33,6 +33,27 @@ pub trait HostStore {
     fn bytes_mut(&mut self, r: &HostRange) -> Result<&mut [u8]>;
     /// Makes the backing files hold every value written so far.
     fn flush(&mut self) -> Result<()>;
+    /// Several disjoint ranges at once, mutably (the host optimizer updates a parameter, its
+    /// moments and reads its gradient in place).
+    fn bytes_mut_many(&mut self, ranges: &[HostRange]) -> Result<Vec<&mut [u8]>> {
+        for (i, a) in ranges.iter().enumerate() {
+            for b in &ranges[i + 1..] {
+                let apart = a.segment != b.segment || a.offset + a.len <= b.offset || b.offset + b.len <= a.offset;
+                if !apart {
+                    return Err(crate::error::Error::invalid("host ranges", format!("{a:?} and {b:?} overlap")));
+                }
+            }
+        }
+        let mut raw = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let s = self.bytes_mut(r)?;
+            raw.push((s.as_mut_ptr(), s.len()));
+        }
+        // SAFETY: the ranges were checked to be pairwise disjoint, each pointer came from a live
+        // `&mut [u8]` of this store, and the store stays mutably borrowed (so nothing can move
+        // or free its memory) for as long as the returned slices live.
+        Ok(raw.into_iter().map(|(p, n)| unsafe { std::slice::from_raw_parts_mut(p, n) }).collect())
+    }
     /// Fraction of `r`'s pages in RAM (1.0 where the store cannot tell).
     fn ram_fraction(&self, _r: &HostRange) -> f32 {
         1.0

@@ -638,6 +638,50 @@ impl Pager {
         Ok(())
     }
 
+    /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold
+    /// their newest values (call `sync_to_host` first). Tensors in `written` are taken to be
+    /// changed: their GPU copies are dropped, so the next use uploads the new values.
+    pub fn update_host<R>(
+        &self,
+        ids: &[TensorId],
+        written: &[TensorId],
+        f: impl FnOnce(&mut [&mut [u8]]) -> R,
+    ) -> Result<R> {
+        let mut st = self.state.borrow_mut();
+        let mut ranges = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
+                return Err(Error::invalid("update_host", format!("`{}` has newer values on the GPU", e.name)));
+            }
+            let mut r = e.host;
+            r.len = e.bytes as usize;
+            ranges.push(r);
+        }
+        let zero: Vec<bool> = ids.iter().map(|id| st.entries[id].contents == Contents::Zero).collect();
+        let mut slices = st.store.bytes_mut_many(&ranges)?;
+        for (s, z) in slices.iter_mut().zip(zero) {
+            if z {
+                s.fill(0);
+            }
+        }
+        let out = f(&mut slices);
+        drop(slices);
+        for id in ids {
+            let e = st.entries.get_mut(id).expect("checked");
+            e.contents = Contents::Host;
+        }
+        for id in written {
+            let e = st.entries.get_mut(id).expect("checked");
+            if e.pins == 0 {
+                if let Some(buf) = e.gpu.take() {
+                    st.pool.give(buf);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
