@@ -179,14 +179,27 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     for (var i = 0u; i < 4u; i++) {
         acc[i] = vec4<f32>(0.0);
     }
-    for (var kk = 0u; kk < p.k; kk++) {
-        let ak = kk * p.a_cs;
-        let bk = kk * p.b_rs;
-        let bv = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
-        acc[0] += a[ar[0] + ak] * bv;
-        acc[1] += a[ar[1] + ak] * bv;
-        acc[2] += a[ar[2] + ak] * bv;
-        acc[3] += a[ar[3] + ak] * bv;
+    // Two copies of the loop so the f32 one carries no per-element test (2x on llvmpipe).
+    if (p.quant_b == 1u) {
+        for (var kk = 0u; kk < p.k; kk++) {
+            let ak = kk * p.a_cs;
+            let bk = kk * p.b_rs;
+            let bv = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
+            acc[0] += a[ar[0] + ak] * bv;
+            acc[1] += a[ar[1] + ak] * bv;
+            acc[2] += a[ar[2] + ak] * bv;
+            acc[3] += a[ar[3] + ak] * bv;
+        }
+    } else {
+        for (var kk = 0u; kk < p.k; kk++) {
+            let ak = kk * p.a_cs;
+            let bk = kk * p.b_rs;
+            let bv = vec4<f32>(b[bc[0] + bk], b[bc[1] + bk], b[bc[2] + bk], b[bc[3] + bk]);
+            acc[0] += a[ar[0] + ak] * bv;
+            acc[1] += a[ar[1] + ak] * bv;
+            acc[2] += a[ar[2] + ak] * bv;
+            acc[3] += a[ar[3] + ak] * bv;
+        }
     }
     for (var i = 0u; i < 4u; i++) {
         let gm = m_base + i;

@@ -229,13 +229,13 @@ impl State {
     }
 
     /// A GPU buffer for `id`, evicting by the policy until the pool has room.
-    fn place(&mut self, device: &wgpu::Device, recorder: &Recorder, id: TensorId) -> Result<Taken> {
+    fn place(&mut self, device: &wgpu::Device, recorder: &Recorder, id: TensorId, mapped: bool) -> Result<Taken> {
         let (name, bytes) = {
             let e = &self.entries[&id];
             (e.name.clone(), e.bytes)
         };
         loop {
-            let oom = match self.pool.take(device, &name, bytes.max(4)) {
+            let oom = match self.pool.take(device, &name, bytes.max(4), mapped) {
                 Ok(buf) => return Ok(buf),
                 Err(Error::BudgetTooSmall { .. }) => None,
                 Err(e @ Error::OutOfMemory { .. }) => {
@@ -349,7 +349,7 @@ impl State {
                 break;
             }
             self.store.will_need(&e.host);
-            let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4))?;
+            let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
             self.fill(recorder, id, &taken, false)?;
             self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
             self.counters.prefetches += 1;
@@ -541,7 +541,9 @@ impl Pager {
             st.counters.hits += 1;
         } else {
             st.counters.misses += 1;
-            let taken = st.place(device, recorder, id)?;
+            // Only a tensor whose host bytes are coming wants a buffer created mapped.
+            let needs_bytes = access != Access::Write && st.entries[&id].contents == Contents::Host;
+            let taken = st.place(device, recorder, id, needs_bytes)?;
             if let Err(e) = st.fill(recorder, id, &taken, access == Access::Write) {
                 st.pool.give(taken.buffer);
                 return Err(e);

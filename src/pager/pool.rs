@@ -25,8 +25,8 @@ pub struct Taken {
 
 pub struct Pool {
     free: HashMap<u64, Vec<wgpu::Buffer>>,
-    /// Zero-copy mode (unified memory): buffers are host-visible and created mapped, and freed
-    /// ones are dropped rather than reused, so every placement can be filled without a copy.
+    /// Zero-copy mode (unified memory): buffers are host-visible, and those that receive host
+    /// bytes are created mapped so the bytes go straight in.
     zero_copy: bool,
     /// Bytes of every buffer the pool has created and not destroyed: in use + free.
     held: u64,
@@ -63,14 +63,19 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes; reuses a free one of the same class, else creates one,
     /// destroying free buffers first when the budget requires it.
-    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> Result<Taken> {
+    /// `mapped`: in zero-copy mode, a new buffer created mapped (for host bytes to be written
+    /// straight in); otherwise a free one is reused when there is one.
+    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64, mapped: bool) -> Result<Taken> {
+        let mapped = mapped && self.zero_copy;
         let class = size_class(bytes);
         if class > self.budget {
             return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
         }
-        if let Some(buffer) = self.free.get_mut(&class).and_then(|v| v.pop()) {
-            self.in_use += class;
-            return Ok(Taken { buffer, mapped: false });
+        if !mapped {
+            if let Some(buffer) = self.free.get_mut(&class).and_then(|v| v.pop()) {
+                self.in_use += class;
+                return Ok(Taken { buffer, mapped: false });
+            }
         }
         while self.held + class > self.budget {
             if !self.destroy_one_free() {
@@ -93,7 +98,7 @@ impl Pool {
             label: Some(label),
             size: class,
             usage,
-            mapped_at_creation: self.zero_copy,
+            mapped_at_creation: mapped,
         });
         // Native wgpu answers at once; where the answer is not ready (the web), a later error
         // surfaces through the device's error handler instead.
@@ -103,17 +108,13 @@ impl Pool {
         self.held += class;
         self.in_use += class;
         self.peak = self.peak.max(self.held);
-        Ok(Taken { buffer, mapped: self.zero_copy })
+        Ok(Taken { buffer, mapped })
     }
 
-    /// Returns a buffer to its free list (zero-copy mode: lets it go).
+    /// Returns a buffer to its free list.
     pub fn give(&mut self, buf: wgpu::Buffer) {
         let class = buf.size();
         self.in_use -= class;
-        if self.zero_copy {
-            self.held -= class;
-            return;
-        }
         self.free.entry(class).or_default().push(buf);
     }
 
