@@ -1,12 +1,14 @@
 //! Writes the logits pagetrain computes for a checkpoint, for comparison with Hugging Face
 //! transformers (`tests/hf_compat.py` loads the same directory into `GPT2LMHeadModel`).
-//! Run: `cargo run --release --example hf_logits -- runs/default`
+//! Run: `cargo run --release --example hf_logits -- runs/default/latest`, then
+//! `python3 tests/hf_compat.py runs/default/latest`.
 use pagetrain::nn::{Gpt, Module};
 use pagetrain::train::checkpoint;
 use pagetrain::{Context, ContextOptions};
 
 fn main() -> pagetrain::Result<()> {
-    let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "runs/default".into()));
+    let arg = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "runs/default".into()));
+    let dir = checkpoint::resolve(&arg);
     let ctx = pollster::block_on(Context::new(&ContextOptions::default()))?;
     let ck = checkpoint::load(&dir)?;
     let model = Gpt::new(&ctx, ck.config, 0)?;

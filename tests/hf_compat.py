@@ -1,7 +1,8 @@
 """Loads a pagetrain checkpoint directory into Hugging Face transformers' GPT2LMHeadModel
 unchanged and compares its logits with the ones pagetrain computed (examples/hf_logits.rs).
 
-    cargo run --release --example hf_logits -- DIR && python3 tests/hf_compat.py DIR
+    cargo run --release --example hf_logits -- runs/default/latest
+    python3 tests/hf_compat.py runs/default/latest
 
 Needs torch and transformers (not part of `cargo test`; run where they are installed)."""
 import json
@@ -10,7 +11,7 @@ import sys
 import torch
 from transformers import GPT2LMHeadModel
 
-d = sys.argv[1] if len(sys.argv) > 1 else "runs/default"
+d = sys.argv[1] if len(sys.argv) > 1 else "runs/default/latest"
 ref = json.load(open(f"{d}/pagetrain_logits.json"))
 model = GPT2LMHeadModel.from_pretrained(d).eval()
 b, t, v = ref["shape"]

@@ -1,8 +1,9 @@
 //! The one place where kernels are created, cached and dispatched.
 //!
-//! Every WGSL family in `shaders/` is a [`Shader`]; its launcher in this folder turns tensors and
-//! a `Params` struct into a dispatch. Dispatches are recorded into one pending command encoder and
-//! submitted together (`flush`), their uniforms packed into one arena written once per submit.
+//! Every WGSL family in `shaders/` is a [`Shader`]; its launcher in this folder turns buffer views
+//! and a `Params` struct into a dispatch. Dispatches go into the [`Recorder`]'s pending encoder,
+//! in order with the pager's copies, their uniforms packed into one arena per submission.
+//! [`Tuning`] holds the per-adapter choices (which matmul, row kernels by length).
 
 pub mod activation;
 pub mod attention;
