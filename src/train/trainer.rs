@@ -286,18 +286,24 @@ impl Trainer {
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
     pub async fn evaluate(&self, ctx: &Context) -> Result<f32> {
+        // The same sequences whatever the micro-batch, so runs that shrank it compare.
         let mut rng = Rng::new(self.cfg.seed ^ 0xE7A1);
-        let (b, t) = (self.micro_batch, self.cfg.seq_len);
+        let (b, t, micro) = (self.cfg.batch_size, self.cfg.seq_len, self.micro_batch.min(self.cfg.batch_size));
         let mut total = 0.0;
+        let mut parts = 0;
         for _ in 0..self.cfg.eval_batches {
             let (x, y) = self.data.batch(Split::Val, &mut rng, b, t);
-            let loss = ctx.no_grad(|| -> Result<_> {
-                let tokens = ctx.from_u32("tokens", &[b, t], &x)?;
-                self.model.loss(ctx, &tokens, &y)
-            })?;
-            total += ctx.to_f32(&loss).await?[0];
+            for (xs, ys) in x.chunks(micro * t).zip(y.chunks(micro * t)) {
+                let loss = ctx.no_grad(|| -> Result<_> {
+                    let tokens = ctx.from_u32("tokens", &[xs.len() / t, t], xs)?;
+                    self.model.loss(ctx, &tokens, ys)
+                })?;
+                let rows = xs.len() / t;
+                total += ctx.to_f32(&loss).await?[0] * rows as f32;
+                parts += rows;
+            }
         }
-        Ok(total / self.cfg.eval_batches as f32)
+        Ok(total / parts.max(1) as f32)
     }
 
     /// `n` tokens sampled after `prompt` at `temperature`, decoded.
