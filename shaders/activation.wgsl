@@ -22,10 +22,6 @@ struct Params {
 
 const GELU_SCALE: f32 = 0.7978845608028654; // sqrt(2/pi)
 
-fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 256u;
-}
-
 // tanh that stays finite for large |u| on every backend (some lower tanh through exp).
 fn safe_tanh(u: f32) -> f32 {
     return tanh(clamp(u, -15.0, 15.0));

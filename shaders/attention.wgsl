@@ -37,10 +37,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> heads: array<f32>;
 @group(0) @binding(2) var<uniform> pm: Params;
 
-fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 256u;
-}
-
 // Index in the (B,T,C) layout of element i of the (B,H,T,D) layout.
 fn btc_index(i: u32, prm: Params) -> u32 {
     let d = i % prm.d;

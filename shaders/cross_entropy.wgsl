@@ -35,8 +35,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read> dloss: array<f32>;
 @group(0) @binding(5) var<uniform> pb: Params;
 
-var<workgroup> red: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -50,30 +48,14 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     for (var j = lid; j < p.v; j += 256u) {
         m = max(m, logits[base + j]);
     }
-    red[lid] = m;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let row_max = red[0];
-    workgroupBarrier();
+    let row_max = block_max(m, lid);
     var acc = 0.0;
     for (var j = lid; j < p.v; j += 256u) {
         acc += exp(logits[base + j] - row_max);
     }
-    red[lid] = acc;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+    let total = block_sum(acc, lid);
     if (lid == 0u) {
-        let lse = row_max + log(red[0]);
+        let lse = row_max + log(total);
         lse_out[p.row0 + row] = lse;
         let t = targets[p.row0 + row];
         if (t == p.ignore) {

@@ -22,10 +22,6 @@ struct Params {
 @group(0) @binding(2) var<uniform> p2: Params;
 @group(0) @binding(1) var<uniform> p1: Params;
 
-fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 256u;
-}
-
 @compute @workgroup_size(256)
 fn add_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);

@@ -28,10 +28,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> dout1: array<f32>;
 @group(0) @binding(2) var<uniform> pp: Params;
 
-fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 256u;
-}
-
 @compute @workgroup_size(256)
 fn embedding_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);

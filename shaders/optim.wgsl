@@ -42,8 +42,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> sumsq: array<f32>;
 @group(0) @binding(2) var<uniform> pc: Params;
 
-var<workgroup> red: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;
@@ -78,16 +76,9 @@ fn clip_scale(@builtin(local_invocation_id) lid3: vec3<u32>) {
     for (var i = lid; i < pc.n; i += 256u) {
         s += sumsq[i];
     }
-    red[lid] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            red[lid] += red[lid + k];
-        }
-        workgroupBarrier();
-    }
+    let total = block_sum(s, lid);
     if (lid == 0u) {
-        let norm = sqrt(red[0]);
+        let norm = sqrt(total);
         param[1] = norm;
         if (pc.max_norm > 0.0) {
             param[0] = min(1.0, pc.max_norm / (norm + 1e-6));

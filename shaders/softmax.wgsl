@@ -21,36 +21,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
 @group(0) @binding(3) var<uniform> pb: Params;
 
-var<workgroup> red: array<f32, 256>;
-
-fn block_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn block_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
 fn valid_len(row: u32, len: u32, causal_t: u32) -> u32 {
     if (causal_t == 0u) {
         return len;

@@ -32,9 +32,18 @@ pub struct Shader {
     pub source: &'static str,
 }
 
+/// Helpers every family uses (`flat`, `block_sum`, `block_max`), prepended to each source.
+pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
 macro_rules! shader {
     ($name:literal) => {
-        Shader { name: $name, source: include_str!(concat!("../../shaders/", $name, ".wgsl")) }
+        Shader {
+            name: $name,
+            source: concat!(
+                include_str!("../../shaders/common.wgsl"),
+                include_str!(concat!("../../shaders/", $name, ".wgsl"))
+            ),
+        }
     };
 }
 

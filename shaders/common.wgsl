@@ -1,0 +1,41 @@
+// common: helpers every kernel family shares; prepended to each family's source when its module
+// is created (WGSL has no includes), and by the naga validation test.
+//   flat(gid, nwg):     the flat thread index of a 2-D folded grid of 256-thread workgroups
+//   block_sum(v, lid):  sum of `v` over a 256-thread workgroup (every thread gets it)
+//   block_max(v, lid):  maximum of `v` over a 256-thread workgroup
+// The block reductions use workgroup barriers: call them from uniform control flow.
+
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * 256u;
+}
+
+var<workgroup> red: array<f32, 256>;
+
+fn block_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn block_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    return m;
+}
+
