@@ -37,13 +37,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read> heads: array<f32>;
 @group(0) @binding(2) var<uniform> pm: Params;
 
-// Index in the (B,T,C) layout of element i of the (B,H,T,D) layout.
-fn btc_index(i: u32, prm: Params) -> u32 {
+// Index in the (B,T,width·C) layout of element i of the (B,H,T,D) layout (width 3 for qkv).
+fn btc_index(i: u32, prm: Params, width: u32) -> u32 {
     let d = i % prm.d;
     let t = (i / prm.d) % prm.t;
     let h = (i / (prm.d * prm.t)) % prm.h;
     let b = prm.first + i / (prm.d * prm.t * prm.h);
-    return (b * prm.t + t) * prm.h * prm.d + h * prm.d + d;
+    return (b * prm.t + t) * width * prm.h * prm.d + h * prm.d + d;
 }
 
 @compute @workgroup_size(256)
@@ -53,11 +53,7 @@ fn attention_split(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
         return;
     }
     let c = p.h * p.d;
-    let d = i % p.d;
-    let t = (i / p.d) % p.t;
-    let h = (i / (p.d * p.t)) % p.h;
-    let b = p.first + i / (p.d * p.t * p.h);
-    let src = (b * p.t + t) * 3u * c + h * p.d + d;
+    let src = btc_index(i, p, 3u);
     q[i] = qkv[src];
     k[i] = qkv[src + c];
     v[i] = qkv[src + 2u * c];
@@ -70,11 +66,7 @@ fn attention_split_backward(@builtin(global_invocation_id) gid: vec3<u32>, @buil
         return;
     }
     let c = p.h * p.d;
-    let d = i % p.d;
-    let t = (i / p.d) % p.t;
-    let h = (i / (p.d * p.t)) % p.h;
-    let b = p.first + i / (p.d * p.t * p.h);
-    let dst = (b * p.t + t) * 3u * c + h * p.d + d;
+    let dst = btc_index(i, p, 3u);
     dqkv[dst] += dq[i];
     dqkv[dst + c] += dk[i];
     dqkv[dst + 2u * c] += dv[i];
@@ -86,7 +78,7 @@ fn attention_merge(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (i >= pm.b * pm.h * pm.t * pm.d) {
         return;
     }
-    q[btc_index(i, pm)] = heads[i];
+    q[btc_index(i, pm, 1u)] = heads[i];
 }
 
 @compute @workgroup_size(256)
@@ -95,5 +87,5 @@ fn attention_merge_backward(@builtin(global_invocation_id) gid: vec3<u32>, @buil
     if (i >= pm.b * pm.h * pm.t * pm.d) {
         return;
     }
-    q[i] += heads[btc_index(i, pm)];
+    q[i] += heads[btc_index(i, pm, 1u)];
 }
