@@ -47,6 +47,30 @@ struct Params {
 @group(0) @binding(5) var<storage, read> bscale: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
 
+// Writes a thread's 4x4 block of C at (row0, col0): alpha·acc (+ bias) (+ beta·C), in bounds only.
+fn store_block(row0: u32, col0: u32, c_base: u32, acc: array<vec4<f32>, 4>) {
+    for (var i = 0u; i < 4u; i++) {
+        let gm = row0 + i;
+        if (gm >= p.m) {
+            break;
+        }
+        for (var j = 0u; j < 4u; j++) {
+            let gn = col0 + j;
+            if (gn < p.n) {
+                let idx = c_base + gm * p.n + gn;
+                var v = p.alpha * acc[i][j];
+                if (p.has_bias == 1u) {
+                    v += bias[gn];
+                }
+                if (p.beta != 0.0) {
+                    v += p.beta * c[idx];
+                }
+                c[idx] = v;
+            }
+        }
+    }
+}
+
 // Element `i` of B: f32, or int8 (sign-extended from its byte) times its row's scale.
 fn load_b(i: u32) -> f32 {
     if (p.quant_b == 1u) {
@@ -135,26 +159,7 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         workgroupBarrier();
     }
 
-    for (var i = 0u; i < 4u; i++) {
-        let gm = m0 + ty * 4u + i;
-        if (gm >= p.m) {
-            break;
-        }
-        for (var j = 0u; j < 4u; j++) {
-            let gn = n0 + tx * 4u + j;
-            if (gn < p.n) {
-                let idx = c_base + gm * p.n + gn;
-                var v = p.alpha * acc[i][j];
-                if (p.has_bias == 1u) {
-                    v += bias[gn];
-                }
-                if (p.beta != 0.0) {
-                    v += p.beta * c[idx];
-                }
-                c[idx] = v;
-            }
-        }
-    }
+    store_block(m0 + ty * 4u, n0 + tx * 4u, c_base, acc);
 }
 
 @compute @workgroup_size(16, 16)
@@ -201,24 +206,5 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             acc[3] += a[ar[3] + ak] * bv;
         }
     }
-    for (var i = 0u; i < 4u; i++) {
-        let gm = m_base + i;
-        if (gm >= p.m) {
-            break;
-        }
-        for (var j = 0u; j < 4u; j++) {
-            let gn = n_base + j;
-            if (gn < p.n) {
-                let idx = c_base + gm * p.n + gn;
-                var v = p.alpha * acc[i][j];
-                if (p.has_bias == 1u) {
-                    v += bias[gn];
-                }
-                if (p.beta != 0.0) {
-                    v += p.beta * c[idx];
-                }
-                c[idx] = v;
-            }
-        }
-    }
+    store_block(m_base, n_base, c_base, acc);
 }
