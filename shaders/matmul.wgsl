@@ -2,7 +2,8 @@
 //   c (batch, M, N) row-major;  a: op(A)[m,k] = a[b*stride_a + m*a_rs + k*a_cs];
 //   b: op(B)[k,n] = b[b*stride_b + k*b_rs + n*b_cs];  bias (N) added when has_bias = 1.
 // a_off, b_off, c_off shift all three by whole elements, so a product can work on a row chunk.
-// B may be int8 with one scale per stored row (frozen weights): `load_b` dequantizes as it reads.
+// B may be int8 with one scale per stored row (frozen weights) or f16 (mixed precision): `load_b`
+// widens it to f32 as it reads.
 // Bindings: c, a, b, bias, bq, bscale (unused ones get a small stand-in buffer), Params.
 // Strides express transposes: A (M,K) has a_rs = K, a_cs = 1; Aᵀ of a (K,M) array has a_rs = 1, a_cs = M.
 // beta = 1 accumulates (backward passes add into gradients); beta = 0 never reads C.
@@ -33,7 +34,8 @@ struct Params {
     a_off: u32,
     b_off: u32,
     c_off: u32,
-    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len]
+    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len];
+    // quant_b = 2: B is f16, two to a word in `bq` (mixed precision)
     quant_b: u32,
     q_row_len: u32,
     _pad0: u32,
@@ -73,6 +75,10 @@ fn store_block(row0: u32, col0: u32, c_base: u32, acc: array<vec4<f32>, 4>) {
 
 // Element `i` of B: f32, or int8 (sign-extended from its byte) times its row's scale.
 fn load_b(i: u32) -> f32 {
+    if (p.quant_b == 2u) {
+        let pair = unpack2x16float(bq[i / 2u]);
+        return select(pair.x, pair.y, (i % 2u) == 1u);
+    }
     if (p.quant_b == 1u) {
         let byte = (bq[i / 4u] >> ((i % 4u) * 8u)) & 0xFFu;
         let q = bitcast<i32>(byte << 24u) >> 24u;
@@ -185,7 +191,7 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         acc[i] = vec4<f32>(0.0);
     }
     // Two copies of the loop so the f32 one carries no per-element test (2x on llvmpipe).
-    if (p.quant_b == 1u) {
+    if (p.quant_b != 0u) {
         for (var kk = 0u; kk < p.k; kk++) {
             let ak = kk * p.a_cs;
             let bk = kk * p.b_rs;

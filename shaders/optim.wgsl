@@ -5,7 +5,7 @@
 //                 param -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * param)
 //   sgd_update:   SGD with momentum (PyTorch's form): g = grad*clip[0]*grad_scale + wd*param;
 //                 buf = momentum*buf + g;  param -= lr * buf.      param (n)  buf (n)  grad (n)  clip (2)
-//   clip_scale:   clip[1] = sqrt(sum(sumsq)); clip[0] = min(1, max_norm / (clip[1] + 1e-6)), or 1 when
+//   clip_scale:   clip[1] = grad_scale * sqrt(sum(sumsq)); clip[0] = min(1, max_norm / (clip[1] + 1e-6)), or 1 when
 //                 max_norm <= 0.   clip (2)  sumsq (count)   one workgroup.
 // Grids: 256 threads per workgroup, 2-D folded. CPU references: tests/common/reference.rs `adamw_update`,
 // `sgd_update`.
@@ -78,7 +78,8 @@ fn clip_scale(@builtin(local_invocation_id) lid3: vec3<u32>) {
     }
     let total = block_sum(s, lid);
     if (lid == 0u) {
-        let norm = sqrt(total);
+        // the norm of the gradients as the update sees them (after grad_scale, e.g. 1/loss scale)
+        let norm = sqrt(total) * pc.grad_scale;
         param[1] = norm;
         if (pc.max_norm > 0.0) {
             param[0] = min(1.0, pc.max_norm / (norm + 1e-6));

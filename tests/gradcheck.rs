@@ -112,6 +112,31 @@ fn int8_linear_backward_matches_finite_differences() {
 }
 
 #[test]
+fn mixed_precision_linear_backward_matches_finite_differences() {
+    // The products read f16 copies of the weight: forward and dx carry f16 rounding (~5e-4
+    // relative), dW and dbias are f32.
+    let ctx = ctx();
+    let mut rng = Rng::new(19);
+    let (rows, k, n) = (5, 7, 9);
+    check(
+        &ctx,
+        "linear_mixed",
+        &[
+            (randn(&mut rng, rows * k, 1.0), vec![rows, k]),
+            (randn(&mut rng, k * n, 0.5), vec![k, n]),
+            (randn(&mut rng, n, 1.0), vec![n]),
+        ],
+        |ctx, v| {
+            let half = ctx.empty("w16", &[(k * n).div_ceil(2)], pagetrain::DType::U32, false).unwrap();
+            ops::pack_half(ctx, &half, &v[1]).unwrap();
+            ops::linear_mixed(ctx, &v[0], &v[1], &half, Some(&v[2])).unwrap()
+        },
+        Box::new(move |v| r::matmul_forward(&v[0], &v[1], Some(&v[2]), 1, rows, n, k, false, false, true, 1.0)),
+        3e-3,
+    );
+}
+
+#[test]
 fn elementwise_ops_backward_match_finite_differences() {
     let ctx = ctx();
     let mut rng = Rng::new(12);

@@ -130,7 +130,7 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
                 let gq = Guarded::from_u32(&ctx, &words);
                 let gs = Guarded::new(&ctx, scales.len(), Some(&scales));
                 let out = Guarded::new(&ctx, m * n, None);
-                let qb = QuantB { q: &gq.view(), scales: &gs.view(), row_len: cols };
+                let qb = QuantB { q: &gq.view(), scales: &gs.view(), row_len: cols, f16: false };
                 let g = Gemm { trans_b, ..Gemm::new(m, n, k) };
                 kernels::matmul::matmul_q8(&ctx.kernels, variant, &out.view(), &gx.view(), qb, None, &gs.view(), g)
                     .unwrap();
@@ -146,6 +146,41 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
                 for (i, (a, b)) in w.iter().zip(&deq).enumerate() {
                     assert!((a - b).abs() <= scales[i / cols] * 0.5 + 1e-7, "dequantized {b} vs {a}");
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_weight_matmul_matches_reference_on_rounded_weights() {
+    use kernels::matmul::QuantB;
+    let ctx = ctx();
+    let mut rng = Rng::new(23);
+    for &(m, k, n) in &[(1, 1, 1), (3, 17, 65), (65, 129, 3), (17, 65, 1000)] {
+        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+            for trans_b in [false, true] {
+                let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
+                let w = randn(&mut rng, rows * cols, 1.0);
+                // pack on the GPU; the reference uses the same values rounded to f16 on the CPU
+                let gw = Guarded::new(&ctx, w.len(), Some(&w));
+                let words = Guarded::new(&ctx, w.len().div_ceil(2), None);
+                kernels::elementwise::pack_f16(&ctx.kernels, &words.view(), &gw.view(), w.len()).unwrap();
+                let rounded: Vec<f64> = w.iter().map(|&v| half::f16::from_f32(v).to_f32() as f64).collect();
+                let x = randn(&mut rng, m * k, 1.0);
+                let gx = Guarded::new(&ctx, x.len(), Some(&x));
+                let out = Guarded::new(&ctx, m * n, None);
+                let qb = QuantB { q: &words.view(), scales: &gx.view(), row_len: cols, f16: true };
+                let g = Gemm { trans_b, ..Gemm::new(m, n, k) };
+                kernels::matmul::matmul_q8(&ctx.kernels, variant, &out.view(), &gx.view(), qb, None, &gx.view(), g)
+                    .unwrap();
+                let want = r::matmul_forward(&to64(&x), &rounded, None, 1, m, n, k, false, trans_b, true, 1.0);
+                assert_close(
+                    &format!("f16 matmul {variant:?} {m}x{k}x{n} tb={trans_b}"),
+                    &out.read(&ctx),
+                    &want,
+                    1e-4,
+                    1e-5 * (k as f64).sqrt(),
+                );
             }
         }
     }
@@ -506,8 +541,11 @@ fn optimizers_match_reference() {
     // clip factor from partial sums of squares
     let sumsq = Guarded::new(&ctx, 3, Some(&[4.0, 9.0, 3.0]));
     let clip = Guarded::new(&ctx, 2, None);
-    kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 1.0).unwrap();
+    kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 1.0, 1.0).unwrap();
     assert_close("clip", &clip.read(&ctx), &[0.25, 4.0], 1e-5, 1e-6);
-    kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 10.0).unwrap();
+    kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 10.0, 1.0).unwrap();
     assert_close("no clip", &clip.read(&ctx), &[1.0, 4.0], 1e-5, 1e-6);
+    // gradients seen through a loss scale of 8: the norm is taken of the unscaled ones
+    kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 0.25, 0.125).unwrap();
+    assert_close("clip of unscaled gradients", &clip.read(&ctx), &[0.5, 0.5], 1e-5, 1e-6);
 }

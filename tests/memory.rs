@@ -241,3 +241,31 @@ fn int8_frozen_layers_stay_fixed_train_the_rest_and_resume() {
     assert_eq!(resumed.cfg.freeze_int8.as_deref(), Some("mlp"));
     assert_eq!(resumed.model.num_params(), t.model.num_params());
 }
+
+#[test]
+fn f16_weights_track_the_f32_loss_curve_and_loss_scaling_skips_overflow() {
+    let out = tmpdir("f16");
+    let (f32_losses, _) = losses(&context(None), cfg(&out), 30);
+    let ctx = context(None);
+    let (f16_losses, t) = losses(&ctx, TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) }, 30);
+    if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
+        assert_eq!(t.precision, pagetrain::train::Precision::F16);
+    }
+    for (i, (a, b)) in f16_losses.iter().zip(&f32_losses).enumerate() {
+        assert!((a - b).abs() <= 0.02 * b.abs(), "step {i}: f16 loss {a} vs f32 {b}");
+    }
+    // A loss scale far too large overflows the gradients: those updates are skipped and the scale
+    // halves until training proceeds.
+    let ctx = context(None);
+    let mut t =
+        Trainer::new(&ctx, TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) }, None).unwrap();
+    if t.precision != pagetrain::train::Precision::F16 {
+        return; // no shader-f16 here: f32 training has no loss scale to test
+    }
+    t.loss_scale = 2f32.powi(127);
+    let l: Vec<f32> = (0..20).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+    assert!(t.skipped_steps >= 1, "no overflow was detected");
+    assert!(t.loss_scale < 2f32.powi(127));
+    assert!(l.iter().all(|v| v.is_finite()));
+    assert!(l[19] < l[0], "training went on after the skips: {l:?}");
+}

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
-use pagetrain::train::{OptimizerOn, Reporter, StepReport, TrainConfig, Trainer};
+use pagetrain::train::{OptimizerOn, Precision, Reporter, StepReport, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
@@ -113,6 +113,10 @@ struct TrainArgs {
     /// int8 weights with per-row scales, dequantized inside the matmul kernel.
     #[arg(long, value_name = "PATTERN")]
     freeze_int8: Option<String>,
+    /// f32, or f16: f16 copies of the Linear weights for the products (on adapters with
+    /// shader-f16), f32 master weights and optimizer state, dynamic loss scaling.
+    #[arg(long)]
+    precision: Option<Precision>,
     /// Write a checkpoint every N steps (and at the end).
     #[arg(long)]
     checkpoint_every: Option<u64>,
@@ -180,6 +184,7 @@ impl TrainArgs {
             optimizer_on: self.optimizer_on.unwrap_or(d.optimizer_on),
             recompute: self.recompute,
             freeze_int8: self.freeze_int8.clone(),
+            precision: self.precision.unwrap_or(d.precision),
             checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
             ..d
         }
@@ -222,6 +227,7 @@ impl Reporter for Bar {
             t.data.split_len(pagetrain::train::Split::Val)
         ));
         self.say(format!("optimizer on the {} ({})", t.opt.name(), t.optimizer_reason));
+        self.say(format!("precision: {}", t.precision_note));
         if let Some(p) = &t.cfg.freeze_int8 {
             let frozen: usize = t.model.blocks.iter().map(|b| b.frozen()).sum();
             self.say(format!(

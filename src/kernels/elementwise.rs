@@ -40,3 +40,8 @@ pub fn scale_forward(k: &Kernels, out: &View, x: &View, alpha: f32, n: usize) ->
 pub fn fill(k: &Kernels, out: &View, value: f32, n: usize) -> Result<()> {
     k.dispatch(ELEMENTWISE, "fill", &[out], &params(n, value), grid_1d(n as u64))
 }
+
+/// `words` (ceil(n/2) u32) = `a` (n f32) as packed f16 pairs, for mixed-precision weights.
+pub fn pack_f16(k: &Kernels, words: &View, a: &View, n: usize) -> Result<()> {
+    k.dispatch(ELEMENTWISE, "pack_f16", &[words, a], &params(n, 0.0), grid_1d(n.div_ceil(2) as u64))
+}

@@ -79,8 +79,9 @@ pub fn sgd(
     k.dispatch(OPTIM, "sgd_update", &[param, buf, grad, clip], &p, grid_1d(n as u64))
 }
 
-/// clip[1] = ‖g‖ from `count` partial sums of squares; clip[0] = min(1, max_norm/‖g‖) (1 if max_norm ≤ 0).
-pub fn clip_scale(k: &Kernels, clip: &View, sumsq: &View, count: usize, max_norm: f32) -> Result<()> {
-    let p = Params { n: count as u32, max_norm, ..Default::default() };
+/// clip[1] = grad_scale·‖g‖ from `count` partial sums of squares; clip[0] = min(1, max_norm/clip[1])
+/// (1 if max_norm ≤ 0).
+pub fn clip_scale(k: &Kernels, clip: &View, sumsq: &View, count: usize, max_norm: f32, grad_scale: f32) -> Result<()> {
+    let p = Params { n: count as u32, max_norm, grad_scale, ..Default::default() };
     k.dispatch(OPTIM, "clip_scale", &[clip, sumsq], &p, [1, 1, 1])
 }

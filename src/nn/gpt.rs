@@ -106,6 +106,27 @@ impl Gpt {
         Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute }, frozen))
     }
 
+    /// This model computing its Linear layers with f16 copies of their f32 master weights (the
+    /// optimizer updates the masters; call `refresh_half` after each update).
+    pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute } = self;
+        let mut out = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            let block = Rc::try_unwrap(b)
+                .map_err(|_| Error::invalid("to_half", "the model is shared; convert it before use"))?;
+            out.push(Rc::new(block.with_half(ctx)?));
+        }
+        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute })
+    }
+
+    /// Copies every master weight into its f16 copy.
+    pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
+        for b in &self.blocks {
+            b.refresh_half(ctx)?;
+        }
+        Ok(())
+    }
+
     /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
     pub fn set_recompute(&self, on: bool) {
         self.recompute.set(on);

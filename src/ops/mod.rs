@@ -18,7 +18,7 @@ pub use elementwise::{add, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::layernorm;
 pub use matmul::{linear, matmul, MatmulOpts};
-pub use quantized::{linear_q8, QWeight};
+pub use quantized::{linear_mixed, linear_q8, pack_half, QWeight};
 pub use softmax::softmax;
 
 use crate::error::{Error, Result};

@@ -61,7 +61,7 @@ impl AdamW {
         if params.len() != self.m.len() {
             return Err(Error::shape("AdamW step", self.m.len(), params.len()));
         }
-        self.clip.compute(ctx, params, self.config.max_grad_norm)?;
+        self.clip.compute(ctx, params, self.config.max_grad_norm, grad_scale)?;
         self.t += 1;
         let c = self.config;
         for (i, p) in params.iter().enumerate() {

@@ -23,7 +23,8 @@ impl GradClip {
     }
 
     /// Records the norm of all `params`' gradients and the clip factor for `max_norm` (≤ 0: none).
-    pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32) -> Result<()> {
+    /// `grad_scale` multiplies the gradients before the norm is taken (1 / loss scale).
+    pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32, grad_scale: f32) -> Result<()> {
         for (i, p) in params.iter().enumerate() {
             let _op = ctx.op();
             let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: i, accumulate: false };
@@ -31,7 +32,14 @@ impl GradClip {
             reduce::sum(&ctx.kernels, &sumsq, &grad, &partials, p.grad.len(), spec)?;
         }
         let _op = ctx.op();
-        optim::clip_scale(&ctx.kernels, &ctx.write(&self.clip)?, &ctx.read(&self.sumsq)?, params.len(), max_norm)
+        optim::clip_scale(
+            &ctx.kernels,
+            &ctx.write(&self.clip)?,
+            &ctx.read(&self.sumsq)?,
+            params.len(),
+            max_norm,
+            grad_scale,
+        )
     }
 
     /// The global gradient norm of the last `compute` (waits for the GPU).

@@ -122,6 +122,19 @@ impl HostAdamW {
         Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0 })
     }
 
+    /// The global norm of the gradients times `grad_scale` (one GPU round trip, then host sums).
+    pub fn grad_norm(ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+        let ids: Vec<_> = params.iter().map(|p| p.grad.id()).collect();
+        ctx.pager.sync_to_host(&ids)?;
+        let mut sumsq = 0.0f64;
+        for p in params {
+            sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
+                f32s(&s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
+            })?;
+        }
+        Ok(sumsq.sqrt() as f32)
+    }
+
     /// One update at learning rate `lr`; gradients are multiplied by `grad_scale` and clipped to
     /// the configured global norm first.
     pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {

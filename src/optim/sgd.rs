@@ -49,7 +49,7 @@ impl Sgd {
             return Err(Error::shape("SGD step", self.momentum.len(), params.len()));
         }
         let c = self.config;
-        self.clip.compute(ctx, params, c.max_grad_norm)?;
+        self.clip.compute(ctx, params, c.max_grad_norm, 1.0)?;
         for (p, buf) in params.iter().zip(&self.momentum) {
             let _op = ctx.op();
             let (pv, bv, gv, clip) =

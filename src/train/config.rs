@@ -16,6 +16,27 @@ pub enum OptimizerOn {
     Auto,
 }
 
+/// Storage precision of the weights the kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    #[default]
+    F32,
+    /// f16 copies of the Linear weights for the products, f32 master weights, optimizer state and
+    /// activations, dynamic loss scaling.
+    F16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "f16" => Ok(Precision::F16),
+            other => Err(format!("`{other}`: use f32 or f16")),
+        }
+    }
+}
+
 impl std::str::FromStr for OptimizerOn {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -67,6 +88,7 @@ pub struct TrainConfig {
     pub recompute: bool,
     /// Freeze the Linear layers whose names contain this as int8 weights (e.g. `mlp`, `h.0.`).
     pub freeze_int8: Option<String>,
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
@@ -93,6 +115,7 @@ impl Default for TrainConfig {
             optimizer_on: OptimizerOn::Gpu,
             recompute: false,
             freeze_int8: None,
+            precision: Precision::F32,
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::checkpoint::{self, Moments, TrainState};
-use super::config::{OptimizerOn, TrainConfig};
+use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -63,6 +63,9 @@ pub struct RunSummary {
     pub accum: usize,
     pub optimizer_on: String,
     pub recompute: bool,
+    pub precision: String,
+    pub loss_scale: f32,
+    pub skipped_steps: u64,
 }
 
 /// Where the optimizer runs in this run.
@@ -93,10 +96,21 @@ impl Optimizer {
         }
     }
 
-    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32) -> Result<()> {
+    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32, grad_scale: f32) -> Result<()> {
         match self {
-            Optimizer::Gpu(o) => o.step_lr(ctx, &model.params(), lr, 1.0),
-            Optimizer::Host(o) => o.step_lr(ctx, &model.params(), lr, 1.0).await,
+            Optimizer::Gpu(o) => o.step_lr(ctx, &model.params(), lr, grad_scale),
+            Optimizer::Host(o) => o.step_lr(ctx, &model.params(), lr, grad_scale).await,
+        }
+    }
+
+    /// The global norm of the gradients times `grad_scale` (waits for the GPU).
+    async fn grad_norm(&self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
+        match self {
+            Optimizer::Gpu(o) => {
+                o.clip.compute(ctx, &model.params(), 0.0, grad_scale)?;
+                o.clip.norm(ctx).await
+            }
+            Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
         }
     }
 }
@@ -114,7 +128,19 @@ pub struct Trainer {
     prefetch: Option<Prefetcher>,
     /// Why the optimizer runs where it does.
     pub optimizer_reason: String,
+    /// Precision in use (f32 when f16 was asked for on an adapter without shader-f16).
+    pub precision: Precision,
+    pub precision_note: String,
+    /// Dynamic loss scale (1 in f32): the loss gradient is seeded with it, the update divides it
+    /// out; a step whose gradients overflow is skipped and the scale halved.
+    pub loss_scale: f32,
+    good_steps: u32,
+    pub skipped_steps: u64,
 }
+
+/// Loss scale a mixed-precision run starts with, and good steps before it doubles.
+pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
+pub const GROWTH_INTERVAL: u32 = 1000;
 
 /// Whether `e` means "this much does not fit on the GPU".
 pub fn is_out_of_memory(e: &Error) -> bool {
@@ -184,6 +210,14 @@ impl Trainer {
             }
             model = m;
         }
+        let (precision, precision_note) = match cfg.precision {
+            Precision::F16 if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) => {
+                model = model.to_half(ctx)?;
+                (Precision::F16, "f16 weights in the products, f32 master weights, dynamic loss scaling".to_string())
+            }
+            Precision::F16 => (Precision::F32, format!("{} has no shader-f16: training in f32", ctx.gpu.describe())),
+            Precision::F32 => (Precision::F32, "f32".to_string()),
+        };
         model.set_recompute(cfg.recompute);
         let opt_cfg = AdamWConfig {
             lr: cfg.lr,
@@ -209,6 +243,7 @@ impl Trainer {
             data_seed = state.data_seed;
         }
         let micro_batch = cfg.batch_size;
+        let loss_scale = if precision == Precision::F16 { INITIAL_LOSS_SCALE } else { 1.0 };
         Ok(Trainer {
             cfg,
             model,
@@ -219,6 +254,11 @@ impl Trainer {
             data_seed,
             prefetch: None,
             optimizer_reason,
+            precision,
+            precision_note,
+            loss_scale,
+            good_steps: 0,
+            skipped_steps: 0,
         })
     }
 
@@ -238,7 +278,7 @@ impl Trainer {
             let tokens = ctx.from_u32("tokens", &[micro, t], &x[rows.clone()])?;
             let loss = self.model.loss(ctx, &tokens, &y[rows])?;
             let mut grads = self.model.grads();
-            ctx.backward(&loss, &mut grads, 1.0 / n_micro as f32)?;
+            ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
             total += ctx.to_f32(&loss).await?[0];
         }
         Ok(total / n_micro as f32)
@@ -275,7 +315,24 @@ impl Trainer {
             }
         };
         let lr = self.cfg.lr_at(self.step);
-        self.opt.step(ctx, &self.model, lr).await?;
+        let grad_scale = 1.0 / self.loss_scale;
+        if self.precision == Precision::F16 && !self.opt.grad_norm(ctx, &self.model, grad_scale).await?.is_finite() {
+            // Overflow: skip the update, halve the scale (the step's data is not seen again).
+            self.loss_scale = (self.loss_scale / 2.0).max(1.0);
+            self.good_steps = 0;
+            self.skipped_steps += 1;
+            log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", self.step, self.loss_scale);
+        } else {
+            self.opt.step(ctx, &self.model, lr, grad_scale).await?;
+            if self.precision == Precision::F16 {
+                self.model.refresh_half(ctx)?;
+                self.good_steps += 1;
+                if self.good_steps >= GROWTH_INTERVAL {
+                    self.loss_scale *= 2.0;
+                    self.good_steps = 0;
+                }
+            }
+        }
         self.model.zero_grad(ctx)?;
         if !loss.is_finite() {
             return Err(Error::invalid("training", format!("loss became {loss} at step {}", self.step)));
@@ -426,6 +483,9 @@ impl Trainer {
             accum: self.effective_batch() / self.micro_batch,
             optimizer_on: self.opt.name().into(),
             recompute: self.cfg.recompute,
+            precision: format!("{:?}", self.precision).to_lowercase(),
+            loss_scale: self.loss_scale,
+            skipped_steps: self.skipped_steps,
         })
     }
 }
