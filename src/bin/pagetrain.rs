@@ -61,6 +61,9 @@ struct BenchArgs {
     /// Where AdamW runs in the timed steps.
     #[arg(long, default_value = "gpu")]
     optimizer_on: OptimizerOn,
+    /// Precision of the timed steps.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
     /// Staging buffers for uploads and for write-backs (each --slot-size).
     #[arg(long)]
     upload_slots: Option<usize>,
@@ -329,6 +332,7 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 sample_len: 0,
                 recompute: args.recompute,
                 optimizer_on: args.optimizer_on,
+                precision: args.precision,
                 ..TrainConfig::default()
             };
             let make = |budget: Option<u64>| {
