@@ -209,7 +209,7 @@ impl Gpu {
 
     /// Largest tensor one storage binding can see.
     pub fn max_binding_bytes(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// A one-line description: name, backend, type.

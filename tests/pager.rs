@@ -85,7 +85,7 @@ fn values(seed: u32, n: usize) -> Vec<f32> {
 /// by `choice`, or a new one (undefined until the op writes it).
 fn output(ctx: &Context, tensors: &mut Vec<(Tensor, Vec<f32>)>, n: usize, avoid: &[usize], choice: usize) -> usize {
     let same: Vec<usize> = (0..tensors.len()).filter(|i| tensors[*i].1.len() == n && !avoid.contains(i)).collect();
-    if same.is_empty() || choice % 3 == 0 {
+    if same.is_empty() || choice.is_multiple_of(3) {
         tensors.push((ctx.empty("out", &[n], pagetrain::DType::F32, false).unwrap(), vec![f32::NAN; n]));
         tensors.len() - 1
     } else {

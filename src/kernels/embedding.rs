@@ -18,6 +18,7 @@ fn params(n: usize, t: usize, c: usize) -> Params {
 }
 
 /// out (N,C) = wte[tokens] + wpe[row % t]; tokens (N) u32, N = B·T.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     k: &Kernels,
     out: &View,

@@ -47,7 +47,7 @@ impl GptConfig {
         if self.n_layer == 0 || self.n_head == 0 || self.n_embd == 0 || self.block_size == 0 || self.vocab_size == 0 {
             return bad(format!("every dimension must be positive: {self:?}"));
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
         Ok(())

@@ -41,7 +41,7 @@ struct Chunk {
 /// qkv (B,T,3C) → (B,T,C): `softmax(q·kᵀ/sqrt(D) + causal mask) · v` per head, C = H·D.
 pub fn causal_self_attention(ctx: &Context, qkv: &Tensor, n_head: usize) -> Result<Tensor> {
     let s = qkv.shape();
-    if s.len() != 3 || s[2] % 3 != 0 || n_head == 0 || (s[2] / 3) % n_head != 0 {
+    if s.len() != 3 || !s[2].is_multiple_of(3) || n_head == 0 || !(s[2] / 3).is_multiple_of(n_head) {
         return Err(Error::shape("causal_self_attention", format!("(B,T,3C) with C divisible by {n_head} heads"), s));
     }
     let (b, t, c) = (s[0], s[1], s[2] / 3);

@@ -129,7 +129,7 @@ impl HostAdamW {
         let mut sumsq = 0.0f64;
         for p in params {
             sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
-                f32s(&s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
+                f32s(s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
             })?;
         }
         Ok(sumsq.sqrt() as f32)
@@ -147,7 +147,7 @@ impl HostAdamW {
         let mut sumsq = 0.0f64;
         for p in params {
             sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
-                f32s(&s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
+                f32s(s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
             })?;
         }
         let norm = sumsq.sqrt() as f32;

@@ -135,8 +135,9 @@ pub fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
             let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
             std::thread::scope(|s| {
                 for (i, part) in src.chunks(chunk).enumerate() {
-                    let base = base;
                     s.spawn(move || {
+                        // Bind the whole wrapper: capturing only `base.0` would move a non-Send
+                        // pointer into the thread.
                         let base = base;
                         // SAFETY: `dst` is a live write mapping of `src.len()` bytes; the chunks
                         // are disjoint and in bounds; bytes are written, never read.
@@ -197,7 +198,7 @@ impl UploadRing {
     /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`.
     /// Returns the seconds spent waiting for a free slot (a stall).
     pub fn upload(&self, recorder: &Recorder, src: &[u8], dst: &wgpu::Buffer, dst_offset: u64) -> Result<f64> {
-        debug_assert!(src.len() % 4 == 0);
+        debug_assert!(src.len().is_multiple_of(4));
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let (slot, waited) = self.acquire(recorder)?;

@@ -257,7 +257,7 @@ fn token_layout(bytes: &[u8]) -> std::result::Result<(usize, usize), String> {
             return Ok((LLMC_HEADER_BYTES, n));
         }
     }
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(format!("has an odd length ({} bytes): not uint16 tokens", bytes.len()));
     }
     Ok((0, bytes.len() / 2))

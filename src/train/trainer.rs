@@ -302,7 +302,7 @@ impl Trainer {
                     ctx.pager.trim();
                     let from = self.micro_batch;
                     let effective = self.effective_batch();
-                    self.micro_batch = (1..=from / 2).rev().find(|d| effective % d == 0).unwrap_or(1);
+                    self.micro_batch = (1..=from / 2).rev().find(|d| effective.is_multiple_of(*d)).unwrap_or(1);
                     log::warn!(
                         "step {}: a micro-batch of {from} does not fit ({e}); retrying with {} x {}",
                         self.step,
@@ -430,11 +430,13 @@ impl Trainer {
             };
             reporter.on_step(&r);
             ctx.pager.publish();
-            if self.cfg.eval_every > 0 && self.step % self.cfg.eval_every == 0 && self.step < self.cfg.steps {
+            if self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
                 let v = self.evaluate(ctx).await?;
                 reporter.on_eval(self.step, v);
             }
-            if self.cfg.checkpoint_every > 0 && self.step % self.cfg.checkpoint_every == 0 && self.step < self.cfg.steps
+            if self.cfg.checkpoint_every > 0
+                && self.step.is_multiple_of(self.cfg.checkpoint_every)
+                && self.step < self.cfg.steps
             {
                 let dir = self.save(ctx, &self.cfg.out.clone()).await?;
                 reporter.on_message(&format!("checkpoint written to {}", dir.display()));
