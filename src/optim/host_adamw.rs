@@ -144,13 +144,7 @@ impl HostAdamW {
         // One GPU round trip for all gradients (and parameters), then in-place host updates.
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
         ctx.pager.sync_to_host(&ids)?;
-        let mut sumsq = 0.0f64;
-        for p in params {
-            sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
-                f32s(s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
-            })?;
-        }
-        let norm = sumsq.sqrt() as f32;
+        let norm = Self::grad_norm(ctx, params, grad_scale)?;
         self.last_norm = norm;
         let clip =
             if self.config.max_grad_norm > 0.0 { (self.config.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
