@@ -3,7 +3,7 @@
 //   gelu_backward: dx += dout * gelu'(x)                                      dx (n)   x (n)  dout (n)
 //   relu_forward:  out = max(x, 0)                                            out (n)  x (n)
 //   relu_backward: dx += dout * (x > 0)                                       dx (n)   x (n)  dout (n)
-// Backward accumulates into dx. One thread per element, 256 per workgroup, 2-D folded grid.
+// Backward accumulates into dx. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. One thread per element, 256 per workgroup, 2-D folded grid.
 // CPU references: tests/common/reference.rs `gelu_forward`, `gelu_backward`, `relu_forward`, `relu_backward`.
 
 struct Params {
@@ -13,11 +13,11 @@ struct Params {
     _pad2: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read_write> out: array<B0>;
+@group(0) @binding(1) var<storage, read> x: array<B1>;
 @group(0) @binding(2) var<uniform> p: Params;
 
-@group(0) @binding(2) var<storage, read> dout: array<f32>;
+@group(0) @binding(2) var<storage, read> dout: array<B2>;
 @group(0) @binding(3) var<uniform> pb: Params;
 
 const GELU_SCALE: f32 = 0.7978845608028654; // sqrt(2/pi)
@@ -31,9 +31,9 @@ fn safe_tanh(u: f32) -> f32 {
 fn gelu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i < p.n) {
-        let v = x[i];
+        let v = f32(x[i]);
         let u = GELU_SCALE * (v + 0.044715 * v * v * v);
-        out[i] = 0.5 * v * (1.0 + safe_tanh(u));
+        out[i] = B0(0.5 * v * (1.0 + safe_tanh(u)));
     }
 }
 
@@ -41,12 +41,12 @@ fn gelu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i < pb.n) {
-        let v = x[i];
+        let v = f32(x[i]);
         let u = GELU_SCALE * (v + 0.044715 * v * v * v);
         let t = safe_tanh(u);
         let sech2 = 1.0 - t * t;
         let grad = 0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
-        out[i] = out[i] + dout[i] * grad;
+        out[i] = B0(f32(out[i]) + f32(dout[i]) * grad);
     }
 }
 
@@ -54,7 +54,7 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 fn relu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i < p.n) {
-        out[i] = max(x[i], 0.0);
+        out[i] = B0(max(f32(x[i]), 0.0));
     }
 }
 
@@ -62,6 +62,6 @@ fn relu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 fn relu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i < pb.n) {
-        out[i] = out[i] + select(0.0, dout[i], x[i] > 0.0);
+        out[i] = B0(f32(out[i]) + select(0.0, f32(dout[i]), f32(x[i]) > 0.0));
     }
 }

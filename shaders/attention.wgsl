@@ -1,91 +1,245 @@
-// attention: moves heads between the (B,T,3C) / (B,T,C) layouts of the residual stream and the
-// (B,H,T,D) layout the batched matmuls of causal self-attention work in (C = H*D).
-//   attention_split:          q, k, v (B,H,T,D)  <-  qkv (B,T,3C)
-//   attention_split_backward: dqkv (B,T,3C) +=   dq, dk, dv (B,H,T,D)
-//   attention_merge:          out (B,T,C)        <-  y (B,H,T,D)
-//   attention_merge_backward: dy (B,H,T,D) +=    dout (B,T,C)
-// One thread per element of the (B,H,T,D) side, 256 per workgroup, 2-D folded grid.
-// CPU reference: tests/common/reference.rs `attention_forward` (the whole attention).
+// attention: fused causal multi-head self-attention, flash-style. The (T,T) scores are never
+// stored: keys stream through workgroup memory a tile at a time and each query row keeps an online
+// softmax (running max, running sum, weighted sum of values) in registers. Backward recomputes the
+// scores from q, k and the row log-sum-exp the forward saved.
+//   attention_forward:     out (B,T,C) = softmax(scale·q·kᵀ + causal mask) · v,   q,k,v from qkv (B,T,3C)
+//                          lse (B,H,T) = max + log Σ exp(score − max) per query row
+//   attention_backward_q:  delta (B,H,T) = Σ_d dout·out;  dqkv[q] += scale · Σ_j p·(dout·v_j − delta)·k_j
+//   attention_backward_kv: dqkv[v] += Σ_i p·dout_i;  dqkv[k] += scale · Σ_i p·(dout_i·v − delta_i)·q_i
+//                          (reads delta, so it runs after attention_backward_q)
+// C = H·DIM; the module is compiled per head size DIM so that a row's vectors live in registers.
+// One thread per query row (forward, backward_q) or key row (backward_kv), ROWS rows a workgroup;
+// grid (ceil(T/ROWS), B·H folded into y and z). Loops run whole tiles with masked scores, so every
+// trip count is a constant the compiler can unroll.
+// qkv, out, dout and dqkv may be f16 (B0 dqkv/out, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
+// CPU reference: tests/common/reference.rs `attention_forward`; backward by finite differences.
 
-// The (B,H,T,D) side holds batch entries first..first+b of the (B,T,·) side, so attention can
-// run one batch entry at a time.
 struct Params {
     b: u32,
     t: u32,
     h: u32,
-    d: u32,
-    first: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    scale: f32,
 }
 
-// split: 0 q, 1 k, 2 v, 3 qkv, 4 params
-@group(0) @binding(0) var<storage, read_write> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v: array<f32>;
-@group(0) @binding(3) var<storage, read> qkv: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
+const ROWS: u32 = 64u;
+// Rows of the streamed tiles: two tiles of TILE x DIM floats fill 16 KiB of workgroup memory,
+// WebGPU's default limit.
+const TILE: u32 = min(32u, max(2048u / DIM, 1u));
+// A score below any real one: its exp is 0 (WGSL has no infinities in constants).
+const MASKED: f32 = -3.0e38;
 
-// split_backward: 0 dqkv, 1 dq, 2 dk, 3 dv, 4 params
-@group(0) @binding(0) var<storage, read_write> dqkv: array<f32>;
-@group(0) @binding(1) var<storage, read> dq: array<f32>;
-@group(0) @binding(2) var<storage, read> dk: array<f32>;
-@group(0) @binding(3) var<storage, read> dv: array<f32>;
+@group(0) @binding(0) var<storage, read_write> out: array<B0>;
+@group(0) @binding(1) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(2) var<storage, read> qkv: array<B2>;
+@group(0) @binding(3) var<uniform> p: Params;
 
-// merge: 0 out, 1 y, 2 params; merge_backward: 0 dy, 1 dout, 2 params
-@group(0) @binding(1) var<storage, read> heads: array<f32>;
-@group(0) @binding(2) var<uniform> pm: Params;
+// backward_q: 0 dqkv, 1 delta, 2 qkv, 3 dout, 4 lse, 5 out, 6 params
+// backward_kv: the same without out: params at 5
+@group(0) @binding(0) var<storage, read_write> dqkv: array<B0>;
+@group(0) @binding(1) var<storage, read_write> delta: array<f32>;
+@group(0) @binding(3) var<storage, read> dout: array<B3>;
+@group(0) @binding(4) var<storage, read> lse_saved: array<f32>;
+@group(0) @binding(5) var<storage, read> out_saved: array<B5>;
+@group(0) @binding(6) var<uniform> pq: Params;
+@group(0) @binding(5) var<uniform> pk: Params;
 
-// Index in the (B,T,width·C) layout of element i of the (B,H,T,D) layout (width 3 for qkv).
-fn btc_index(i: u32, prm: Params, width: u32) -> u32 {
-    let d = i % prm.d;
-    let t = (i / prm.d) % prm.t;
-    let h = (i / (prm.d * prm.t)) % prm.h;
-    let b = prm.first + i / (prm.d * prm.t * prm.h);
-    return (b * prm.t + t) * width * prm.h * prm.d + h * prm.d + d;
+var<workgroup> tile_a: array<f32, TILE * DIM>;
+var<workgroup> tile_b: array<f32, TILE * DIM>;
+
+// Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
+fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
+    let c = prm.h * DIM;
+    return ((bh / prm.h) * prm.t + t) * 3u * c + part * c + (bh % prm.h) * DIM;
 }
 
-@compute @workgroup_size(256)
-fn attention_split(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i >= p.b * p.h * p.t * p.d) {
+// Start of row t of head `bh % H` of batch entry `bh / H` in out (B,T,C).
+fn out_row(prm: Params, bh: u32, t: u32) -> u32 {
+    let c = prm.h * DIM;
+    return ((bh / prm.h) * prm.t + t) * c + (bh % prm.h) * DIM;
+}
+
+// Tile rows r0..r0+TILE of parts `pa` and `pv` into tile_a and tile_b (rows past T repeat row
+// T-1; they are masked). Called by all ROWS threads of a workgroup.
+fn load_tiles(prm: Params, bh: u32, r0: u32, pa: u32, pv: u32, lid: u32) {
+    for (var e = lid; e < TILE * DIM; e += ROWS) {
+        let row = min(r0 + e / DIM, prm.t - 1u);
+        tile_a[e] = f32(qkv[qkv_row(prm, bh, row, pa) + e % DIM]);
+        tile_b[e] = f32(qkv[qkv_row(prm, bh, row, pv) + e % DIM]);
+    }
+}
+
+@compute @workgroup_size(ROWS)
+fn attention_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>) {
+    let bh = wid.y + wid.z * nwg.y;
+    if (bh >= p.b * p.h) {
         return;
     }
-    let c = p.h * p.d;
-    let src = btc_index(i, p, 3u);
-    q[i] = qkv[src];
-    k[i] = qkv[src + c];
-    v[i] = qkv[src + 2u * c];
+    let lid = lid3.x;
+    let q0 = wid.x * ROWS;
+    let tq = q0 + lid;
+    let live = tq < p.t;
+    let qa = qkv_row(p, bh, min(tq, p.t - 1u), 0u);
+    var q: array<f32, DIM>;
+    var acc: array<f32, DIM>;
+    for (var d = 0u; d < DIM; d++) {
+        q[d] = f32(qkv[qa + d]) * p.scale;
+        acc[d] = 0.0;
+    }
+    var m = MASKED;
+    var l = 0.0;
+    let keys = min(q0 + ROWS, p.t);
+    for (var k0 = 0u; k0 < keys; k0 += TILE) {
+        load_tiles(p, bh, k0, 1u, 2u, lid);
+        workgroupBarrier();
+        if (live && k0 <= tq) {
+            var s: array<f32, TILE>;
+            var mt = m;
+            for (var j = 0u; j < TILE; j++) {
+                var dot = 0.0;
+                for (var d = 0u; d < DIM; d++) {
+                    dot += q[d] * tile_a[j * DIM + d];
+                }
+                s[j] = select(MASKED, dot, k0 + j <= tq);
+                mt = max(mt, s[j]);
+            }
+            let corr = exp(m - mt);
+            l *= corr;
+            for (var d = 0u; d < DIM; d++) {
+                acc[d] *= corr;
+            }
+            for (var j = 0u; j < TILE; j++) {
+                let pj = exp(s[j] - mt);
+                l += pj;
+                for (var d = 0u; d < DIM; d++) {
+                    acc[d] += pj * tile_b[j * DIM + d];
+                }
+            }
+            m = mt;
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        let oa = out_row(p, bh, tq);
+        let inv = 1.0 / l;
+        for (var d = 0u; d < DIM; d++) {
+            out[oa + d] = B0(acc[d] * inv);
+        }
+        lse[bh * p.t + tq] = m + log(l);
+    }
 }
 
-@compute @workgroup_size(256)
-fn attention_split_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i >= p.b * p.h * p.t * p.d) {
+@compute @workgroup_size(ROWS)
+fn attention_backward_q(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let bh = wid.y + wid.z * nwg.y;
+    if (bh >= pq.b * pq.h) {
         return;
     }
-    let c = p.h * p.d;
-    let dst = btc_index(i, p, 3u);
-    dqkv[dst] += dq[i];
-    dqkv[dst + c] += dk[i];
-    dqkv[dst + 2u * c] += dv[i];
+    let lid = lid3.x;
+    let q0 = wid.x * ROWS;
+    let tq = q0 + lid;
+    let live = tq < pq.t;
+    let row = min(tq, pq.t - 1u);
+    let qa = qkv_row(pq, bh, row, 0u);
+    let oa = out_row(pq, bh, row);
+    var q: array<f32, DIM>;
+    var g: array<f32, DIM>;
+    var dq: array<f32, DIM>;
+    var dl = 0.0;
+    for (var d = 0u; d < DIM; d++) {
+        q[d] = f32(qkv[qa + d]) * pq.scale;
+        g[d] = f32(dout[oa + d]);
+        dq[d] = 0.0;
+        dl += g[d] * f32(out_saved[oa + d]);
+    }
+    let ls = lse_saved[bh * pq.t + row];
+    let keys = min(q0 + ROWS, pq.t);
+    for (var k0 = 0u; k0 < keys; k0 += TILE) {
+        load_tiles(pq, bh, k0, 1u, 2u, lid);
+        workgroupBarrier();
+        if (live && k0 <= tq) {
+            for (var j = 0u; j < TILE; j++) {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var d = 0u; d < DIM; d++) {
+                    s += q[d] * tile_a[j * DIM + d];
+                    dp += g[d] * tile_b[j * DIM + d];
+                }
+                let pj = select(0.0, exp(s - ls), k0 + j <= tq);
+                let ds = pj * (dp - dl);
+                for (var d = 0u; d < DIM; d++) {
+                    dq[d] += ds * tile_a[j * DIM + d];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        delta[bh * pq.t + tq] = dl;
+        for (var d = 0u; d < DIM; d++) {
+            dqkv[qa + d] = B0(f32(dqkv[qa + d]) + pq.scale * dq[d]);
+        }
+    }
 }
 
-@compute @workgroup_size(256)
-fn attention_merge(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i >= pm.b * pm.h * pm.t * pm.d) {
+@compute @workgroup_size(ROWS)
+fn attention_backward_kv(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let bh = wid.y + wid.z * nwg.y;
+    if (bh >= pk.b * pk.h) {
         return;
     }
-    q[btc_index(i, pm, 1u)] = heads[i];
-}
-
-@compute @workgroup_size(256)
-fn attention_merge_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i >= pm.b * pm.h * pm.t * pm.d) {
-        return;
+    let lid = lid3.x;
+    let k0w = wid.x * ROWS;
+    let tk = k0w + lid;
+    let live = tk < pk.t;
+    let row = min(tk, pk.t - 1u);
+    let ka = qkv_row(pk, bh, row, 1u);
+    let va = qkv_row(pk, bh, row, 2u);
+    var k: array<f32, DIM>;
+    var v: array<f32, DIM>;
+    var dk: array<f32, DIM>;
+    var dv: array<f32, DIM>;
+    for (var d = 0u; d < DIM; d++) {
+        k[d] = f32(qkv[ka + d]) * pk.scale;
+        v[d] = f32(qkv[va + d]);
+        dk[d] = 0.0;
+        dv[d] = 0.0;
     }
-    q[i] += heads[btc_index(i, pm, 1u)];
+    // Queries before the block's first key see none of its keys.
+    for (var q0 = k0w; q0 < pk.t; q0 += TILE) {
+        // tile_a: q rows, tile_b: dout rows
+        for (var e = lid; e < TILE * DIM; e += ROWS) {
+            let r = min(q0 + e / DIM, pk.t - 1u);
+            tile_a[e] = f32(qkv[qkv_row(pk, bh, r, 0u) + e % DIM]);
+            tile_b[e] = f32(dout[out_row(pk, bh, r) + e % DIM]);
+        }
+        workgroupBarrier();
+        if (live) {
+            for (var i = 0u; i < TILE; i++) {
+                let tq = q0 + i;
+                let r = min(tq, pk.t - 1u);
+                var s = 0.0;
+                var dp = 0.0;
+                for (var d = 0u; d < DIM; d++) {
+                    s += k[d] * tile_a[i * DIM + d];
+                    dp += v[d] * tile_b[i * DIM + d];
+                }
+                let pi = select(0.0, exp(s - lse_saved[bh * pk.t + r]), tq >= tk && tq < pk.t);
+                let ds = pi * (dp - delta[bh * pk.t + r]);
+                for (var d = 0u; d < DIM; d++) {
+                    dv[d] += pi * tile_b[i * DIM + d];
+                    dk[d] += ds * tile_a[i * DIM + d];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var d = 0u; d < DIM; d++) {
+            dqkv[ka + d] = B0(f32(dqkv[ka + d]) + pk.scale * dk[d]);
+            dqkv[va + d] = B0(f32(dqkv[va + d]) + dv[d]);
+        }
+    }
 }

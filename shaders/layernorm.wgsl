@@ -5,6 +5,8 @@
 // forward/backward: one workgroup of 256 threads per row (2-D folded), threads stride over C.
 // *_rows variants (C <= 128): one thread per row, no barriers, 256 rows per workgroup.
 // backward_params: one thread per column, walking the rows (deterministic, no atomics).
+// x, out, dx and dout may be f16 (B3 x, B0 out/dx, B1 and B2 dout, B2 x in backward); mean, rstd,
+// weight, bias and their gradients are f32 (binding 0 is dweight, f32, in backward_params).
 // CPU references: tests/common/reference.rs `layernorm_forward`, `layernorm_backward`.
 
 struct Params {
@@ -15,26 +17,26 @@ struct Params {
 }
 
 // forward
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read_write> mean_out: array<f32>;
 @group(0) @binding(2) var<storage, read_write> rstd_out: array<f32>;
-@group(0) @binding(3) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> x: array<B3>;
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
 
 // backward (dx): 0 dx, 1 dout, 2 x (as `bx`), 3 weight (`bw`), 4 mean, 5 rstd, 6 params
-@group(0) @binding(0) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(1) var<storage, read> dout: array<f32>;
-@group(0) @binding(2) var<storage, read> bx: array<f32>;
+@group(0) @binding(0) var<storage, read_write> dx: array<B0>;
+@group(0) @binding(1) var<storage, read> dout: array<B1>;
+@group(0) @binding(2) var<storage, read> bx: array<B2>;
 @group(0) @binding(3) var<storage, read> bw: array<f32>;
 @group(0) @binding(4) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(5) var<storage, read> rstd_in: array<f32>;
 
 // backward_params: 0 dweight, 1 dbias, 2 dout, 3 x, 4 mean, 5 rstd, 6 params
 @group(0) @binding(1) var<storage, read_write> dbias: array<f32>;
-@group(0) @binding(2) var<storage, read> pdout: array<f32>;
-@group(0) @binding(3) var<storage, read> px: array<f32>;
+@group(0) @binding(2) var<storage, read> pdout: array<B2>;
+@group(0) @binding(3) var<storage, read> px: array<B3>;
 
 @compute @workgroup_size(256)
 fn layernorm_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
@@ -47,17 +49,17 @@ fn layernorm_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(wor
     let base = row * p.c;
     var s = 0.0;
     for (var i = lid; i < p.c; i += 256u) {
-        s += x[base + i];
+        s += f32(x[base + i]);
     }
     let mean = block_sum(s, lid) / f32(p.c);
     var s2 = 0.0;
     for (var i = lid; i < p.c; i += 256u) {
-        let d = x[base + i] - mean;
+        let d = f32(x[base + i]) - mean;
         s2 += d * d;
     }
     let rstd = inverseSqrt(block_sum(s2, lid) / f32(p.c) + p.eps);
     for (var i = lid; i < p.c; i += 256u) {
-        out[base + i] = (x[base + i] - mean) * rstd * weight[i] + bias[i];
+        out[base + i] = B0((f32(x[base + i]) - mean) * rstd * weight[i] + bias[i]);
     }
     if (lid == 0u) {
         mean_out[row] = mean;
@@ -79,17 +81,17 @@ fn layernorm_backward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(wo
     var s_dn = 0.0;
     var s_dn_n = 0.0;
     for (var i = lid; i < p.c; i += 256u) {
-        let norm = (bx[base + i] - mean) * rstd;
-        let dn = dout[base + i] * bw[i];
+        let norm = (f32(bx[base + i]) - mean) * rstd;
+        let dn = f32(dout[base + i]) * bw[i];
         s_dn += dn;
         s_dn_n += dn * norm;
     }
     let mean_dn = block_sum(s_dn, lid) / f32(p.c);
     let mean_dn_n = block_sum(s_dn_n, lid) / f32(p.c);
     for (var i = lid; i < p.c; i += 256u) {
-        let norm = (bx[base + i] - mean) * rstd;
-        let dn = dout[base + i] * bw[i];
-        dx[base + i] += rstd * (dn - mean_dn - norm * mean_dn_n);
+        let norm = (f32(bx[base + i]) - mean) * rstd;
+        let dn = f32(dout[base + i]) * bw[i];
+        dx[base + i] = B0(f32(dx[base + i]) + rstd * (dn - mean_dn - norm * mean_dn_n));
     }
 }
 
@@ -102,11 +104,11 @@ fn layernorm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>) {
     var dw = 0.0;
     var db = 0.0;
     for (var r = 0u; r < p.rows; r++) {
-        let g = pdout[r * p.c + col];
-        dw += g * (px[r * p.c + col] - mean_in[r]) * rstd_in[r];
+        let g = f32(pdout[r * p.c + col]);
+        dw += g * (f32(px[r * p.c + col]) - mean_in[r]) * rstd_in[r];
         db += g;
     }
-    dx[col] += dw;
+    dx[col] = B0(f32(dx[col]) + dw);
     dbias[col] += db;
 }
 
@@ -119,17 +121,17 @@ fn layernorm_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let base = row * p.c;
     var s = 0.0;
     for (var i = 0u; i < p.c; i++) {
-        s += x[base + i];
+        s += f32(x[base + i]);
     }
     let mean = s / f32(p.c);
     var s2 = 0.0;
     for (var i = 0u; i < p.c; i++) {
-        let d = x[base + i] - mean;
+        let d = f32(x[base + i]) - mean;
         s2 += d * d;
     }
     let rstd = inverseSqrt(s2 / f32(p.c) + p.eps);
     for (var i = 0u; i < p.c; i++) {
-        out[base + i] = (x[base + i] - mean) * rstd * weight[i] + bias[i];
+        out[base + i] = B0((f32(x[base + i]) - mean) * rstd * weight[i] + bias[i]);
     }
     mean_out[row] = mean;
     rstd_out[row] = rstd;
@@ -147,16 +149,16 @@ fn layernorm_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @built
     var s_dn = 0.0;
     var s_dn_n = 0.0;
     for (var i = 0u; i < p.c; i++) {
-        let norm = (bx[base + i] - mean) * rstd;
-        let dn = dout[base + i] * bw[i];
+        let norm = (f32(bx[base + i]) - mean) * rstd;
+        let dn = f32(dout[base + i]) * bw[i];
         s_dn += dn;
         s_dn_n += dn * norm;
     }
     let mean_dn = s_dn / f32(p.c);
     let mean_dn_n = s_dn_n / f32(p.c);
     for (var i = 0u; i < p.c; i++) {
-        let norm = (bx[base + i] - mean) * rstd;
-        let dn = dout[base + i] * bw[i];
-        dx[base + i] += rstd * (dn - mean_dn - norm * mean_dn_n);
+        let norm = (f32(bx[base + i]) - mean) * rstd;
+        let dn = f32(dout[base + i]) * bw[i];
+        dx[base + i] = B0(f32(dx[base + i]) + rstd * (dn - mean_dn - norm * mean_dn_n));
     }
 }

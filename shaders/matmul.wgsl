@@ -2,8 +2,8 @@
 //   c (batch, M, N) row-major;  a: op(A)[m,k] = a[b*stride_a + m*a_rs + k*a_cs];
 //   b: op(B)[k,n] = b[b*stride_b + k*b_rs + n*b_cs];  bias (N) added when has_bias = 1.
 // a_off, b_off, c_off shift all three by whole elements, so a product can work on a row chunk.
-// B may be int8 with one scale per stored row (frozen weights) or f16 (mixed precision): `load_b`
-// widens it to f32 as it reads.
+// c, a and b may each be f16 (B0, B1, B2: mixed precision); B may also be int8 with one scale per
+// stored row (frozen weights, in `bq`). Loads widen to f32, products accumulate in f32.
 // Bindings: c, a, b, bias, bq, bscale (unused ones get a small stand-in buffer), Params.
 // Strides express transposes: A (M,K) has a_rs = K, a_cs = 1; Aᵀ of a (K,M) array has a_rs = 1, a_cs = M.
 // beta = 1 accumulates (backward passes add into gradients); beta = 0 never reads C.
@@ -34,16 +34,15 @@ struct Params {
     a_off: u32,
     b_off: u32,
     c_off: u32,
-    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len];
-    // quant_b = 2: B is f16, two to a word in `bq` (mixed precision)
+    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len]
     quant_b: u32,
     q_row_len: u32,
     _pad0: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> c: array<f32>;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read_write> c: array<B0>;
+@group(0) @binding(1) var<storage, read> a: array<B1>;
+@group(0) @binding(2) var<storage, read> b: array<B2>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> bq: array<u32>;
 @group(0) @binding(5) var<storage, read> bscale: array<f32>;
@@ -65,26 +64,22 @@ fn store_block(row0: u32, col0: u32, c_base: u32, acc: array<vec4<f32>, 4>) {
                     v += bias[gn];
                 }
                 if (p.beta != 0.0) {
-                    v += p.beta * c[idx];
+                    v += p.beta * f32(c[idx]);
                 }
-                c[idx] = v;
+                c[idx] = B0(v);
             }
         }
     }
 }
 
-// Element `i` of B: f32, or int8 (sign-extended from its byte) times its row's scale.
+// Element `i` of B: f32 or f16, or int8 (sign-extended from its byte) times its row's scale.
 fn load_b(i: u32) -> f32 {
-    if (p.quant_b == 2u) {
-        let pair = unpack2x16float(bq[i / 2u]);
-        return select(pair.x, pair.y, (i % 2u) == 1u);
-    }
     if (p.quant_b == 1u) {
         let byte = (bq[i / 4u] >> ((i % 4u) * 8u)) & 0xFFu;
         let q = bitcast<i32>(byte << 24u) >> 24u;
         return f32(q) * bscale[i / p.q_row_len];
     }
-    return b[i];
+    return f32(b[i]);
 }
 
 const TILE: u32 = 64u;
@@ -130,7 +125,7 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
             let gk = k0 + kk;
             var v = 0.0;
             if (gm < p.m && gk < p.k) {
-                v = a[a_base + gm * p.a_rs + gk * p.a_cs];
+                v = f32(a[a_base + gm * p.a_rs + gk * p.a_cs]);
             }
             As[kk * 16u + mm / 4u][mm % 4u] = v;
         }
@@ -196,20 +191,20 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             let ak = kk * p.a_cs;
             let bk = kk * p.b_rs;
             let bv = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
-            acc[0] += a[ar[0] + ak] * bv;
-            acc[1] += a[ar[1] + ak] * bv;
-            acc[2] += a[ar[2] + ak] * bv;
-            acc[3] += a[ar[3] + ak] * bv;
+            acc[0] += f32(a[ar[0] + ak]) * bv;
+            acc[1] += f32(a[ar[1] + ak]) * bv;
+            acc[2] += f32(a[ar[2] + ak]) * bv;
+            acc[3] += f32(a[ar[3] + ak]) * bv;
         }
     } else {
         for (var kk = 0u; kk < p.k; kk++) {
             let ak = kk * p.a_cs;
             let bk = kk * p.b_rs;
-            let bv = vec4<f32>(b[bc[0] + bk], b[bc[1] + bk], b[bc[2] + bk], b[bc[3] + bk]);
-            acc[0] += a[ar[0] + ak] * bv;
-            acc[1] += a[ar[1] + ak] * bv;
-            acc[2] += a[ar[2] + ak] * bv;
-            acc[3] += a[ar[3] + ak] * bv;
+            let bv = vec4<f32>(f32(b[bc[0] + bk]), f32(b[bc[1] + bk]), f32(b[bc[2] + bk]), f32(b[bc[3] + bk]));
+            acc[0] += f32(a[ar[0] + ak]) * bv;
+            acc[1] += f32(a[ar[1] + ak]) * bv;
+            acc[2] += f32(a[ar[2] + ak]) * bv;
+            acc[3] += f32(a[ar[3] + ak]) * bv;
         }
     }
     store_block(m_base, n_base, c_base, acc);

@@ -4,6 +4,7 @@
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
 //                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1)
 //   sum_rows:        out (C) += sum over rows of x (R,C)   one thread per column
+// x may be f16 (B1); sums and outputs are f32.
 // CPU references: tests/common/reference.rs `sum_forward`, `sum_rows`.
 
 struct Params {
@@ -18,7 +19,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<B1>;
 @group(0) @binding(2) var<uniform> p: Params;
 
 @compute @workgroup_size(256)
@@ -28,7 +29,7 @@ fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workg
     var s = 0.0;
     let stride = nwg.x * 256u;
     for (var i = wid.x * 256u + lid; i < p.n; i += stride) {
-        let v = x[i];
+        let v = f32(x[i]);
         s += select(v, v * v, p.squares == 1u);
     }
     let total = block_sum(s, lid);
@@ -42,7 +43,7 @@ fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
     var s = 0.0;
     for (var i = lid; i < p.n; i += 256u) {
-        s += x[i];
+        s += f32(x[i]);
     }
     let total = block_sum(s, lid) * p.scale;
     if (lid == 0u) {
@@ -63,7 +64,7 @@ fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
     let rows = p.n / p.cols;
     var s = 0.0;
     for (var r = 0u; r < rows; r++) {
-        s += x[r * p.cols + col];
+        s += f32(x[r * p.cols + col]);
     }
     out[col] += s;
 }

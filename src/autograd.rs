@@ -74,7 +74,8 @@ impl Grads {
         self.map.get(&t.id()).cloned()
     }
 
-    /// The gradient of `t`, created as zeros on first use. `None` when `t` needs no gradient.
+    /// The gradient of `t` (of `t`'s element type), created as zeros on first use. `None` when `t`
+    /// needs no gradient.
     pub fn of(&mut self, ctx: &Context, t: &Tensor) -> Result<Option<Tensor>> {
         if !t.requires_grad() {
             return Ok(None);
@@ -82,7 +83,7 @@ impl Grads {
         if let Some(g) = self.map.get(&t.id()) {
             return Ok(Some(g.clone()));
         }
-        let g = ctx.zeros("grad", t.shape(), false)?;
+        let g = ctx.zeros_of("grad", t.shape(), t.dtype(), false)?;
         self.map.insert(t.id(), g.clone());
         Ok(Some(g))
     }

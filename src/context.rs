@@ -104,9 +104,14 @@ impl Context {
 
     /// An f32 tensor of zeros (cleared on the GPU when first used; nothing is uploaded).
     pub fn zeros(&self, name: &str, shape: &[usize], requires_grad: bool) -> Result<Tensor> {
+        self.zeros_of(name, shape, DType::F32, requires_grad)
+    }
+
+    /// A tensor of zeros of any element type.
+    pub fn zeros_of(&self, name: &str, shape: &[usize], dtype: DType, requires_grad: bool) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
-        let id = self.pager.alloc_zeroed(name, (elems * 4) as u64)?;
-        Ok(self.tensor(id, shape, DType::F32, requires_grad))
+        let id = self.pager.alloc_zeroed(name, (elems * dtype.size()) as u64)?;
+        Ok(self.tensor(id, shape, dtype, requires_grad))
     }
 
     /// An f32 tensor holding `data` (row-major, `shape`).
@@ -153,17 +158,21 @@ impl Context {
 
     /// `t` on the GPU for reading.
     pub fn read(&self, t: &Tensor) -> Result<View> {
-        self.pager.access(t.id(), Access::Read)
+        self.view(t, Access::Read)
     }
 
     /// `t` on the GPU to be overwritten entirely.
     pub fn write(&self, t: &Tensor) -> Result<View> {
-        self.pager.access(t.id(), Access::Write)
+        self.view(t, Access::Write)
     }
 
     /// `t` on the GPU to be read and written (accumulated into).
     pub fn modify(&self, t: &Tensor) -> Result<View> {
-        self.pager.access(t.id(), Access::ReadWrite)
+        self.view(t, Access::ReadWrite)
+    }
+
+    fn view(&self, t: &Tensor, access: Access) -> Result<View> {
+        Ok(View { dtype: t.dtype(), ..self.pager.access(t.id(), access)? })
     }
 
     /// Submits recorded work and waits for it (native) — the end of a step.

@@ -127,8 +127,8 @@ fn mixed_precision_linear_backward_matches_finite_differences() {
             (randn(&mut rng, n, 1.0), vec![n]),
         ],
         |ctx, v| {
-            let half = ctx.empty("w16", &[(k * n).div_ceil(2)], pagetrain::DType::U32, false).unwrap();
-            ops::pack_half(ctx, &half, &v[1]).unwrap();
+            let half = ctx.empty("w16", &[k, n], pagetrain::DType::F16, false).unwrap();
+            ops::refresh_half(ctx, &half, &v[1]).unwrap();
             ops::linear_mixed(ctx, &v[0], &v[1], &half, Some(&v[2])).unwrap()
         },
         Box::new(move |v| r::matmul_forward(&v[0], &v[1], Some(&v[2]), 1, rows, n, k, false, false, true, 1.0)),
@@ -240,17 +240,15 @@ fn attention_backward_matches_finite_differences() {
 }
 
 #[test]
-fn attention_in_batch_chunks_matches_finite_differences() {
-    // A 64 KiB budget makes attention run 2 + 1 batch entries at a time.
-    let opts = pagetrain::pager::PagerOptions { budget: Some(64 << 10), slot_bytes: 16 << 10, ..Default::default() };
-    let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
-    let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+fn attention_across_row_blocks_and_tiles_matches_finite_differences() {
+    // T = 70: two row blocks of 64 queries (keys) and three key (query) tiles of 32, the last ragged.
+    let ctx = ctx();
     let mut rng = Rng::new(16);
-    let (b, t, c, h) = (3, 17, 12, 3);
+    let (b, t, c, h) = (2, 70, 4, 2);
     let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
     check(
         &ctx,
-        "attention in chunks",
+        "attention over tiles",
         &[(qkv, vec![b, t, 3 * c])],
         |ctx, v| ops::causal_self_attention(ctx, &v[0], h).unwrap(),
         Box::new(move |v| r::attention_forward(&v[0], b, t, c, h)),

@@ -130,7 +130,7 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
                 let gq = Guarded::from_u32(&ctx, &words);
                 let gs = Guarded::new(&ctx, scales.len(), Some(&scales));
                 let out = Guarded::new(&ctx, m * n, None);
-                let qb = QuantB { q: &gq.view(), scales: &gs.view(), row_len: cols, f16: false };
+                let qb = QuantB { q: &gq.view(), scales: &gs.view(), row_len: cols };
                 let g = Gemm { trans_b, ..Gemm::new(m, n, k) };
                 kernels::matmul::matmul_q8(&ctx.kernels, variant, &out.view(), &gx.view(), qb, None, &gs.view(), g)
                     .unwrap();
@@ -146,41 +146,6 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
                 for (i, (a, b)) in w.iter().zip(&deq).enumerate() {
                     assert!((a - b).abs() <= scales[i / cols] * 0.5 + 1e-7, "dequantized {b} vs {a}");
                 }
-            }
-        }
-    }
-}
-
-#[test]
-fn f16_weight_matmul_matches_reference_on_rounded_weights() {
-    use kernels::matmul::QuantB;
-    let ctx = ctx();
-    let mut rng = Rng::new(23);
-    for &(m, k, n) in &[(1, 1, 1), (3, 17, 65), (65, 129, 3), (17, 65, 1000)] {
-        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
-            for trans_b in [false, true] {
-                let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
-                let w = randn(&mut rng, rows * cols, 1.0);
-                // pack on the GPU; the reference uses the same values rounded to f16 on the CPU
-                let gw = Guarded::new(&ctx, w.len(), Some(&w));
-                let words = Guarded::new(&ctx, w.len().div_ceil(2), None);
-                kernels::elementwise::pack_f16(&ctx.kernels, &words.view(), &gw.view(), w.len()).unwrap();
-                let rounded: Vec<f64> = w.iter().map(|&v| half::f16::from_f32(v).to_f32() as f64).collect();
-                let x = randn(&mut rng, m * k, 1.0);
-                let gx = Guarded::new(&ctx, x.len(), Some(&x));
-                let out = Guarded::new(&ctx, m * n, None);
-                let qb = QuantB { q: &words.view(), scales: &gx.view(), row_len: cols, f16: true };
-                let g = Gemm { trans_b, ..Gemm::new(m, n, k) };
-                kernels::matmul::matmul_q8(&ctx.kernels, variant, &out.view(), &gx.view(), qb, None, &gx.view(), g)
-                    .unwrap();
-                let want = r::matmul_forward(&to64(&x), &rounded, None, 1, m, n, k, false, trans_b, true, 1.0);
-                assert_close(
-                    &format!("f16 matmul {variant:?} {m}x{k}x{n} tb={trans_b}"),
-                    &out.read(&ctx),
-                    &want,
-                    1e-4,
-                    1e-5 * (k as f64).sqrt(),
-                );
             }
         }
     }
@@ -466,36 +431,38 @@ fn reductions_match_reference() {
 }
 
 #[test]
-fn attention_head_split_and_merge_round_trip() {
+fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
     let ctx = ctx();
     let mut rng = Rng::new(9);
-    let (b, t, h, d) = (2usize, 17usize, 3usize, 5usize);
-    let c = h * d;
-    let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-    let dims = kernels::attention::Dims { b: b as u32, t: t as u32, h: h as u32, d: d as u32, first: 0, _pad: [0; 3] };
-    let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
-    let n = b * h * t * d;
-    let (q, k, v) = (Guarded::new(&ctx, n, None), Guarded::new(&ctx, n, None), Guarded::new(&ctx, n, None));
-    kernels::attention::split(&ctx.kernels, &q.view(), &k.view(), &v.view(), &gqkv.view(), dims).unwrap();
-    let (q, k, v) = (q.read(&ctx), k.read(&ctx), v.read(&ctx));
-    for bi in 0..b {
-        for hi in 0..h {
-            for ti in 0..t {
-                for di in 0..d {
-                    let i = ((bi * h + hi) * t + ti) * d + di;
-                    let src = (bi * t + ti) * 3 * c + hi * d + di;
-                    assert_eq!((q[i], k[i], v[i]), (qkv[src], qkv[src + c], qkv[src + 2 * c]), "split at {i}");
-                }
-            }
-        }
+    // head sizes give tiles of 32 (d <= 64), 20 (d = 100) and 8 (d = 256) rows; T = 130 spans
+    // three row blocks of 64 and a ragged last tile
+    for &(b, t, h, d) in &[(1, 1, 1, 1), (2, 17, 3, 5), (1, 130, 2, 64), (2, 70, 1, 100), (1, 33, 1, 256)] {
+        let c = h * d;
+        let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+        let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
+        let (out, lse) = (Guarded::new(&ctx, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
+        let scale = 1.0 / (d as f32).sqrt();
+        let dims = kernels::attention::Dims { b, t, h, d, scale };
+        kernels::attention::forward(&ctx.kernels, &out.view(), &lse.view(), &gqkv.view(), dims).unwrap();
+        let q64 = to64(&qkv);
+        let want = r::attention_forward(&q64, b, t, c, h);
+        assert_close(&format!("attention b{b} t{t} h{h} d{d}"), &out.read(&ctx), &want, 1e-4, 1e-5);
+        let want_lse: Vec<f64> = (0..b * h * t)
+            .map(|row| {
+                let (bi, hi, i) = (row / (h * t), (row / t) % h, row % t);
+                let at = |j: usize, part: usize, dd: usize| q64[(bi * t + j) * 3 * c + part * c + hi * d + dd];
+                let s: Vec<f64> =
+                    (0..=i).map(|j| (0..d).map(|dd| at(i, 0, dd) * at(j, 1, dd)).sum::<f64>() * scale as f64).collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+            })
+            .collect();
+        assert_close(&format!("attention lse b{b} t{t} h{h} d{d}"), &lse.read(&ctx), &want_lse, 1e-4, 1e-5);
     }
-    // merge(split) of q gives q's (B,T,C) slice of qkv back
-    let gq = Guarded::new(&ctx, n, Some(&q));
-    let out = Guarded::new(&ctx, b * t * c, None);
-    kernels::attention::merge(&ctx.kernels, &out.view(), &gq.view(), dims).unwrap();
-    let want: Vec<f64> =
-        (0..b * t).flat_map(|row| (0..c).map(move |j| (row, j))).map(|(row, j)| qkv[row * 3 * c + j] as f64).collect();
-    assert_close("merge", &out.read(&ctx), &want, 0.0, 0.0);
+    let too_wide = kernels::attention::Dims { b: 1, t: 1, h: 1, d: 257, scale: 1.0 };
+    let g = Guarded::new(&ctx, 3 * 257, Some(&vec![1.0; 3 * 257]));
+    let err = kernels::attention::forward(&ctx.kernels, &g.view(), &g.view(), &g.view(), too_wide).unwrap_err();
+    assert!(err.to_string().contains("head size"), "{err}");
 }
 
 #[test]

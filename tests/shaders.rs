@@ -1,8 +1,10 @@
 //! Every WGSL file parses and validates with naga (no GPU needed) — each family with the shared
-//! `common.wgsl` prepended, as the kernels are created — opens with a header comment, and is
-//! registered with the kernel registry.
+//! `common.wgsl` and the variant prelude (f32 or f16 bindings, head size) prepended, as the kernels
+//! are created — opens with a header comment, and is registered with the kernel registry.
 
 use std::path::Path;
+
+use pagetrain::kernels::{specialize, Variant};
 
 #[test]
 fn every_shader_validates_with_naga() {
@@ -21,19 +23,26 @@ fn every_shader_validates_with_naga() {
             continue;
         }
         count += 1;
-        let src = format!("{}{own}", pagetrain::kernels::COMMON);
-        match naga::front::wgsl::parse_str(&src) {
-            Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
-            Ok(module) => {
-                let mut v =
-                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-                if let Err(e) = v.validate(&module) {
-                    failures.push(e.emit_to_string_with_path(&src, &name));
+        let stem = name.trim_end_matches(".wgsl");
+        let shader = pagetrain::kernels::ALL.iter().find(|s| s.name == stem);
+        let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
+        assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
+        // all-f32 and all-f16 bindings; head sizes that give full, partial and single-row tiles
+        for (f16_bindings, dim) in [(0, 64), (u32::MAX >> 24, 64), (0, 100), (0, 1)] {
+            let src = specialize(shader, Variant { f16_bindings, dim });
+            match naga::front::wgsl::parse_str(&src) {
+                Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
+                Ok(module) => {
+                    let mut v = naga::valid::Validator::new(
+                        naga::valid::ValidationFlags::all(),
+                        naga::valid::Capabilities::all(),
+                    );
+                    if let Err(e) = v.validate(&module) {
+                        failures.push(e.emit_to_string_with_path(&src, &name));
+                    }
                 }
             }
         }
-        let stem = name.trim_end_matches(".wgsl");
-        assert!(pagetrain::kernels::ALL.iter().any(|s| s.name == stem), "{name} is not in kernels::ALL");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(count, pagetrain::kernels::ALL.len(), "kernels::ALL lists a shader that is not in shaders/");

@@ -1,44 +1,75 @@
-//! Launchers for `shaders/attention.wgsl`: head split/merge between (B,T,C) and (B,H,T,D).
+//! Launchers for `shaders/attention.wgsl`: fused causal self-attention that never stores the
+//! (T,T) scores, compiled per head size.
 
-use super::{grid_1d, Kernels, ATTENTION};
-use crate::error::Result;
+use super::{Kernels, ATTENTION, MAX_GROUPS};
+use crate::error::{Error, Result};
 use crate::pager::View;
 
-/// Attention dimensions: batch entries in this launch, time, heads, head size, and the index of
-/// the first batch entry in the (B,T,·) tensors.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+/// Query (or key) rows per workgroup (`ROWS` in the shader).
+const ROWS: usize = 64;
+/// Largest head size: q, the accumulators and the streamed tiles must fit registers and 16 KiB.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Shape of one attention call: qkv (B,T,3·H·D), out (B,T,H·D), lse and delta (B,H,T).
+#[derive(Clone, Copy, Debug)]
 pub struct Dims {
-    pub b: u32,
-    pub t: u32,
-    pub h: u32,
-    pub d: u32,
-    pub first: u32,
-    pub _pad: [u32; 3],
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+    /// Multiplies the scores (1/sqrt(D) in GPT-2).
+    pub scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    b: u32,
+    t: u32,
+    h: u32,
+    scale: f32,
 }
 
 impl Dims {
-    fn elems(&self) -> u64 {
-        (self.b * self.t * self.h * self.d) as u64
+    fn params(&self) -> Result<Params> {
+        if self.d == 0 || self.d > MAX_HEAD_DIM || self.t == 0 || self.b * self.h == 0 {
+            return Err(Error::invalid(
+                "attention",
+                format!("{self:?}: needs T, B·H > 0 and head size 1..={MAX_HEAD_DIM}"),
+            ));
+        }
+        Ok(Params { b: self.b as u32, t: self.t as u32, h: self.h as u32, scale: self.scale })
+    }
+
+    /// Row blocks in x, the B·H heads folded into y and z.
+    fn grid(&self) -> [u32; 3] {
+        let bh = self.b * self.h;
+        let z = bh.div_ceil(MAX_GROUPS as usize);
+        [self.t.div_ceil(ROWS) as u32, bh.div_ceil(z) as u32, z as u32]
     }
 }
 
-/// q, k, v (B,H,T,D) from qkv (B,T,3C).
-pub fn split(k: &Kernels, q: &View, kk: &View, v: &View, qkv: &View, d: Dims) -> Result<()> {
-    k.dispatch(ATTENTION, "attention_split", &[q, kk, v, qkv], &d, grid_1d(d.elems()))
+/// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
+pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
+    let p = dims.params()?;
+    k.dispatch_dim(ATTENTION, "attention_forward", dims.d as u32, &[out, lse, qkv], &p, dims.grid())
 }
 
-/// dqkv (B,T,3C) += from dq, dk, dv (B,H,T,D).
-pub fn split_backward(k: &Kernels, dqkv: &View, dq: &View, dk: &View, dv: &View, d: Dims) -> Result<()> {
-    k.dispatch(ATTENTION, "attention_split_backward", &[dqkv, dq, dk, dv], &d, grid_1d(d.elems()))
-}
-
-/// out (B,T,C) from y (B,H,T,D).
-pub fn merge(k: &Kernels, out: &View, y: &View, d: Dims) -> Result<()> {
-    k.dispatch(ATTENTION, "attention_merge", &[out, y], &d, grid_1d(d.elems()))
-}
-
-/// dy (B,H,T,D) += from dout (B,T,C).
-pub fn merge_backward(k: &Kernels, dy: &View, dout: &View, d: Dims) -> Result<()> {
-    k.dispatch(ATTENTION, "attention_merge_backward", &[dy, dout], &d, grid_1d(d.elems()))
+/// dqkv (B,T,3C) += the gradient through attention, given the saved `out` and `lse` and the
+/// output gradient `dout`; `delta` (B,H,T) is scratch the two passes share.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    k: &Kernels,
+    dqkv: &View,
+    delta: &View,
+    qkv: &View,
+    out: &View,
+    dout: &View,
+    lse: &View,
+    dims: Dims,
+) -> Result<()> {
+    let p = dims.params()?;
+    let dim = dims.d as u32;
+    k.dispatch_dim(ATTENTION, "attention_backward_q", dim, &[dqkv, delta, qkv, dout, lse, out], &p, dims.grid())?;
+    k.dispatch_dim(ATTENTION, "attention_backward_kv", dim, &[dqkv, delta, qkv, dout, lse], &p, dims.grid())
 }

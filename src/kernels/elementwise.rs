@@ -1,4 +1,4 @@
-//! Launchers for `shaders/elementwise.wgsl`: add, axpy, scale, fill.
+//! Launchers for `shaders/elementwise.wgsl`: add, axpy, scale, fill, cast; f32 or f16 views.
 
 use super::{grid_1d, Kernels, ELEMENTWISE};
 use crate::error::Result;
@@ -41,7 +41,7 @@ pub fn fill(k: &Kernels, out: &View, value: f32, n: usize) -> Result<()> {
     k.dispatch(ELEMENTWISE, "fill", &[out], &params(n, value), grid_1d(n as u64))
 }
 
-/// `words` (ceil(n/2) u32) = `a` (n f32) as packed f16 pairs, for mixed-precision weights.
-pub fn pack_f16(k: &Kernels, words: &View, a: &View, n: usize) -> Result<()> {
-    k.dispatch(ELEMENTWISE, "pack_f16", &[words, a], &params(n, 0.0), grid_1d(n.div_ceil(2) as u64))
+/// `out = a` converted to `out`'s element type (f32 ↔ f16), both (n).
+pub fn cast(k: &Kernels, out: &View, a: &View, n: usize) -> Result<()> {
+    k.dispatch(ELEMENTWISE, "convert", &[out, a], &params(n, 0.0), grid_1d(n as u64))
 }

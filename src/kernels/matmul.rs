@@ -29,14 +29,13 @@ struct Params {
     _pad: u32,
 }
 
-/// A packed B operand: int8 (`q` holds four values to a u32 word, `scales` one f32 per stored
-/// row of `row_len` elements, see `quantize_rows`) or f16 (two values to a word; no scales).
+/// An int8 B operand: `q` holds four values to a u32 word, `scales` one f32 per stored row of
+/// `row_len` elements (see `quantize_rows`). (f16 operands need no packing: f16 views bind as is.)
 #[derive(Clone, Copy)]
 pub struct QuantB<'a> {
     pub q: &'a View,
     pub scales: &'a View,
     pub row_len: usize,
-    pub f16: bool,
 }
 
 /// Shape and layout of one (batched) product `C = alpha·op(A)·op(B) + beta·C (+ bias)`.
@@ -86,8 +85,7 @@ pub fn matmul_variant(
     launch(k, variant, c, a, b, None, bias, dummy, g)
 }
 
-/// [`matmul`] with B packed (int8 frozen weights, or f16 mixed-precision weights), widened to
-/// f32 as the kernel reads it.
+/// [`matmul`] with B in int8 (frozen weights), widened to f32 as the kernel reads it.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_q8(
     k: &Kernels,
@@ -142,7 +140,7 @@ fn launch(
         a_off: g.offsets[0] as u32,
         b_off: g.offsets[1] as u32,
         c_off: g.offsets[2] as u32,
-        quant_b: qb.map_or(0, |q| if q.f16 { 2 } else { 1 }),
+        quant_b: qb.is_some() as u32,
         q_row_len: qb.map_or(1, |q| q.row_len.max(1)) as u32,
         _pad: 0,
     };

@@ -58,6 +58,34 @@ pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
 
+/// How one compiled variant of a family differs from another. Kernels that can read or write f16
+/// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
+/// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
+/// and f32 elsewhere. `dim` is a size a family unrolls for (attention's head size), as `DIM`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Variant {
+    pub f16_bindings: u32,
+    pub dim: u32,
+}
+
+/// Bindings a kernel may declare through the `Bi` aliases.
+pub const TYPED_BINDINGS: u32 = 8;
+
+/// The WGSL source of `shader` compiled as `variant`.
+pub fn specialize(shader: Shader, variant: Variant) -> String {
+    let mut src = String::new();
+    if variant.f16_bindings != 0 {
+        src.push_str("enable f16;\n");
+    }
+    for i in 0..TYPED_BINDINGS {
+        let ty = if variant.f16_bindings & (1 << i) != 0 { "f16" } else { "f32" };
+        src.push_str(&format!("alias B{i} = {ty};\n"));
+    }
+    src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
+    src.push_str(shader.source);
+    src
+}
+
 /// Every shader family, for validation and warm-up.
 pub const ALL: &[Shader] =
     &[ACTIVATION, ATTENTION, CROSS_ENTROPY, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
@@ -136,8 +164,8 @@ impl Tuning {
 pub struct Kernels {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
-    modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
-    pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    modules: RefCell<HashMap<(&'static str, Variant), wgpu::ShaderModule>>,
+    pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), wgpu::ComputePipeline>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
@@ -171,14 +199,25 @@ impl Kernels {
         self.dispatch_count.get()
     }
 
-    fn module(&self, shader: Shader) -> Result<wgpu::ShaderModule> {
-        if let Some(m) = self.modules.borrow().get(shader.name) {
+    fn module(&self, shader: Shader, variant: Variant) -> Result<wgpu::ShaderModule> {
+        if let Some(m) = self.modules.borrow().get(&(shader.name, variant)) {
             return Ok(m.clone());
+        }
+        for i in 0..TYPED_BINDINGS {
+            if variant.f16_bindings & (1 << i) != 0 && !shader.source.contains(&format!("array<B{i}>")) {
+                return Err(Error::invalid(shader.name, format!("binding {i} does not take f16 tensors")));
+            }
+        }
+        if variant.f16_bindings != 0 && !self.gpu.features.contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::invalid(
+                shader.name,
+                format!("f16 tensors need shader-f16, which {} lacks", self.gpu.describe()),
+            ));
         }
         self.gpu.check("before compiling a shader")?;
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+            source: wgpu::ShaderSource::Wgsl(specialize(shader, variant).into()),
         };
         let module = if self.gpu.shader_checks {
             self.gpu.device.create_shader_module(desc)
@@ -191,16 +230,16 @@ impl Kernels {
         self.gpu
             .check(shader.name)
             .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
-        self.modules.borrow_mut().insert(shader.name, module.clone());
+        self.modules.borrow_mut().insert((shader.name, variant), module.clone());
         Ok(module)
     }
 
-    /// The compute pipeline for `entry` in `shader`, compiled once.
-    pub fn pipeline(&self, shader: Shader, entry: &'static str) -> Result<wgpu::ComputePipeline> {
-        if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry)) {
+    /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
+    pub fn pipeline(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
-        let module = self.module(shader)?;
+        let module = self.module(shader, variant)?;
         let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: None,
@@ -212,11 +251,12 @@ impl Kernels {
         self.gpu
             .check(entry)
             .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
-        self.pipelines.borrow_mut().insert((shader.name, entry), pipeline.clone());
+        self.pipelines.borrow_mut().insert((shader.name, entry, variant), pipeline.clone());
         Ok(pipeline)
     }
 
     /// Records one dispatch of `entry`: `buffers` bind to 0..n in order, `params` to binding n.
+    /// The variant follows the views' element types.
     pub fn dispatch<P: bytemuck::Pod>(
         &self,
         shader: Shader,
@@ -225,7 +265,25 @@ impl Kernels {
         params: &P,
         groups: [u32; 3],
     ) -> Result<()> {
-        let pipeline = self.pipeline(shader, entry)?;
+        self.dispatch_dim(shader, entry, 0, buffers, params, groups)
+    }
+
+    /// [`Kernels::dispatch`] of a family compiled for one size `dim` (see [`Variant`]).
+    pub fn dispatch_dim<P: bytemuck::Pod>(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        dim: u32,
+        buffers: &[&View],
+        params: &P,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let f16_bindings = buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
+            .fold(0, |bits, (i, _)| bits | 1 << i);
+        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, dim })?;
         let bytes = bytemuck::bytes_of(params);
         let (arena, offset) = self.recorder.uniform(bytes);
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers

@@ -13,7 +13,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ops::{self, MatmulOpts};
 use crate::rng::Rng;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The shape of a GPT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +69,8 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     /// Checkpoint every block: keep its input, recompute it in backward.
     recompute: Cell<bool>,
+    /// Element type of the activations between the embedding and the head (f16 after `to_half`).
+    activations: DType,
 }
 
 impl Gpt {
@@ -86,14 +88,14 @@ impl Gpt {
             .map(|b| b.map(Rc::new))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
-        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false) })
+        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false), activations: DType::F32 })
     }
 
     /// This model with every Linear layer whose parameter names contain `pattern` (e.g. `mlp`,
     /// `h.0.`) frozen as int8 weights; returns it and how many layers were frozen. Call before
     /// the model is shared (right after building or loading it).
     pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<(Gpt, usize)> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, activations } = self;
         let mut frozen = 0;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -103,20 +105,21 @@ impl Gpt {
             frozen += block.frozen();
             out.push(Rc::new(block));
         }
-        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute }, frozen))
+        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations }, frozen))
     }
 
-    /// This model computing its Linear layers with f16 copies of their f32 master weights (the
-    /// optimizer updates the masters; call `refresh_half` after each update).
+    /// This model in mixed precision: activations (and their gradients) in f16 from the embedding
+    /// to the head, Linear layers computing with f16 copies of their f32 master weights (the
+    /// optimizer updates the masters; call `refresh_half` after each update). Needs shader-f16.
     pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, activations: _ } = self;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
             let block = Rc::try_unwrap(b)
                 .map_err(|_| Error::invalid("to_half", "the model is shared; convert it before use"))?;
             out.push(Rc::new(block.with_half(ctx)?));
         }
-        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute })
+        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations: DType::F16 })
     }
 
     /// Copies every master weight into its f16 copy.
@@ -132,9 +135,12 @@ impl Gpt {
         self.recompute.set(on);
     }
 
-    /// tokens (B,T) u32 → logits (B,T,V).
+    /// tokens (B,T) u32 → logits (B,T,V), f32.
     pub fn forward(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
-        let x = self.hidden(ctx, tokens)?;
+        let mut x = self.hidden(ctx, tokens)?;
+        if x.dtype() != DType::F32 {
+            x = ops::cast(ctx, &x, DType::F32)?;
+        }
         ops::matmul(ctx, &x, &self.wte.value, MatmulOpts { trans_b: true, ..Default::default() })
     }
 
@@ -145,13 +151,16 @@ impl Gpt {
         ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None)
     }
 
-    /// tokens (B,T) u32 → the final LayerNorm's output (B,T,C).
+    /// tokens (B,T) u32 → the final LayerNorm's output (B,T,C), in the activations' element type.
     pub fn hidden(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
         let t = tokens.shape().get(1).copied().unwrap_or(0);
         if t > self.config.block_size {
             return Err(Error::shape("gpt forward", format!("T <= block_size {}", self.config.block_size), t));
         }
         let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
+        if self.activations != DType::F32 {
+            x = ops::cast(ctx, &x, self.activations)?;
+        }
         for block in &self.blocks {
             x = if self.recompute.get() {
                 let block = block.clone();

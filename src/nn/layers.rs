@@ -12,7 +12,7 @@ use crate::tensor::Tensor;
 pub struct Linear {
     pub weight: Weight,
     pub bias: Option<Param>,
-    /// Mixed precision: the f16 copy of a trained weight the products read (packed in u32).
+    /// Mixed precision: the f16 copy of a trained weight the products read.
     pub half: Option<Tensor>,
 }
 
@@ -50,16 +50,15 @@ impl Linear {
     /// This layer computing with an f16 copy of its trained weight (mixed precision).
     pub fn with_half(self, ctx: &Context) -> Result<Linear> {
         let Weight::Train(w) = &self.weight else { return Ok(self) };
-        let half =
-            ctx.empty(&format!("{} (f16)", w.name), &[w.value.len().div_ceil(2)], crate::tensor::DType::U32, false)?;
-        ops::pack_half(ctx, &half, &w.value)?;
+        let half = ctx.empty(&format!("{} (f16)", w.name), w.value.shape(), crate::tensor::DType::F16, false)?;
+        ops::refresh_half(ctx, &half, &w.value)?;
         Ok(Linear { half: Some(half), ..self })
     }
 
     /// Copies the f32 master weight into its f16 copy (after each optimizer step).
     pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
         match (&self.weight, &self.half) {
-            (Weight::Train(w), Some(half)) => ops::pack_half(ctx, half, &w.value),
+            (Weight::Train(w), Some(half)) => ops::refresh_half(ctx, half, &w.value),
             _ => Ok(()),
         }
     }

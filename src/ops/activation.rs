@@ -1,6 +1,6 @@
 //! GELU (tanh form) and ReLU.
 
-use super::expect_f32;
+use super::expect_float;
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::Result;
@@ -18,7 +18,7 @@ pub fn relu(ctx: &Context, x: &Tensor) -> Result<Tensor> {
 }
 
 fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
-    expect_f32("activation", x)?;
+    expect_float("activation", x)?;
     let out = ctx.empty("activation", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
     {
         let _op = ctx.op();

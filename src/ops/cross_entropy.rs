@@ -2,7 +2,7 @@
 //! fused with the output head (`lm_head_loss`), which never holds more than a chunk of the
 //! (N,V) logits — for GPT-2's 50257-token vocabulary they are the largest tensor of a step.
 
-use super::expect_f32;
+use super::{expect_f32, expect_float};
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -107,7 +107,7 @@ fn head_chunk(ctx: &Context, logits: &Tensor, x: &Tensor, wte: &Tensor, r0: usiz
 }
 
 /// The output head and its loss in one: mean cross-entropy of `x · wteᵀ` against `targets`,
-/// x (..., C), wte (V,C) (the tied embedding). The logits are made a chunk of rows at a time
+/// x (..., C) f32 or f16, wte (V,C) (the tied embedding). The logits are made a chunk of rows at a time
 /// and made again in backward rather than kept.
 pub fn lm_head_loss(
     ctx: &Context,
@@ -116,7 +116,7 @@ pub fn lm_head_loss(
     targets: &[u32],
     ignore_index: Option<u32>,
 ) -> Result<Tensor> {
-    expect_f32("lm_head_loss", x)?;
+    expect_float("lm_head_loss", x)?;
     let (rows, c) = (x.rows(), x.last_dim());
     if wte.shape().len() != 2 || wte.shape()[1] != c {
         return Err(Error::shape("lm_head_loss", format!("wte (V,{c})"), wte.shape()));

@@ -1,15 +1,16 @@
-//! add, scale, sum, mean.
+//! add, scale, cast, sum, mean (f32 or f16 operands).
 
-use super::{expect_f32, expect_same_shape};
+use super::{expect_float, expect_same_shape};
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::Result;
 use crate::kernels::{elementwise as k, reduce};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// `a + b`, same shapes (the residual connection).
 pub fn add(ctx: &Context, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    expect_f32("add", a)?;
+    expect_float("add", a)?;
+    expect_float("add", b)?;
     expect_same_shape("add", a, b)?;
     let out = ctx.empty("add", a.shape(), a.dtype(), ctx.wants_grad(&[a, b]))?;
     {
@@ -38,6 +39,7 @@ impl Backward for AddBackward {
         };
         for input in [&self.a, &self.b] {
             if let Some(g) = grads.of(ctx, input)? {
+                let _op = ctx.op();
                 k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, 1.0, g.len())?;
             }
         }
@@ -47,7 +49,7 @@ impl Backward for AddBackward {
 
 /// `alpha * x`.
 pub fn scale(ctx: &Context, x: &Tensor, alpha: f32) -> Result<Tensor> {
-    expect_f32("scale", x)?;
+    expect_float("scale", x)?;
     let out = ctx.empty("scale", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;
     {
         let _op = ctx.op();
@@ -81,6 +83,23 @@ impl Backward for ScaleBackward {
     }
 }
 
+/// `x` in another element type (f32 ↔ f16); the gradient is cast back.
+pub fn cast(ctx: &Context, x: &Tensor, dtype: DType) -> Result<Tensor> {
+    expect_float("cast", x)?;
+    if !matches!(dtype, DType::F32 | DType::F16) {
+        return Err(crate::error::Error::invalid("cast", format!("to {dtype:?}: f32 and f16 are supported")));
+    }
+    let out = ctx.empty("cast", x.shape(), dtype, ctx.wants_grad(&[x]))?;
+    {
+        let _op = ctx.op();
+        k::cast(&ctx.kernels, &ctx.write(&out)?, &ctx.read(x)?, x.len())?;
+    }
+    if out.requires_grad() {
+        ctx.record(&[&out], ScaleBackward { x: x.clone(), out: out.clone(), alpha: 1.0 });
+    }
+    Ok(out)
+}
+
 /// Sum of all elements, a scalar (shape `[1]`).
 pub fn sum(ctx: &Context, x: &Tensor) -> Result<Tensor> {
     reduce_all(ctx, x, 1.0, "sum")
@@ -92,8 +111,8 @@ pub fn mean(ctx: &Context, x: &Tensor) -> Result<Tensor> {
 }
 
 fn reduce_all(ctx: &Context, x: &Tensor, scale: f32, name: &'static str) -> Result<Tensor> {
-    expect_f32(name, x)?;
-    let out = ctx.empty(name, &[1], x.dtype(), ctx.wants_grad(&[x]))?;
+    expect_float(name, x)?;
+    let out = ctx.empty(name, &[1], DType::F32, ctx.wants_grad(&[x]))?;
     let spec = reduce::SumSpec { squares: false, scale, slot: 0, accumulate: false };
     {
         let _op = ctx.op();

@@ -1,6 +1,6 @@
 //! LayerNorm over the last dimension.
 
-use super::expect_f32;
+use super::expect_float;
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -9,7 +9,7 @@ use crate::tensor::{DType, Tensor};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dim: x (..., C), weight (C), bias (C).
 pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
-    expect_f32("layernorm", x)?;
+    expect_float("layernorm", x)?;
     let c = x.last_dim();
     if weight.shape() != [c] || bias.shape() != [c] {
         return Err(Error::shape(
@@ -19,7 +19,7 @@ pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps:
         ));
     }
     let rows = x.rows();
-    let out = ctx.empty("layernorm", x.shape(), DType::F32, ctx.wants_grad(&[x, weight, bias]))?;
+    let out = ctx.empty("layernorm", x.shape(), x.dtype(), ctx.wants_grad(&[x, weight, bias]))?;
     let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
     let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
     let _op = ctx.op();

@@ -1,12 +1,13 @@
 //! Matrix products: batched `matmul` with transposes, and `linear` (x·W + b, GPT-2's Conv1D layout).
+//! Operands may be f32 or f16; the product has the first operand's element type.
 
-use super::expect_f32;
+use super::expect_float;
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as k, Gemm};
 use crate::kernels::reduce;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 
 /// Options of [`matmul`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -41,8 +42,8 @@ fn dims2(t: &Tensor, trans: bool) -> (usize, usize) {
 }
 
 fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<Tensor> {
-    expect_f32("matmul", a)?;
-    expect_f32("matmul", b)?;
+    expect_float("matmul", a)?;
+    expect_float("matmul", b)?;
     if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
         return Err(Error::shape("matmul", "a with at least 2 dims", a.shape()));
     }
@@ -83,7 +84,7 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
         }
     }
     let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
-    let out = ctx.empty("matmul", &out_shape, DType::F32, ctx.wants_grad(&inputs))?;
+    let out = ctx.empty("matmul", &out_shape, a.dtype(), ctx.wants_grad(&inputs))?;
     let g = Gemm {
         batch,
         m,

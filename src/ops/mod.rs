@@ -8,17 +8,19 @@ mod elementwise;
 mod embedding;
 mod layernorm;
 mod matmul;
+mod mixed;
 mod quantized;
 mod softmax;
 
 pub use activation::{gelu, relu};
 pub use attention::causal_self_attention;
 pub use cross_entropy::{cross_entropy, lm_head_loss};
-pub use elementwise::{add, mean, scale, sum};
+pub use elementwise::{add, cast, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::layernorm;
 pub use matmul::{linear, matmul, MatmulOpts};
-pub use quantized::{linear_mixed, linear_q8, pack_half, QWeight};
+pub use mixed::{linear_mixed, refresh_half};
+pub use quantized::{linear_q8, QWeight};
 pub use softmax::softmax;
 
 use crate::error::{Error, Result};
@@ -27,6 +29,14 @@ use crate::tensor::{DType, Tensor};
 fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {
         return Err(Error::shape(op, "f32 tensor", t));
+    }
+    Ok(())
+}
+
+/// Activations may be f32 or f16 (mixed precision); kernels compute in f32 either way.
+fn expect_float(op: &'static str, t: &Tensor) -> Result<()> {
+    if !matches!(t.dtype(), DType::F32 | DType::F16) {
+        return Err(Error::shape(op, "f32 or f16 tensor", t));
     }
     Ok(())
 }

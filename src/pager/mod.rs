@@ -32,14 +32,16 @@ use crate::clock::Stopwatch;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
-use crate::tensor::TensorId;
+use crate::tensor::{DType, TensorId};
 
-/// Where a kernel finds a tensor: a buffer and a byte range.
+/// Where a kernel finds a tensor: a buffer, a byte range and the element type kernels read it as
+/// (which compiled variant of a kernel binds it; the pager itself only moves bytes).
 #[derive(Clone, Debug)]
 pub struct View {
     pub buffer: wgpu::Buffer,
     pub offset: u64,
     pub size: u64,
+    pub dtype: DType,
 }
 
 /// How a kernel uses a tensor.
@@ -556,7 +558,7 @@ impl Pager {
             e.dirty = true;
         }
         let buffer = e.gpu.clone().expect("resident");
-        Ok(View { buffer, offset: 0, size: e.copy_len() })
+        Ok(View { buffer, offset: 0, size: e.copy_len(), dtype: DType::F32 })
     }
 
     /// Number of pins now held (for op scopes).
@@ -732,6 +734,8 @@ impl Pager {
         if dirty || st.readback.has_jobs_for(id) {
             st.drain(recorder, true)?;
         }
+        // A rejected command (validation error) leaves stale bytes behind: say so instead.
+        self.gpu.check("reading a tensor back")?;
         if contents == Contents::Zero && !dirty {
             return Ok(vec![0; bytes]);
         }

@@ -6,6 +6,7 @@ pub mod reference;
 
 use pagetrain::pager::View;
 use pagetrain::rng::Rng;
+use pagetrain::tensor::DType;
 use pagetrain::{Context, ContextOptions};
 
 /// Awkward sizes every kernel must handle.
@@ -40,34 +41,61 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
     assert!(excess <= 0.0, "{what}: maxdiff {maxdiff:.3e}; worst at {i}: got {} want {}", got[i], want[i]);
 }
 
-/// A raw GPU buffer with `n` floats to bind plus a tail of canaries that must survive.
+/// A raw GPU buffer with `n` elements (f32 or f16) to bind plus a tail of canaries that must
+/// survive.
 pub struct Guarded {
     pub buffer: wgpu::Buffer,
     pub n: usize,
+    pub dtype: DType,
 }
 
 pub const CANARY: f32 = -7.77e7;
+/// The f16 canary: a value no kernel writes (-1234.0).
+const CANARY_F16: u16 = 0xE4D2;
 const CANARY_LEN: usize = 64;
 
 impl Guarded {
     /// `init`: the values to bind (`None`: NaN poison, so an unwritten output fails).
     pub fn new(ctx: &Context, n: usize, init: Option<&[f32]>) -> Guarded {
-        let mut data: Vec<f32> = match init {
+        Self::of(ctx, DType::F32, n, init)
+    }
+
+    /// Like [`Guarded::new`] in f16: `init` rounded to f16, poison f16 NaN.
+    pub fn new_f16(ctx: &Context, n: usize, init: Option<&[f32]>) -> Guarded {
+        Self::of(ctx, DType::F16, n, init)
+    }
+
+    pub fn of(ctx: &Context, dtype: DType, n: usize, init: Option<&[f32]>) -> Guarded {
+        let values: Vec<f32> = match init {
             Some(v) => {
                 assert_eq!(v.len(), n);
                 v.to_vec()
             }
             None => vec![f32::NAN; n],
         };
-        data.extend(std::iter::repeat_n(CANARY, CANARY_LEN));
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => {
+                let mut data = values;
+                data.extend(std::iter::repeat_n(CANARY, CANARY_LEN));
+                bytemuck::cast_slice(&data).to_vec()
+            }
+            DType::F16 => {
+                let mut data: Vec<u16> = values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                data.extend(std::iter::repeat_n(CANARY_F16, CANARY_LEN));
+                bytemuck::cast_slice(&data).to_vec()
+            }
+            other => panic!("Guarded holds f32 or f16, not {other:?}"),
+        };
+        let mut bytes = bytes;
+        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
         let buffer = ctx.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("guarded"),
-            size: (data.len() * 4) as u64,
+            size: bytes.len() as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        ctx.gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
-        Guarded { buffer, n }
+        ctx.gpu.queue.write_buffer(&buffer, 0, &bytes);
+        Guarded { buffer, n, dtype }
     }
 
     pub fn from_u32(ctx: &Context, data: &[u32]) -> Guarded {
@@ -76,26 +104,36 @@ impl Guarded {
         g
     }
 
-    /// The binding: exactly `n` floats.
+    /// The binding: exactly `n` elements (rounded up to whole words, as bindings must be).
     pub fn view(&self) -> View {
-        View { buffer: self.buffer.clone(), offset: 0, size: (self.n.max(1) * 4) as u64 }
+        let bytes = (self.n.max(1) * self.dtype.size()).div_ceil(4) * 4;
+        View { buffer: self.buffer.clone(), offset: 0, size: bytes as u64, dtype: self.dtype }
     }
 
-    /// The bound values; panics if a canary after them was overwritten.
+    /// The bound values as f32; panics if a canary after them was overwritten.
     pub fn read(&self, ctx: &Context) -> Vec<f32> {
-        let full = View { buffer: self.buffer.clone(), offset: 0, size: self.buffer.size() };
+        let full = View { buffer: self.buffer.clone(), offset: 0, size: self.buffer.size(), dtype: self.dtype };
         let bytes = pollster::block_on(ctx.kernels.read_view(&full, self.buffer.size())).expect("readback");
-        let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        for (i, &c) in all[self.n..].iter().enumerate() {
+        let all: Vec<f32> = match self.dtype {
+            DType::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            _ => bytemuck::pod_collect_to_vec(&bytes),
+        };
+        let canary = if self.dtype == DType::F16 { half::f16::from_bits(CANARY_F16).to_f32() } else { CANARY };
+        for (i, &c) in all[self.n..self.n + CANARY_LEN].iter().enumerate() {
             assert_eq!(
                 c.to_bits(),
-                CANARY.to_bits(),
-                "canary {i} past the end of a {}-float output was overwritten",
+                canary.to_bits(),
+                "canary {i} past the end of a {}-element output was overwritten",
                 self.n
             );
         }
         all[..self.n].to_vec()
     }
+}
+
+/// `v` rounded to f16 and back: what an f16 tensor holds.
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
 /// Central finite differences of a scalar function of `x`, in f64.

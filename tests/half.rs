@@ -1,0 +1,275 @@
+//! Mixed precision: every kernel family that takes f16 bindings, with f16 and f32 operands mixed,
+//! against its CPU f64 reference on the f16-rounded inputs. f16 outputs are NaN-poisoned and
+//! canary-guarded like f32 ones. On an adapter without shader-f16 the tests say so and pass.
+
+mod common;
+
+use common::reference as r;
+use common::{assert_close, ctx, randn, round_f16, to64, Guarded};
+use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
+use pagetrain::rng::Rng;
+use pagetrain::{Context, DType};
+
+/// f16 keeps 11 significant bits: a result rounded to f16 is within 2^-11 of the exact value.
+const F16_RTOL: f64 = 1.5e-3;
+
+fn has_f16(ctx: &Context) -> bool {
+    let yes = ctx.gpu.features.contains(wgpu::Features::SHADER_F16);
+    if !yes {
+        eprintln!("skipped: {} has no shader-f16", ctx.gpu.describe());
+    }
+    yes
+}
+
+fn dtype(f16: bool) -> DType {
+    if f16 {
+        DType::F16
+    } else {
+        DType::F32
+    }
+}
+
+/// `v` as the operand of element type `dt` holds it.
+fn held(v: &[f32], dt: DType) -> Vec<f32> {
+    if dt == DType::F16 {
+        round_f16(v)
+    } else {
+        v.to_vec()
+    }
+}
+
+#[test]
+fn matmul_with_every_mix_of_f16_operands_matches_reference() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(31);
+    for (i, &(m, n, k)) in [(3, 65, 17), (65, 3, 129), (17, 100, 64)].iter().enumerate() {
+        for mix in 0..8u32 {
+            let (tc, ta, tb) = (dtype(mix & 1 != 0), dtype(mix & 2 != 0), dtype(mix & 4 != 0));
+            for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+                let (trans_a, trans_b, accumulate) = (i == 1, mix % 3 == 1, mix % 2 == 0);
+                let a = held(&randn(&mut rng, m * k, 1.0), ta);
+                let b = held(&randn(&mut rng, k * n, 1.0), tb);
+                let bias = randn(&mut rng, n, 1.0);
+                let c0 = held(&randn(&mut rng, m * n, 1.0), tc);
+                let (ga, gb, gbias) = (
+                    Guarded::of(&ctx, ta, a.len(), Some(&a)),
+                    Guarded::of(&ctx, tb, b.len(), Some(&b)),
+                    Guarded::new(&ctx, n, Some(&bias)),
+                );
+                let gc = Guarded::of(&ctx, tc, c0.len(), if accumulate { Some(&c0) } else { None });
+                let g = Gemm { trans_a, trans_b, alpha: 0.75, beta: accumulate as u8 as f32, ..Gemm::new(m, n, k) };
+                kernels::matmul::matmul_variant(
+                    &ctx.kernels,
+                    variant,
+                    &gc.view(),
+                    &ga.view(),
+                    &gb.view(),
+                    Some(&gbias.view()),
+                    &gbias.view(),
+                    g,
+                )
+                .unwrap();
+                let mut want = r::matmul_forward(
+                    &to64(&a),
+                    &to64(&b),
+                    Some(&to64(&bias)),
+                    1,
+                    m,
+                    n,
+                    k,
+                    trans_a,
+                    trans_b,
+                    true,
+                    0.75,
+                );
+                if accumulate {
+                    want.iter_mut().zip(&c0).for_each(|(w, c)| *w += *c as f64);
+                }
+                let rtol = if tc == DType::F16 { F16_RTOL } else { 1e-4 };
+                assert_close(
+                    &format!("matmul {variant:?} {m}x{n}x{k} c {tc:?} a {ta:?} b {tb:?}"),
+                    &gc.read(&ctx),
+                    &want,
+                    rtol,
+                    1e-4 * (k as f64).sqrt(),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_take_f16_on_either_side() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(32);
+    for &n in &[1usize, 3, 17, 1000] {
+        for mix in 0..4u32 {
+            let (to, ti) = (dtype(mix & 1 != 0), dtype(mix & 2 != 0));
+            let a = held(&randn(&mut rng, n, 1.0), ti);
+            let b = randn(&mut rng, n, 1.0);
+            let y0 = held(&randn(&mut rng, n, 1.0), to);
+            let rtol = if to == DType::F16 { F16_RTOL } else { 1e-6 };
+            let (ga, gb) = (Guarded::of(&ctx, ti, n, Some(&a)), Guarded::new(&ctx, n, Some(&b)));
+
+            let out = Guarded::of(&ctx, to, n, None);
+            kernels::elementwise::add_forward(&ctx.kernels, &out.view(), &ga.view(), &gb.view(), n).unwrap();
+            let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| *x as f64 + *y as f64).collect();
+            assert_close(&format!("add {n} out {to:?} a {ti:?}"), &out.read(&ctx), &want, rtol, 1e-6);
+
+            let y = Guarded::of(&ctx, to, n, Some(&y0));
+            kernels::elementwise::axpy(&ctx.kernels, &y.view(), &ga.view(), -0.5, n).unwrap();
+            let want: Vec<f64> = y0.iter().zip(&a).map(|(y, x)| *y as f64 - 0.5 * *x as f64).collect();
+            assert_close(&format!("axpy {n} y {to:?} x {ti:?}"), &y.read(&ctx), &want, rtol, 1e-6);
+
+            let out = Guarded::of(&ctx, to, n, None);
+            kernels::elementwise::cast(&ctx.kernels, &out.view(), &ga.view(), n).unwrap();
+            assert_close(&format!("cast {n} {ti:?} -> {to:?}"), &out.read(&ctx), &to64(&a), rtol, 1e-7);
+        }
+    }
+}
+
+#[test]
+fn gelu_layernorm_and_sums_match_reference_in_f16() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(33);
+    for &n in &[1usize, 17, 1000] {
+        let x = round_f16(&randn(&mut rng, n, 2.0));
+        let dout = round_f16(&randn(&mut rng, n, 1.0));
+        let (gx, gd) = (Guarded::new_f16(&ctx, n, Some(&x)), Guarded::new_f16(&ctx, n, Some(&dout)));
+        let out = Guarded::new_f16(&ctx, n, None);
+        kernels::activation::forward(&ctx.kernels, Activation::Gelu, &out.view(), &gx.view(), n).unwrap();
+        assert_close(&format!("gelu f16 {n}"), &out.read(&ctx), &r::gelu_forward(&to64(&x)), F16_RTOL, 1e-4);
+        let dx = Guarded::new_f16(&ctx, n, Some(&vec![0.5; n]));
+        kernels::activation::backward(&ctx.kernels, Activation::Gelu, &dx.view(), &gx.view(), &gd.view(), n).unwrap();
+        let want: Vec<f64> = r::gelu_backward(&to64(&x), &to64(&dout)).iter().map(|g| g + 0.5).collect();
+        assert_close(&format!("gelu backward f16 {n}"), &dx.read(&ctx), &want, F16_RTOL, 1e-3);
+    }
+    // short rows (thread per row) and wide rows (workgroup per row)
+    for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000)] {
+        let x = round_f16(&randn(&mut rng, rows * c, 1.5).iter().map(|v| v + 0.7).collect::<Vec<_>>());
+        let (w, b) = (randn(&mut rng, c, 1.0), randn(&mut rng, c, 1.0));
+        let (gx, gw, gb) = (
+            Guarded::new_f16(&ctx, x.len(), Some(&x)),
+            Guarded::new(&ctx, c, Some(&w)),
+            Guarded::new(&ctx, c, Some(&b)),
+        );
+        let (out, mean, rstd) =
+            (Guarded::new_f16(&ctx, rows * c, None), Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
+        kernels::layernorm::forward(
+            &ctx.kernels,
+            &out.view(),
+            &mean.view(),
+            &rstd.view(),
+            &gx.view(),
+            &gw.view(),
+            &gb.view(),
+            rows,
+            c,
+            1e-5,
+        )
+        .unwrap();
+        let (wo, wm, wr) = r::layernorm_forward(&to64(&x), &to64(&w), &to64(&b), rows, c, 1e-5);
+        assert_close(&format!("layernorm f16 out {rows}x{c}"), &out.read(&ctx), &wo, F16_RTOL, 2e-3);
+        assert_close(&format!("layernorm f16 mean {rows}x{c}"), &mean.read(&ctx), &wm, 1e-5, 1e-5);
+        assert_close(&format!("layernorm f16 rstd {rows}x{c}"), &rstd.read(&ctx), &wr, 1e-3, 1e-3);
+
+        let dout = round_f16(&randn(&mut rng, rows * c, 1.0));
+        let gd = Guarded::new_f16(&ctx, dout.len(), Some(&dout));
+        let (dx, dw, db) = (
+            Guarded::new_f16(&ctx, rows * c, Some(&vec![0.5; rows * c])),
+            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
+            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
+        );
+        kernels::layernorm::backward(
+            &ctx.kernels,
+            Some(&dx.view()),
+            &dw.view(),
+            &db.view(),
+            &gd.view(),
+            &gx.view(),
+            &gw.view(),
+            &mean.view(),
+            &rstd.view(),
+            rows,
+            c,
+        )
+        .unwrap();
+        let (wdx, wdw, wdb) = r::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
+        let wdx: Vec<f64> = wdx.iter().map(|v| v + 0.5).collect();
+        assert_close(&format!("layernorm f16 dx {rows}x{c}"), &dx.read(&ctx), &wdx, 2e-3, 2e-3);
+        assert_close(&format!("layernorm f16 dw {rows}x{c}"), &dw.read(&ctx), &wdw, 1e-3, 1e-3);
+        assert_close(&format!("layernorm f16 db {rows}x{c}"), &db.read(&ctx), &wdb, 1e-4, 1e-4);
+
+        // bias gradients and loss sums read f16 and add in f32
+        let sums = Guarded::new(&ctx, c, Some(&vec![1.0; c]));
+        kernels::reduce::sum_rows(&ctx.kernels, &sums.view(), &gd.view(), rows, c).unwrap();
+        let want: Vec<f64> = r::sum_rows(&to64(&dout), rows, c).iter().map(|v| v + 1.0).collect();
+        assert_close(&format!("sum_rows f16 {rows}x{c}"), &sums.read(&ctx), &want, 1e-5, 1e-5);
+        let (total, partials) = (Guarded::new(&ctx, 1, None), Guarded::new(&ctx, kernels::reduce::MAX_PARTIALS, None));
+        let spec = SumSpec { squares: true, scale: 1.0, slot: 0, accumulate: false };
+        kernels::reduce::sum(&ctx.kernels, &total.view(), &gd.view(), &partials.view(), dout.len(), spec).unwrap();
+        assert_close(
+            &format!("sum of squares f16 {rows}x{c}"),
+            &total.read(&ctx),
+            &[r::sum_forward(&to64(&dout), true)],
+            1e-5,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn attention_in_f16_matches_reference_and_the_f32_backward() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(34);
+    for &(b, t, h, d) in &[(1, 5, 1, 8), (2, 70, 2, 64), (1, 33, 3, 24)] {
+        let c = h * d;
+        let qkv = round_f16(&randn(&mut rng, b * t * 3 * c, 1.0));
+        let dims = kernels::attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
+        let want = r::attention_forward(&to64(&qkv), b, t, c, h);
+        let dout = round_f16(&randn(&mut rng, b * t * c, 1.0));
+        // the same inputs through the f32 kernels (checked against finite differences) and the f16 ones
+        let mut dqkv = Vec::new();
+        for dt in [DType::F32, DType::F16] {
+            let gqkv = Guarded::of(&ctx, dt, qkv.len(), Some(&qkv));
+            let (out, lse) = (Guarded::of(&ctx, dt, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
+            kernels::attention::forward(&ctx.kernels, &out.view(), &lse.view(), &gqkv.view(), dims).unwrap();
+            let got = out.read(&ctx);
+            assert_close(&format!("attention {dt:?} b{b} t{t} h{h} d{d}"), &got, &want, F16_RTOL, 1e-3);
+            let gd = Guarded::of(&ctx, dt, dout.len(), Some(&dout));
+            let gdq = Guarded::of(&ctx, dt, qkv.len(), Some(&vec![0.25; qkv.len()]));
+            let delta = Guarded::new(&ctx, b * h * t, None);
+            kernels::attention::backward(
+                &ctx.kernels,
+                &gdq.view(),
+                &delta.view(),
+                &gqkv.view(),
+                &out.view(),
+                &gd.view(),
+                &lse.view(),
+                dims,
+            )
+            .unwrap();
+            dqkv.push(gdq.read(&ctx));
+        }
+        assert_close(
+            &format!("attention backward f16 vs f32 b{b} t{t} h{h} d{d}"),
+            &dqkv[1],
+            &to64(&dqkv[0]),
+            1e-2,
+            5e-3,
+        );
+    }
+}
