@@ -12,6 +12,10 @@ const UNIFORM_SLOT: u64 = 256;
 const ARENA_SLOTS: u64 = 4096;
 /// Recorded commands after which work is submitted, so the GPU starts while the CPU records on.
 const SUBMIT_EVERY: u64 = 96;
+/// Staged transfer bytes after which work is submitted: a staging ring many times this size then
+/// never waits for the submission still being recorded (which would drain the GPU), only for
+/// older ones.
+const SUBMIT_BYTES: u64 = 64 << 20;
 
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
 
@@ -22,6 +26,7 @@ pub struct Recorder {
     arena: wgpu::Buffer,
     after_submit: RefCell<Vec<Hook>>,
     commands: Cell<u64>,
+    staged_bytes: Cell<u64>,
     submissions: Cell<u64>,
 }
 
@@ -40,6 +45,7 @@ impl Recorder {
             arena,
             after_submit: RefCell::new(Vec::new()),
             commands: Cell::new(0),
+            staged_bytes: Cell::new(0),
             submissions: Cell::new(0),
         }
     }
@@ -85,6 +91,14 @@ impl Recorder {
         }
     }
 
+    /// Counts `bytes` of staged copies just recorded; submits once enough are pending.
+    pub fn staged(&self, bytes: u64) {
+        self.staged_bytes.set(self.staged_bytes.get() + bytes);
+        if self.staged_bytes.get() >= SUBMIT_BYTES {
+            self.flush();
+        }
+    }
+
     /// Submits everything recorded so far (and runs the after-submit hooks).
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let encoder = self.encoder.borrow_mut().take();
@@ -100,6 +114,7 @@ impl Recorder {
             self.gpu.queue.submit([encoder.finish()])
         });
         self.commands.set(0);
+        self.staged_bytes.set(0);
         let hooks = std::mem::take(&mut *self.after_submit.borrow_mut());
         if let Some(index) = &index {
             for hook in hooks {

@@ -116,8 +116,9 @@ struct TrainArgs {
     /// int8 weights with per-row scales, dequantized inside the matmul kernel.
     #[arg(long, value_name = "PATTERN")]
     freeze_int8: Option<String>,
-    /// f32, or f16: f16 copies of the Linear weights for the products (on adapters with
-    /// shader-f16), f32 master weights and optimizer state, dynamic loss scaling.
+    /// f32, or f16 (on adapters with shader-f16): f16 activations, activation gradients and
+    /// Linear weight copies in the kernels, f32 master weights and optimizer state, dynamic loss
+    /// scaling.
     #[arg(long)]
     precision: Option<Precision>,
     /// Write a checkpoint every N steps (and at the end).
@@ -297,6 +298,11 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
         per_step(summary.bytes_uploaded),
         per_step(summary.bytes_written_back),
         summary.stall_s
+    );
+    let c = ctx.pager.counters();
+    eprintln!(
+        "pager: {} hits, {} misses, {} evictions, {} prefetches, {} write-backs; {:.2} s filling staging",
+        c.hits, c.misses, c.evictions, c.prefetches, c.writebacks, c.fill_s
     );
     for (entry, n, secs) in ctx.kernels.profile() {
         eprintln!(

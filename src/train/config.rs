@@ -21,8 +21,8 @@ pub enum OptimizerOn {
 pub enum Precision {
     #[default]
     F32,
-    /// f16 copies of the Linear weights for the products, f32 master weights, optimizer state and
-    /// activations, dynamic loss scaling.
+    /// f16 activations and activation gradients, f16 copies of the Linear weights for the
+    /// products; f32 master weights, weight gradients and optimizer state; dynamic loss scaling.
     F16,
 }
 

@@ -213,7 +213,7 @@ impl Trainer {
         let (precision, precision_note) = match cfg.precision {
             Precision::F16 if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) => {
                 model = model.to_half(ctx)?;
-                (Precision::F16, "f16 weights in the products, f32 master weights, dynamic loss scaling".to_string())
+                (Precision::F16, "f16 activations, gradients and weight copies in the kernels, f32 master weights and optimizer state, dynamic loss scaling".to_string())
             }
             Precision::F16 => (Precision::F32, format!("{} has no shader-f16: training in f32", ctx.gpu.describe())),
             Precision::F32 => (Precision::F32, "f32".to_string()),
