@@ -3,6 +3,7 @@
 //                 param (n)  m (n)  v (n)  grad (n)  clip (2): clip[0] multiplies the gradient
 //                 g = grad * clip[0] * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //                 param -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * param)
+//   adamw_update_half: the same, also writing the new param into its f16 copy   half (n) f16 (B5)
 //   sgd_update:   SGD with momentum (PyTorch's form): g = grad*clip[0]*grad_scale + wd*param;
 //                 buf = momentum*buf + g;  param -= lr * buf.      param (n)  buf (n)  grad (n)  clip (2)
 //   clip_scale:   clip[1] = grad_scale * sqrt(sum(sumsq)); clip[0] = min(1, max_norm / (clip[1] + 1e-6)), or 1 when
@@ -33,6 +34,10 @@ struct Params {
 @group(0) @binding(4) var<storage, read> clip: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
+// adamw_update_half: 0-4 as adamw, 5 half, 6 params
+@group(0) @binding(5) var<storage, read_write> half_copy: array<B5>;
+@group(0) @binding(6) var<uniform> ph: Params;
+
 // sgd: 0 param, 1 buf (`m`), 2 grad (`g2`), 3 clip (`clip3`), 4 params
 @group(0) @binding(2) var<storage, read> g2: array<f32>;
 @group(0) @binding(3) var<storage, read> clip3: array<f32>;
@@ -42,19 +47,33 @@ struct Params {
 @group(0) @binding(1) var<storage, read> sumsq: array<f32>;
 @group(0) @binding(2) var<uniform> pc: Params;
 
+// Updates element i of param, m and v; returns the new param value.
+fn adamw_at(i: u32, prm: Params) -> f32 {
+    let g = grad[i] * clip[0] * prm.grad_scale;
+    let mi = prm.beta1 * m[i] + (1.0 - prm.beta1) * g;
+    let vi = prm.beta2 * v[i] + (1.0 - prm.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    let update = (mi / prm.bc1) / (sqrt(vi / prm.bc2) + prm.eps);
+    let x = param[i] - prm.lr * (update + prm.weight_decay * param[i]);
+    param[i] = x;
+    return x;
+}
+
 @compute @workgroup_size(256)
 fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;
-    if (i >= p.n) {
-        return;
+    if (i < p.n) {
+        adamw_at(i, p);
     }
-    let g = grad[i] * clip[0] * p.grad_scale;
-    let mi = p.beta1 * m[i] + (1.0 - p.beta1) * g;
-    let vi = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    let update = (mi / p.bc1) / (sqrt(vi / p.bc2) + p.eps);
-    param[i] -= p.lr * (update + p.weight_decay * param[i]);
+}
+
+@compute @workgroup_size(256)
+fn adamw_update_half(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < ph.n) {
+        half_copy[i] = B5(adamw_at(i, ph));
+    }
 }
 
 @compute @workgroup_size(256)

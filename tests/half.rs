@@ -273,3 +273,44 @@ fn attention_in_f16_matches_reference_and_the_f32_backward() {
         );
     }
 }
+
+#[test]
+fn adamw_writes_the_f16_weight_copy_with_the_update() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(35);
+    for &n in &[1usize, 3, 1000] {
+        let (p, g) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
+        let m = randn(&mut rng, n, 0.1);
+        let v: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
+        let clip = Guarded::new(&ctx, 2, Some(&[0.8, 0.0]));
+        let (gp, gm, gv, gg) = (
+            Guarded::new(&ctx, n, Some(&p)),
+            Guarded::new(&ctx, n, Some(&m)),
+            Guarded::new(&ctx, n, Some(&v)),
+            Guarded::new(&ctx, n, Some(&g)),
+        );
+        let half = Guarded::new_f16(&ctx, n, None);
+        let s = kernels::optim::AdamWStep {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            t: 3,
+            grad_scale: 0.5,
+        };
+        let views = (gp.view(), gm.view(), gv.view(), gg.view(), clip.view(), half.view());
+        kernels::optim::adamw(&ctx.kernels, &views.0, &views.1, &views.2, &views.3, &views.4, Some(&views.5), n, s)
+            .unwrap();
+        let g_scaled: Vec<f64> = g.iter().map(|x| *x as f64 * 0.5).collect();
+        let (wp, wm, _) =
+            r::adamw_update(&to64(&p), &g_scaled, &to64(&m), &to64(&v), 0.01, 0.9, 0.95, 1e-8, 0.1, 3, 0.8);
+        let new_p = gp.read(&ctx);
+        assert_close(&format!("adamw half p {n}"), &new_p, &wp, 1e-5, 1e-6);
+        assert_close(&format!("adamw half m {n}"), &gm.read(&ctx), &wm, 1e-5, 1e-7);
+        assert_close(&format!("adamw half copy {n}"), &half.read(&ctx), &to64(&round_f16(&new_p)), 0.0, 0.0);
+    }
+}

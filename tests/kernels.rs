@@ -490,7 +490,7 @@ fn optimizers_match_reference() {
             t: 3,
             grad_scale: 1.0,
         };
-        kernels::optim::adamw(&ctx.kernels, &gp.view(), &gm.view(), &gv.view(), &gg.view(), &clip.view(), n, s)
+        kernels::optim::adamw(&ctx.kernels, &gp.view(), &gm.view(), &gv.view(), &gg.view(), &clip.view(), None, n, s)
             .unwrap();
         let (wp, wm, wv) =
             r::adamw_update(&to64(&p), &to64(&g), &to64(&m), &to64(&v), 0.01, 0.9, 0.95, 1e-8, 0.1, 3, 0.8);

@@ -34,7 +34,8 @@ pub struct AdamWStep {
     pub grad_scale: f32,
 }
 
-/// param, m, v (n) updated in place from grad (n) and clip (2).
+/// param, m, v (n) updated in place from grad (n) and clip (2); `half` (n, f16), when given,
+/// receives the new param values (mixed precision's weight copy, no separate pass).
 #[allow(clippy::too_many_arguments)]
 pub fn adamw(
     k: &Kernels,
@@ -43,6 +44,7 @@ pub fn adamw(
     v: &View,
     grad: &View,
     clip: &View,
+    half: Option<&View>,
     n: usize,
     s: AdamWStep,
 ) -> Result<()> {
@@ -58,7 +60,10 @@ pub fn adamw(
         grad_scale: s.grad_scale,
         ..Default::default()
     };
-    k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_1d(n as u64))
+    match half {
+        Some(h) => k.dispatch(OPTIM, "adamw_update_half", &[param, m, v, grad, clip, h], &p, grid_1d(n as u64)),
+        None => k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_1d(n as u64)),
+    }
 }
 
 /// param, buf (n) updated in place: SGD with momentum and L2 weight decay.

@@ -109,8 +109,9 @@ impl Gpt {
     }
 
     /// This model in mixed precision: activations (and their gradients) in f16 from the embedding
-    /// to the head, Linear layers computing with f16 copies of their f32 master weights (the
-    /// optimizer updates the masters; call `refresh_half` after each update). Needs shader-f16.
+    /// to the head, Linear layers computing with f16 copies of their f32 master weights (AdamW
+    /// writes the copies with each update; after changing the masters otherwise, call
+    /// `Module::refresh_half`). Needs shader-f16.
     pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
         let Gpt { config, wte, wpe, blocks, ln_f, recompute, activations: _ } = self;
         let mut out = Vec::with_capacity(blocks.len());
@@ -120,14 +121,6 @@ impl Gpt {
             out.push(Rc::new(block.with_half(ctx)?));
         }
         Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations: DType::F16 })
-    }
-
-    /// Copies every master weight into its f16 copy.
-    pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
-        for b in &self.blocks {
-            b.refresh_half(ctx)?;
-        }
-        Ok(())
     }
 
     /// Turns activation recompute on or off (see [`autograd::checkpoint`]).

@@ -12,8 +12,6 @@ use crate::tensor::Tensor;
 pub struct Linear {
     pub weight: Weight,
     pub bias: Option<Param>,
-    /// Mixed precision: the f16 copy of a trained weight the products read.
-    pub half: Option<Tensor>,
 }
 
 /// A Linear's weight: trained in f32, or frozen in int8 (bias frozen with it).
@@ -34,32 +32,24 @@ impl Linear {
     ) -> Result<Self> {
         let weight = Param::normal(ctx, rng, &format!("{name}.weight"), &[d_in, d_out], std)?;
         let bias = if bias { Some(Param::constant(ctx, &format!("{name}.bias"), &[d_out], 0.0)?) } else { None };
-        Ok(Linear { weight: Weight::Train(weight), bias, half: None })
+        Ok(Linear { weight: Weight::Train(weight), bias })
     }
 
     /// x (..., in) → (..., out).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
         let bias = self.bias.as_ref().map(|b| &b.value);
-        match (&self.weight, &self.half) {
-            (Weight::Train(w), Some(half)) => ops::linear_mixed(ctx, x, &w.value, half, bias),
-            (Weight::Train(w), None) => ops::linear(ctx, x, &w.value, bias),
-            (Weight::Int8 { q, .. }, _) => ops::linear_q8(ctx, x, q, bias),
+        match &self.weight {
+            Weight::Train(Param { value, half: Some(half), .. }) => ops::linear_mixed(ctx, x, value, half, bias),
+            Weight::Train(w) => ops::linear(ctx, x, &w.value, bias),
+            Weight::Int8 { q, .. } => ops::linear_q8(ctx, x, q, bias),
         }
     }
 
     /// This layer computing with an f16 copy of its trained weight (mixed precision).
     pub fn with_half(self, ctx: &Context) -> Result<Linear> {
-        let Weight::Train(w) = &self.weight else { return Ok(self) };
-        let half = ctx.empty(&format!("{} (f16)", w.name), w.value.shape(), crate::tensor::DType::F16, false)?;
-        ops::refresh_half(ctx, &half, &w.value)?;
-        Ok(Linear { half: Some(half), ..self })
-    }
-
-    /// Copies the f32 master weight into its f16 copy (after each optimizer step).
-    pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
-        match (&self.weight, &self.half) {
-            (Weight::Train(w), Some(half)) => ops::refresh_half(ctx, half, &w.value),
-            _ => Ok(()),
+        match self.weight {
+            Weight::Train(w) => Ok(Linear { weight: Weight::Train(w.with_half(ctx)?), bias: self.bias }),
+            frozen => Ok(Linear { weight: frozen, bias: self.bias }),
         }
     }
 
@@ -73,7 +63,7 @@ impl Linear {
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&values);
         let (rows, cols) = (w.value.shape()[0], w.value.shape()[1]);
         let q = QWeight::quantize(ctx, &w.name, &values, rows, cols)?;
-        Ok(Linear { weight: Weight::Int8 { name: w.name.clone(), q }, bias: self.bias, half: None })
+        Ok(Linear { weight: Weight::Int8 { name: w.name.clone(), q }, bias: self.bias })
     }
 
     pub fn is_frozen(&self) -> bool {
@@ -260,13 +250,6 @@ impl Block {
         };
         let mlp = Mlp { c_fc: mlp.c_fc.with_half(ctx)?, c_proj: mlp.c_proj.with_half(ctx)? };
         Ok(Block { ln_1, attn, ln_2, mlp })
-    }
-
-    pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
-        for l in [&self.attn.c_attn, &self.attn.c_proj, &self.mlp.c_fc, &self.mlp.c_proj] {
-            l.refresh_half(ctx)?;
-        }
-        Ok(())
     }
 
     /// Linear layers frozen in int8.

@@ -18,6 +18,9 @@ pub struct Param {
     pub name: String,
     pub value: Tensor,
     pub grad: Tensor,
+    /// Mixed precision: an f16 copy of `value` that the products read; the optimizer writes it
+    /// with every update.
+    pub half: Option<Tensor>,
 }
 
 impl Param {
@@ -27,7 +30,23 @@ impl Param {
             name: name.to_string(),
             value: ctx.from_f32(name, shape, init, true)?,
             grad: ctx.zeros(&format!("{name}.grad"), shape, false)?,
+            half: None,
         })
+    }
+
+    /// This parameter with an f16 copy of its value (see [`Param::half`]).
+    pub fn with_half(self, ctx: &Context) -> Result<Param> {
+        let half = ctx.empty(&format!("{} (f16)", self.name), self.value.shape(), crate::tensor::DType::F16, false)?;
+        crate::ops::refresh_half(ctx, &half, &self.value)?;
+        Ok(Param { half: Some(half), ..self })
+    }
+
+    /// Copies the value into its f16 copy, if it has one.
+    pub fn refresh_half(&self, ctx: &Context) -> Result<()> {
+        match &self.half {
+            Some(half) => crate::ops::refresh_half(ctx, half, &self.value),
+            None => Ok(()),
+        }
     }
 
     pub fn normal(ctx: &Context, rng: &mut Rng, name: &str, shape: &[usize], std: f32) -> Result<Param> {
@@ -72,6 +91,14 @@ pub trait Module {
     fn zero_grad(&self, ctx: &Context) -> Result<()> {
         for p in self.params() {
             ctx.pager.zero(p.grad.id())?;
+        }
+        Ok(())
+    }
+
+    /// Copies every parameter that has an f16 copy into it (mixed precision).
+    fn refresh_half(&self, ctx: &Context) -> Result<()> {
+        for p in self.params() {
+            p.refresh_half(ctx)?;
         }
         Ok(())
     }

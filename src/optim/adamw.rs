@@ -56,15 +56,23 @@ impl AdamW {
         self.step_lr(ctx, &model.params(), lr, 1.0)
     }
 
-    /// One update at learning rate `lr`, gradients multiplied by `grad_scale` first.
+    /// One update at learning rate `lr`, gradients multiplied by `grad_scale` first. Parameters
+    /// with an f16 copy get it rewritten by the same kernel.
     pub fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
+        self.clip.compute(ctx, params, self.config.max_grad_norm, grad_scale)?;
+        self.step_clipped(ctx, params, lr, grad_scale)
+    }
+
+    /// [`AdamW::step_lr`] with the clip factor already computed by `self.clip` for these params
+    /// and this `grad_scale` (after an overflow check took the norm, say).
+    pub fn step_clipped(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
         if params.len() != self.m.len() {
             return Err(Error::shape("AdamW step", self.m.len(), params.len()));
         }
-        self.clip.compute(ctx, params, self.config.max_grad_norm, grad_scale)?;
         self.t += 1;
         let c = self.config;
-        for (i, p) in params.iter().enumerate() {
+        // Backwards from the norm pass, whose last gradients are still on the GPU when paged.
+        for (i, p) in params.iter().enumerate().rev() {
             let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
             let s = AdamWStep {
                 lr,
@@ -78,7 +86,8 @@ impl AdamW {
             let _op = ctx.op();
             let (pv, mv, vv) = (ctx.modify(&p.value)?, ctx.modify(&self.m[i])?, ctx.modify(&self.v[i])?);
             let (gv, clip) = (ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
-            optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, p.value.len(), s)?;
+            let half = p.half.as_ref().map(|h| ctx.write(h)).transpose()?;
+            optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, half.as_ref(), p.value.len(), s)?;
         }
         Ok(())
     }

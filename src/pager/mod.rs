@@ -197,8 +197,8 @@ impl State {
     /// Delivers the write-backs of `id` still in flight (and the older ones before them).
     fn settle(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s +=
-            readback.deliver_through(recorder, id, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
+        counters.stall_s += readback
+            .deliver_through(recorder, id, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
         Ok(())
     }
 

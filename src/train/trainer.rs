@@ -96,10 +96,16 @@ impl Optimizer {
         }
     }
 
-    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32, grad_scale: f32) -> Result<()> {
+    /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
+    /// then reuses its clip factor). f16 weight copies are rewritten either way.
+    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32, grad_scale: f32, clipped: bool) -> Result<()> {
         match self {
+            Optimizer::Gpu(o) if clipped => o.step_clipped(ctx, &model.params(), lr, grad_scale),
             Optimizer::Gpu(o) => o.step_lr(ctx, &model.params(), lr, grad_scale),
-            Optimizer::Host(o) => o.step_lr(ctx, &model.params(), lr, grad_scale).await,
+            Optimizer::Host(o) => {
+                o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
+                model.refresh_half(ctx)
+            }
         }
     }
 
@@ -107,7 +113,7 @@ impl Optimizer {
     async fn grad_norm(&self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
         match self {
             Optimizer::Gpu(o) => {
-                o.clip.compute(ctx, &model.params(), 0.0, grad_scale)?;
+                o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
             Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
@@ -286,6 +292,8 @@ impl Trainer {
 
     /// One optimizer step on the step's batch; returns the mean loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
+        let phases = std::env::var("PAGETRAIN_PHASES").is_ok_and(|v| v != "0");
+        let clock = crate::clock::Stopwatch::start();
         let (b, t) = (self.effective_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
             Some(p) => p.get(&self.data, self.step),
@@ -314,6 +322,7 @@ impl Trainer {
                 Err(e) => return Err(e),
             }
         };
+        let forward_backward_s = clock.seconds();
         let lr = self.cfg.lr_at(self.step);
         let grad_scale = 1.0 / self.loss_scale;
         if self.precision == Precision::F16 && !self.opt.grad_norm(ctx, &self.model, grad_scale).await?.is_finite() {
@@ -323,9 +332,9 @@ impl Trainer {
             self.skipped_steps += 1;
             log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", self.step, self.loss_scale);
         } else {
-            self.opt.step(ctx, &self.model, lr, grad_scale).await?;
+            let clipped = self.precision == Precision::F16;
+            self.opt.step(ctx, &self.model, lr, grad_scale, clipped).await?;
             if self.precision == Precision::F16 {
-                self.model.refresh_half(ctx)?;
                 self.good_steps += 1;
                 if self.good_steps >= GROWTH_INTERVAL {
                     self.loss_scale *= 2.0;
@@ -334,6 +343,16 @@ impl Trainer {
             }
         }
         self.model.zero_grad(ctx)?;
+        if phases {
+            ctx.sync()?;
+            let total = clock.seconds();
+            eprintln!(
+                "step {}: forward+backward {:.1} ms, optimizer {:.1} ms",
+                self.step,
+                forward_backward_s * 1e3,
+                (total - forward_backward_s) * 1e3
+            );
+        }
         if !loss.is_finite() {
             return Err(Error::invalid("training", format!("loss became {loss} at step {}", self.step)));
         }
