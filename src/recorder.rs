@@ -1,7 +1,8 @@
 //! The pending command encoder that kernels and the pager record into, in one order: copies the
 //! pager issues for a kernel land before it, and write-backs after the kernels that wrote the
-//! tensor. `flush` submits everything and then runs the hooks waiting for a submission (the
-//! staging rings re-map their buffers there).
+//! tensor. `flush` runs the hooks that must come before a submission (background fills of
+//! staging slots are waited for, the slots unmapped), submits everything, and then runs the hooks
+//! waiting for a submission (the staging rings re-map their buffers there).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -18,12 +19,14 @@ const SUBMIT_EVERY: u64 = 96;
 const SUBMIT_BYTES: u64 = 64 << 20;
 
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
+type PreHook = Box<dyn FnOnce()>;
 
 pub struct Recorder {
     gpu: Rc<Gpu>,
     encoder: RefCell<Option<wgpu::CommandEncoder>>,
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
+    before_submit: RefCell<Vec<PreHook>>,
     after_submit: RefCell<Vec<Hook>>,
     commands: Cell<u64>,
     staged_bytes: Cell<u64>,
@@ -43,6 +46,7 @@ impl Recorder {
             encoder: RefCell::new(None),
             uniforms: RefCell::new(Vec::new()),
             arena,
+            before_submit: RefCell::new(Vec::new()),
             after_submit: RefCell::new(Vec::new()),
             commands: Cell::new(0),
             staged_bytes: Cell::new(0),
@@ -79,6 +83,12 @@ impl Recorder {
         (self.arena.clone(), offset)
     }
 
+    /// Runs `hook` just before the commands recorded so far are submitted (a staging slot still
+    /// being filled in the background is waited for and unmapped there).
+    pub fn before_submit(&self, hook: impl FnOnce() + 'static) {
+        self.before_submit.borrow_mut().push(Box::new(hook));
+    }
+
     /// Runs `hook` with the index of the submission that carries the commands recorded so far.
     pub fn after_submit(&self, hook: impl FnOnce(&wgpu::SubmissionIndex) + 'static) {
         self.after_submit.borrow_mut().push(Box::new(hook));
@@ -102,6 +112,9 @@ impl Recorder {
     /// Submits everything recorded so far (and runs the after-submit hooks).
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let encoder = self.encoder.borrow_mut().take();
+        for hook in std::mem::take(&mut *self.before_submit.borrow_mut()) {
+            hook();
+        }
         let index = encoder.map(|encoder| {
             let mut u = self.uniforms.borrow_mut();
             if !u.is_empty() {

@@ -9,6 +9,7 @@
 //! Every transfer is recorded into the same command stream as the kernels, so order is program
 //! order.
 
+mod copier;
 mod host;
 pub mod plan;
 mod pool;
@@ -18,6 +19,7 @@ pub mod telemetry;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use host::MmapStore;
@@ -25,6 +27,7 @@ pub use host::{HostRange, HostStore, MemStore};
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::{Pool, Taken};
+use copier::Copier;
 use staging::{Job, ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
 
@@ -157,6 +160,7 @@ struct State {
     entries: HashMap<TensorId, Entry>,
     next_id: TensorId,
     pool: Pool,
+    copier: Arc<Copier>,
     upload: UploadRing,
     readback: ReadbackRing,
     pinned: Vec<TensorId>,
@@ -176,29 +180,40 @@ struct State {
 }
 
 /// Writes a finished readback job into the host store (dropped if its tensor is gone).
-fn deliver_into(store: &mut dyn HostStore, entries: &HashMap<TensorId, Entry>, job: Job, data: &[u8]) -> Result<()> {
-    if let Some(e) = entries.get(&job.tensor) {
-        let dst = store.bytes_mut(&e.host)?;
-        let (a, b) = (job.offset as usize, (job.offset + job.len) as usize);
-        let b = b.min(dst.len());
-        staging::copy_parallel(&mut dst[a..b], &data[..b - a]);
+/// Where a write-back job's bytes go in the host store (`None`: the tensor is gone). The range
+/// stays the job's alone until it is finished: the pager settles a tensor's jobs before it reads,
+/// writes or uploads its host bytes, and waits for its deliveries before freeing them.
+fn host_target(
+    store: &mut dyn HostStore,
+    entries: &HashMap<TensorId, Entry>,
+    job: Job,
+) -> Result<Option<(*mut u8, usize)>> {
+    let Some(e) = entries.get(&job.tensor) else { return Ok(None) };
+    let dst = store.bytes_mut(&e.host)?;
+    let (a, b) = (job.offset as usize, ((job.offset + job.len) as usize).min(dst.len()));
+    Ok(Some((dst[a..b].as_mut_ptr(), b - a)))
+}
+
+impl Drop for State {
+    /// Background copies read and write the host store: they end before it goes.
+    fn drop(&mut self) {
+        self.upload.wait_fills();
+        self.readback.wait_deliveries();
     }
-    Ok(())
 }
 
 impl State {
     fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s +=
-            readback.drain(recorder, wait, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
+        counters.stall_s += readback.drain(recorder, wait, &mut |job| host_target(store.as_mut(), entries, job))?;
         Ok(())
     }
 
     /// Delivers the write-backs of `id` still in flight (and the older ones before them).
     fn settle(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s += readback
-            .deliver_through(recorder, id, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
+        counters.stall_s +=
+            readback.deliver_through(recorder, id, &mut |job| host_target(store.as_mut(), entries, job))?;
         Ok(())
     }
 
@@ -211,8 +226,8 @@ impl State {
         // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
         self.store.bytes_mut(&host)?;
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s += readback
-            .read(recorder, id, &buffer, 0, len, &mut |job, data| deliver_into(store.as_mut(), entries, job, data))?;
+        counters.stall_s +=
+            readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?;
         counters.writebacks += 1;
         counters.bytes_written_back += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
@@ -319,7 +334,7 @@ impl State {
             let mut view = buffer
                 .get_mapped_range_mut(0..len as u64)
                 .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
-            staging::fill(view.slice(..), src);
+            staging::fill_now(&self.copier, &mut view, src);
         } else {
             self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
         }
@@ -371,13 +386,15 @@ impl Pager {
     pub fn new(gpu: Rc<Gpu>, recorder: Rc<Recorder>, store: Box<dyn HostStore>, opts: &PagerOptions) -> Self {
         let budget = opts.budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
+        let copier = Arc::new(Copier::new());
         let state = State {
             store,
             entries: HashMap::new(),
             next_id: 1,
             pool: Pool::new(budget),
-            upload: UploadRing::new(&gpu.device, opts.upload_slots.max(1), slot_bytes),
-            readback: ReadbackRing::new(&gpu.device, opts.readback_slots.max(1), slot_bytes),
+            upload: UploadRing::new(&gpu.device, copier.clone(), opts.upload_slots.max(1), slot_bytes),
+            readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes),
+            copier,
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,
@@ -434,7 +451,7 @@ impl Pager {
                 let mut view = dst
                     .get_mapped_range_mut(..)
                     .map_err(|e| Error::Gpu { context: "zero-copy probe".into(), msg: e.to_string() })?;
-                staging::fill(view.slice(..), &data);
+                staging::fill_now(&self.state.borrow().copier, &mut view, &data);
             }
             dst.unmap();
             zero = zero.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
@@ -590,6 +607,7 @@ impl Pager {
         let recorder = &*self.recorder;
         let mut st = self.state.borrow_mut();
         st.settle(recorder, id)?;
+        st.upload.wait_fills();
         let (host, bytes) = {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             (e.host, e.bytes as usize)
@@ -665,6 +683,7 @@ impl Pager {
             r.len = e.bytes as usize;
             ranges.push(r);
         }
+        st.upload.wait_fills();
         let zero: Vec<bool> = ids.iter().map(|id| st.entries[id].contents == Contents::Zero).collect();
         let mut slices = st.store.bytes_mut_many(&ranges)?;
         for (s, z) in slices.iter_mut().zip(zero) {
@@ -782,6 +801,9 @@ impl Pager {
         // `try_borrow_mut`: a drop during a panic unwind must not panic again.
         if let Ok(mut st) = self.state.try_borrow_mut() {
             if let Some(e) = st.entries.remove(&id) {
+                // Background copies may still read or write its host bytes.
+                st.readback.wait_deliveries_for(id);
+                st.upload.wait_fills();
                 st.live_bytes -= e.bytes;
                 if let Some(buf) = e.gpu {
                     st.pool.give(buf);

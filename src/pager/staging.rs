@@ -1,9 +1,10 @@
 //! Staging rings: reused mapped buffers that carry bytes between host memory and GPU buffers.
 //!
-//! Upload: take a slot that is mapped for writing, copy host bytes into it (several threads for
-//! large copies), unmap, record `slot → GPU buffer`; after the submission the slot is re-mapped
-//! (`map_async`) and comes round again. Readback: record `GPU buffer → slot`; after the
-//! submission the slot is mapped for reading and its bytes are delivered to the host store.
+//! Upload: take a slot that is mapped for writing, start copying host bytes into it on the copy
+//! threads ([`Copier`]), record `slot → GPU buffer`; just before the submission the copy is waited
+//! for and the slot unmapped, after it the slot is re-mapped (`map_async`) and comes round again.
+//! Readback: record `GPU buffer → slot`; after the submission the slot is mapped for reading and
+//! its bytes are copied to the host store on the copy threads, while recording goes on.
 //! No `queue.write_buffer` on this path: it allocates staging memory on every call.
 
 use std::cell::{Cell, RefCell};
@@ -12,6 +13,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use super::copier::{Copier, Ticket};
 use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
@@ -88,74 +90,21 @@ impl Slot {
     }
 }
 
-/// Threads worth using for a copy of `len` bytes: one per MiB, at most 8 (one thread of memcpy
-/// does not saturate the bus: 7 GB/s with 1, 25 GB/s with 4–8 on an H200 host).
-#[cfg(not(target_arch = "wasm32"))]
-fn copy_threads(len: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    (len >> 20).clamp(1, cores)
-}
-
-/// `dst.copy_from_slice(src)` on several threads when it is large (readback delivery).
-pub fn copy_parallel(dst: &mut [u8], src: &[u8]) {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let threads = copy_threads(src.len());
-        if threads > 1 {
-            let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
-            std::thread::scope(|s| {
-                for (d, part) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                    s.spawn(move || d.copy_from_slice(part));
-                }
-            });
-            return;
-        }
-    }
-    dst.copy_from_slice(src);
-}
-
-/// A pointer into mapped staging memory that worker threads may write through.
-#[cfg(not(target_arch = "wasm32"))]
-#[derive(Clone, Copy)]
-struct StagingPtr(std::ptr::NonNull<u8>);
-
-// SAFETY: the pointer is only used inside `fill`'s thread scope, while the mapping is alive, and
-// each thread writes a disjoint range.
-#[cfg(not(target_arch = "wasm32"))]
-unsafe impl Send for StagingPtr {}
-
-/// Copies `src` into mapped staging memory, with several threads when it is large.
-pub fn fill(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+/// Copies `src` into a mapped buffer view (same length) on the copy threads, and waits.
+pub fn fill_now(copier: &Copier, view: &mut wgpu::BufferViewMut, src: &[u8]) {
+    let mut dst = view.slice(..);
     assert_eq!(dst.len(), src.len());
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let threads = copy_threads(src.len());
-        if threads > 1 {
-            let base = StagingPtr(dst.as_raw_element_ptr());
-            let chunk = src.len().div_ceil(threads).div_ceil(64) * 64;
-            std::thread::scope(|s| {
-                for (i, part) in src.chunks(chunk).enumerate() {
-                    s.spawn(move || {
-                        // Bind the whole wrapper: capturing only `base.0` would move a non-Send
-                        // pointer into the thread.
-                        let base = base;
-                        // SAFETY: `dst` is a live write mapping of `src.len()` bytes; the chunks
-                        // are disjoint and in bounds; bytes are written, never read.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(part.as_ptr(), base.0.as_ptr().add(i * chunk), part.len())
-                        }
-                    });
-                }
-            });
-            return;
-        }
-    }
-    dst.copy_from_slice(src);
+    let to = dst.as_raw_element_ptr();
+    // SAFETY: the view is mapped and ours until the wait below returns; `src` is borrowed as long.
+    unsafe { copier.copy(to.as_ptr(), src.as_ptr(), src.len()) }.wait();
 }
 
 /// Ring of `MAP_WRITE | COPY_SRC` buffers for uploads.
 pub struct UploadRing {
     device: wgpu::Device,
+    copier: Arc<Copier>,
+    /// Fills not yet known to be done (host bytes they read must not change or be freed).
+    pending: RefCell<Vec<Ticket>>,
     /// Grown on demand up to `max`: a ring that is busy gets another slot before anyone waits.
     slots: RefCell<Vec<Rc<Slot>>>,
     max: usize,
@@ -164,9 +113,11 @@ pub struct UploadRing {
 }
 
 impl UploadRing {
-    pub fn new(device: &wgpu::Device, max: usize, slot_bytes: u64) -> Self {
+    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64) -> Self {
         UploadRing {
             device: device.clone(),
+            copier,
+            pending: RefCell::new(Vec::new()),
             slots: RefCell::new(Vec::new()),
             max: max.max(1),
             slot_bytes,
@@ -195,28 +146,47 @@ impl UploadRing {
         Ok((slot, waited))
     }
 
-    /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`.
-    /// Returns the seconds spent waiting for a free slot (a stall).
+    /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`; the bytes
+    /// are copied into staging in the background until the next submission. `src` must stay as
+    /// it is until then (see [`UploadRing::wait_fills`]). Returns the seconds spent waiting for a
+    /// free slot (a stall).
     pub fn upload(&self, recorder: &Recorder, src: &[u8], dst: &wgpu::Buffer, dst_offset: u64) -> Result<f64> {
         debug_assert!(src.len().is_multiple_of(4));
+        self.pending.borrow_mut().retain(|t| !t.is_done());
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let (slot, waited) = self.acquire(recorder)?;
             stalled += waited;
-            {
-                let mut view = slot
-                    .buffer
-                    .get_mapped_range_mut(0..chunk.len() as u64)
-                    .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
-                fill(view.slice(..), chunk);
-            }
-            slot.buffer.unmap();
+            let len = chunk.len() as u64;
+            let mut view = slot
+                .buffer
+                .get_mapped_range_mut(0..len)
+                .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
+            let to = view.slice(..).as_raw_element_ptr();
+            // SAFETY: the view keeps the slot mapped until the hook below has waited for the copy;
+            // `chunk` is host-store memory that the pager neither changes nor frees while fills are
+            // pending (it calls `wait_fills` first).
+            let ticket = unsafe { self.copier.copy(to.as_ptr(), chunk.as_ptr(), chunk.len()) };
+            self.pending.borrow_mut().push(ticket.clone());
             let offset = dst_offset + i as u64 * self.slot_bytes;
-            recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, chunk.len() as u64));
+            recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
+            let filled = slot.clone();
+            recorder.before_submit(move || {
+                ticket.wait();
+                drop(view);
+                filled.buffer.unmap();
+            });
             slot.remap_after_submit(recorder, wgpu::MapMode::Write);
-            recorder.staged(chunk.len() as u64);
+            recorder.staged(len);
         }
         Ok(stalled)
+    }
+
+    /// Waits for every background fill: the host bytes they read may change after this.
+    pub fn wait_fills(&self) {
+        for t in self.pending.borrow_mut().drain(..) {
+            t.wait();
+        }
     }
 }
 
@@ -229,22 +199,36 @@ pub struct Job {
     pub len: u64,
 }
 
+/// Where the pager wants a job's bytes: a pointer and a length (at most `job.len`), or `None`
+/// to drop them (the tensor is gone). The memory must stay valid and untouched by anyone else
+/// until the job is finished.
+pub type Target<'a> = &'a mut dyn FnMut(Job) -> Result<Option<(*mut u8, usize)>>;
+
+/// A slot holding a job, and its delivery once started.
+struct Busy {
+    slot: Rc<Slot>,
+    job: Job,
+    delivery: Option<(wgpu::BufferView, Ticket)>,
+}
+
 /// Ring of `MAP_READ | COPY_DST` buffers for write-backs and result reads.
 pub struct ReadbackRing {
     device: wgpu::Device,
+    copier: Arc<Copier>,
     /// Slots made so far (grown on demand up to `max`).
     made: Cell<usize>,
     max: usize,
     slot_bytes: u64,
     /// Slots holding a job, oldest first.
-    busy: RefCell<VecDeque<(Rc<Slot>, Job)>>,
+    busy: RefCell<VecDeque<Busy>>,
     free: RefCell<Vec<Rc<Slot>>>,
 }
 
 impl ReadbackRing {
-    pub fn new(device: &wgpu::Device, max: usize, slot_bytes: u64) -> Self {
+    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64) -> Self {
         ReadbackRing {
             device: device.clone(),
+            copier,
             made: Cell::new(0),
             max: max.max(1),
             free: RefCell::new(Vec::new()),
@@ -253,9 +237,9 @@ impl ReadbackRing {
         }
     }
 
-    /// Records copies of `src[src_offset..+len]` for `tensor` (chunked by slot size). When no slot
-    /// is free, the oldest job is delivered first through `deliver`. Returns seconds stalled.
-    #[allow(clippy::too_many_arguments)]
+    /// Records copies of `src[src_offset..+len]` for `tensor` (chunked by slot size). Deliveries
+    /// whose slots are mapped start in the background; when no slot is free, the oldest job is
+    /// finished first. Returns seconds stalled.
     pub fn read(
         &self,
         recorder: &Recorder,
@@ -263,12 +247,16 @@ impl ReadbackRing {
         src: &wgpu::Buffer,
         src_offset: u64,
         len: u64,
-        deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>,
+        target: Target,
     ) -> Result<f64> {
         let mut stalled = 0.0;
         let mut done = 0;
+        self.start_ready(recorder, target)?;
         while done < len {
             let n = (len - done).min(self.slot_bytes);
+            if self.free.borrow().is_empty() {
+                self.reap()?;
+            }
             if self.free.borrow().is_empty() {
                 if self.made.get() < self.max {
                     let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
@@ -282,77 +270,131 @@ impl ReadbackRing {
                     self.made.set(self.made.get() + 1);
                     self.free.borrow_mut().push(slot);
                 } else {
-                    stalled += self.deliver_oldest(recorder, deliver)?;
+                    stalled += self.finish_oldest(recorder, target)?;
                 }
             }
             let slot = self.free.borrow_mut().pop().expect("a slot was freed above");
             recorder.record(|enc| enc.copy_buffer_to_buffer(src, src_offset + done, &slot.buffer, 0, n));
             slot.remap_after_submit(recorder, wgpu::MapMode::Read);
-            self.busy.borrow_mut().push_back((slot, Job { tensor, offset: done, len: n }));
+            self.busy.borrow_mut().push_back(Busy { slot, job: Job { tensor, offset: done, len: n }, delivery: None });
             recorder.staged(n);
             done += n;
         }
         Ok(stalled)
     }
 
-    fn deliver_oldest(&self, recorder: &Recorder, deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>) -> Result<f64> {
-        let Some((slot, job)) = self.busy.borrow_mut().pop_front() else {
+    /// Starts the delivery of `b` (its slot is mapped).
+    fn start(&self, b: &mut Busy, target: Target) -> Result<()> {
+        if b.delivery.is_some() {
+            return Ok(());
+        }
+        let view = b
+            .slot
+            .buffer
+            .get_mapped_range(0..b.job.len)
+            .map_err(|e| Error::Gpu { context: "readback ring".into(), msg: e.to_string() })?;
+        let ticket = match target(b.job)? {
+            // SAFETY: the view keeps the slot mapped until the ticket is done (`finish_oldest`,
+            // `reap`); `target` vouches for the destination; `n <= job.len`, the view's length.
+            Some((dst, n)) => unsafe { self.copier.copy(dst, view.as_ptr(), n.min(view.len())) },
+            None => Ticket::finished(),
+        };
+        b.delivery = Some((view, ticket));
+        Ok(())
+    }
+
+    /// Starts every delivery whose slot is mapped by now.
+    fn start_ready(&self, recorder: &Recorder, target: Target) -> Result<()> {
+        recorder.poll();
+        for b in self.busy.borrow_mut().iter_mut() {
+            if b.delivery.is_none() && b.slot.state() == MAPPED {
+                self.start(b, target)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the slots of finished deliveries at the front of the ring.
+    fn reap(&self) -> Result<()> {
+        loop {
+            let finished = matches!(self.busy.borrow().front(), Some(Busy { delivery: Some((_, t)), .. }) if t.is_done());
+            if !finished {
+                return Ok(());
+            }
+            let b = self.busy.borrow_mut().pop_front().expect("checked");
+            self.release(b);
+        }
+    }
+
+    fn release(&self, b: Busy) {
+        drop(b.delivery);
+        b.slot.buffer.unmap();
+        b.slot.state.store(IDLE, Ordering::Release);
+        self.free.borrow_mut().push(b.slot);
+    }
+
+    /// Waits for the oldest job's copy to the GPU, then for its delivery; frees its slot.
+    fn finish_oldest(&self, recorder: &Recorder, target: Target) -> Result<f64> {
+        let Some(mut b) = self.busy.borrow_mut().pop_front() else {
             return Ok(0.0);
         };
-        let waited = slot.wait_mapped(recorder)?;
-        let result = {
-            let view = slot
-                .buffer
-                .get_mapped_range(0..job.len)
-                .map_err(|e| Error::Gpu { context: "readback ring".into(), msg: e.to_string() })?;
-            deliver(job, &view)
-        };
-        slot.buffer.unmap();
-        slot.state.store(IDLE, Ordering::Release);
-        self.free.borrow_mut().push(slot);
+        let start = Stopwatch::start();
+        let result = b.slot.wait_mapped(recorder).and_then(|_| self.start(&mut b, target));
+        if let Some((_, ticket)) = &b.delivery {
+            ticket.wait();
+        }
+        let waited = start.seconds();
+        if b.delivery.is_some() || b.slot.state() == MAPPED {
+            self.release(b);
+        }
         result.map(|_| waited)
     }
 
-    /// Delivers every finished job; with `wait`, every job (submitting and blocking as needed).
-    pub fn drain(
-        &self,
-        recorder: &Recorder,
-        wait: bool,
-        deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>,
-    ) -> Result<f64> {
+    /// Finishes every job whose slot is mapped; with `wait`, every job (submitting and blocking as
+    /// needed).
+    pub fn drain(&self, recorder: &Recorder, wait: bool, target: Target) -> Result<f64> {
+        self.start_ready(recorder, target)?;
         let mut stalled = 0.0;
-        if !wait {
-            recorder.poll();
-        }
-        loop {
-            let ready = match self.busy.borrow().front() {
-                None => break,
-                Some((slot, _)) => wait || slot.state() == MAPPED,
-            };
-            if !ready {
-                break;
+        if wait {
+            while !self.busy.borrow().is_empty() {
+                stalled += self.finish_oldest(recorder, target)?;
             }
-            stalled += self.deliver_oldest(recorder, deliver)?;
+        } else {
+            self.reap()?;
         }
         Ok(stalled)
     }
 
-    /// Delivers jobs oldest first until none for `tensor` is left (later ones stay in flight).
-    pub fn deliver_through(
-        &self,
-        recorder: &Recorder,
-        tensor: TensorId,
-        deliver: &mut dyn FnMut(Job, &[u8]) -> Result<()>,
-    ) -> Result<f64> {
+    /// Finishes jobs oldest first until none for `tensor` is left (later ones stay in flight).
+    pub fn deliver_through(&self, recorder: &Recorder, tensor: TensorId, target: Target) -> Result<f64> {
         let mut stalled = 0.0;
         while self.has_jobs_for(tensor) {
-            stalled += self.deliver_oldest(recorder, deliver)?;
+            stalled += self.finish_oldest(recorder, target)?;
         }
         Ok(stalled)
+    }
+
+    /// Waits for the deliveries of `tensor` already under way (before its host bytes are freed;
+    /// jobs not started yet find it gone and drop their bytes).
+    pub fn wait_deliveries_for(&self, tensor: TensorId) {
+        for b in self.busy.borrow().iter().filter(|b| b.job.tensor == tensor) {
+            if let Some((_, ticket)) = &b.delivery {
+                ticket.wait();
+            }
+        }
+    }
+
+    /// Waits for every delivery under way.
+    pub fn wait_deliveries(&self) {
+        for b in self.busy.borrow().iter() {
+            if let Some((_, ticket)) = &b.delivery {
+                ticket.wait();
+            }
+        }
     }
 
     /// Whether a job for `tensor` is still on its way.
     pub fn has_jobs_for(&self, tensor: TensorId) -> bool {
-        self.busy.borrow().iter().any(|(_, j)| j.tensor == tensor)
+        self.busy.borrow().iter().any(|b| b.job.tensor == tensor)
     }
 }
