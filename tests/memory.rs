@@ -274,3 +274,58 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
     assert!(l.iter().all(|v| v.is_finite()));
     assert!(l[19] < l[0], "training went on after the skips: {l:?}");
 }
+
+#[test]
+fn deferred_updates_applied_as_the_forward_reaches_each_layer_equal_an_immediate_step() {
+    use pagetrain::nn::{Gpt, GptConfig, Module};
+    use pagetrain::optim::{AdamW, AdamWConfig};
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 13 };
+    let tokens: Vec<u32> = (0..32).map(|i| (i * 5 % 13) as u32).collect();
+    let targets: Vec<u32> = (0..32).map(|i| (i * 3 % 13) as u32).collect();
+    let weights = |ctx: &Context, m: &Gpt| -> Vec<Vec<f32>> {
+        m.params().iter().map(|p| pollster::block_on(ctx.to_f32(&p.value)).unwrap()).collect()
+    };
+    let step = |ctx: &Context, model: &Gpt| {
+        let x = ctx.from_u32("tokens", &[2, 16], &tokens).unwrap();
+        let loss = model.loss(ctx, &x, &targets).unwrap();
+        let mut grads = model.grads();
+        ctx.backward(&loss, &mut grads, 1.0).unwrap();
+    };
+    // immediate: step_lr, gradients zeroed
+    let ctx_a = context(Some(64 << 10));
+    let a = Gpt::new(&ctx_a, cfg, 7).unwrap();
+    let mut opt_a = AdamW::new(&ctx_a, &a, AdamWConfig::default()).unwrap();
+    step(&ctx_a, &a);
+    opt_a.step_lr(&ctx_a, &a.params(), 1e-2, 1.0).unwrap();
+    let want = weights(&ctx_a, &a);
+
+    // deferred, under a budget that pages: nothing changes until the next forward reaches it
+    let ctx_b = context(Some(64 << 10));
+    let b = Gpt::new(&ctx_b, cfg, 7).unwrap();
+    let before = weights(&ctx_b, &b);
+    let mut opt_b = AdamW::new(&ctx_b, &b, AdamWConfig::default()).unwrap();
+    step(&ctx_b, &b);
+    opt_b.defer(&ctx_b, &b.params(), 1e-2, 1.0, false).unwrap();
+    assert!(opt_b.has_deferred());
+    assert_eq!(weights(&ctx_b, &b), before, "a deferred step changed weights before their use");
+    let x = ctx_b.from_u32("tokens", &[2, 16], &tokens).unwrap();
+    let mut groups = 0;
+    ctx_b
+        .no_grad(|| {
+            b.loss_prepared(&ctx_b, &x, &targets, &mut |ps| {
+                groups += 1;
+                opt_b.apply_deferred(&ctx_b, ps)
+            })
+        })
+        .unwrap();
+    assert_eq!(groups, 2 + cfg.n_layer, "embeddings, each block, the final LayerNorm");
+    assert!(!opt_b.has_deferred(), "the forward reached every parameter");
+    assert_eq!(weights(&ctx_b, &b), want, "deferred updates differ from an immediate step");
+    for p in b.params() {
+        assert!(
+            pollster::block_on(ctx_b.to_f32(&p.grad)).unwrap().iter().all(|&g| g == 0.0),
+            "{} grad not zeroed",
+            p.name
+        );
+    }
+}

@@ -140,21 +140,34 @@ impl Gpt {
     /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T). The head
     /// and the loss run fused, a chunk of rows at a time (the logits are never all held).
     pub fn loss(&self, ctx: &Context, tokens: &Tensor, targets: &[u32]) -> Result<Tensor> {
-        let x = self.hidden(ctx, tokens)?;
+        self.loss_prepared(ctx, tokens, targets, &mut |_| Ok(()))
+    }
+
+    /// [`Gpt::loss`] calling `prepare` on each group of parameters just before the forward first
+    /// reads it — the embeddings, each block in turn, the final LayerNorm — so that work for them
+    /// (a deferred optimizer update) overlaps the layers computed before.
+    pub fn loss_prepared(&self, ctx: &Context, tokens: &Tensor, targets: &[u32], prepare: Prepare) -> Result<Tensor> {
+        let x = self.hidden_prepared(ctx, tokens, prepare)?;
         ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None)
     }
 
     /// tokens (B,T) u32 → the final LayerNorm's output (B,T,C), in the activations' element type.
     pub fn hidden(&self, ctx: &Context, tokens: &Tensor) -> Result<Tensor> {
+        self.hidden_prepared(ctx, tokens, &mut |_| Ok(()))
+    }
+
+    fn hidden_prepared(&self, ctx: &Context, tokens: &Tensor, prepare: Prepare) -> Result<Tensor> {
         let t = tokens.shape().get(1).copied().unwrap_or(0);
         if t > self.config.block_size {
             return Err(Error::shape("gpt forward", format!("T <= block_size {}", self.config.block_size), t));
         }
+        prepare(&[&self.wte, &self.wpe])?;
         let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
         if self.activations != DType::F32 {
             x = ops::cast(ctx, &x, self.activations)?;
         }
         for block in &self.blocks {
+            prepare(&block.params())?;
             x = if self.recompute.get() {
                 let block = block.clone();
                 autograd::checkpoint(ctx, &x, move |ctx, x| block.forward(ctx, x))?
@@ -162,9 +175,13 @@ impl Gpt {
                 block.forward(ctx, &x)?
             };
         }
+        prepare(&self.ln_f.params())?;
         self.ln_f.forward(ctx, &x)
     }
 }
+
+/// Called with a group of parameters before the forward reads them (see [`Gpt::loss_prepared`]).
+pub type Prepare<'a> = &'a mut dyn FnMut(&[&Param]) -> Result<()>;
 
 impl Module for Gpt {
     fn stored(&self) -> Vec<(String, Stored<'_>)> {

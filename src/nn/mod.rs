@@ -3,7 +3,7 @@
 mod gpt;
 mod layers;
 
-pub use gpt::{Gpt, GptConfig};
+pub use gpt::{Gpt, GptConfig, Prepare};
 pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp, Weight};
 
 use crate::autograd::Grads;

@@ -1,11 +1,13 @@
 //! AdamW (decoupled weight decay, bias correction) as one fused kernel per parameter tensor.
 
+use std::collections::HashMap;
+
 use super::GradClip;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::optim::{self, AdamWStep};
 use crate::nn::{Module, Param};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorId};
 
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWConfig {
@@ -33,6 +35,18 @@ pub struct AdamW {
     /// Steps taken so far.
     pub t: u64,
     pub clip: GradClip,
+    /// Index in `m`/`v` of each parameter, by its value's tensor id.
+    index: HashMap<TensorId, usize>,
+    /// A step begun by [`AdamW::defer`] whose updates have not all been applied.
+    deferred: Option<Deferred>,
+}
+
+struct Deferred {
+    lr: f32,
+    grad_scale: f32,
+    t: u64,
+    /// Per parameter: still waiting for its update.
+    pending: Vec<bool>,
 }
 
 impl AdamW {
@@ -47,7 +61,8 @@ impl AdamW {
             m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
             v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
         }
-        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())? })
+        let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
+        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())?, index, deferred: None })
     }
 
     /// One update of every parameter from its accumulated gradient at the configured lr.
@@ -69,26 +84,72 @@ impl AdamW {
         if params.len() != self.m.len() {
             return Err(Error::shape("AdamW step", self.m.len(), params.len()));
         }
+        self.apply_deferred(ctx, params)?;
         self.t += 1;
-        let c = self.config;
         // Backwards from the norm pass, whose last gradients are still on the GPU when paged.
         for (i, p) in params.iter().enumerate().rev() {
-            let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
-            let s = AdamWStep {
-                lr,
-                beta1: c.beta1,
-                beta2: c.beta2,
-                eps: c.eps,
-                weight_decay: decay,
-                t: self.t,
-                grad_scale,
-            };
-            let _op = ctx.op();
-            let (pv, mv, vv) = (ctx.modify(&p.value)?, ctx.modify(&self.m[i])?, ctx.modify(&self.v[i])?);
-            let (gv, clip) = (ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
-            let half = p.half.as_ref().map(|h| ctx.write(h)).transpose()?;
-            optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, half.as_ref(), p.value.len(), s)?;
+            self.update(ctx, i, p, lr, grad_scale, self.t)?;
         }
         Ok(())
+    }
+
+    /// Begins a step without touching the parameters yet: the clip factor is taken now (unless
+    /// `clipped`: already computed for this `grad_scale`), and each parameter gets its update —
+    /// and its gradient zeroed — from [`AdamW::apply_deferred`], just before its next use. When
+    /// the parameters do not all fit the GPU, an update's transfers then overlap the compute of
+    /// the layers before it instead of making a phase of their own. The result is the same as
+    /// [`AdamW::step_lr`]'s: every update reads only its own parameter's tensors.
+    pub fn defer(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32, clipped: bool) -> Result<()> {
+        if params.len() != self.m.len() {
+            return Err(Error::shape("AdamW step", self.m.len(), params.len()));
+        }
+        self.apply_deferred(ctx, params)?;
+        if !clipped {
+            self.clip.compute(ctx, params, self.config.max_grad_norm, grad_scale)?;
+        }
+        self.t += 1;
+        self.deferred = Some(Deferred { lr, grad_scale, t: self.t, pending: vec![true; self.m.len()] });
+        Ok(())
+    }
+
+    /// Applies the deferred update to those of `params` still waiting for it and zeroes their
+    /// gradients (a no-op without a deferred step).
+    pub fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        let Some(mut d) = self.deferred.take() else { return Ok(()) };
+        for p in params {
+            let i = *self
+                .index
+                .get(&p.value.id())
+                .ok_or_else(|| Error::invalid("AdamW", format!("`{}` is not a parameter of this optimizer", p.name)))?;
+            if d.pending[i] {
+                let applied = self.update(ctx, i, p, d.lr, d.grad_scale, d.t).and_then(|_| ctx.pager.zero(p.grad.id()));
+                if let Err(e) = applied {
+                    self.deferred = Some(d);
+                    return Err(e);
+                }
+                d.pending[i] = false;
+            }
+        }
+        if d.pending.iter().any(|&w| w) {
+            self.deferred = Some(d);
+        }
+        Ok(())
+    }
+
+    /// Whether a deferred step still has updates to apply.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// One fused update of parameter `i` (and of its f16 copy, if it has one).
+    fn update(&self, ctx: &Context, i: usize, p: &Param, lr: f32, grad_scale: f32, t: u64) -> Result<()> {
+        let c = self.config;
+        let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
+        let s = AdamWStep { lr, beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: decay, t, grad_scale };
+        let _op = ctx.op();
+        let (pv, mv, vv) = (ctx.modify(&p.value)?, ctx.modify(&self.m[i])?, ctx.modify(&self.v[i])?);
+        let (gv, clip) = (ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
+        let half = p.half.as_ref().map(|h| ctx.write(h)).transpose()?;
+        optim::adamw(&ctx.kernels, &pv, &mv, &vv, &gv, &clip, half.as_ref(), p.value.len(), s)
     }
 }

@@ -21,13 +21,13 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use copier::Copier;
 #[cfg(not(target_arch = "wasm32"))]
 pub use host::MmapStore;
 pub use host::{HostRange, HostStore, MemStore};
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::{Pool, Taken};
-use copier::Copier;
 use staging::{Job, ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
 

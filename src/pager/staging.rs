@@ -317,7 +317,8 @@ impl ReadbackRing {
     /// Frees the slots of finished deliveries at the front of the ring.
     fn reap(&self) -> Result<()> {
         loop {
-            let finished = matches!(self.busy.borrow().front(), Some(Busy { delivery: Some((_, t)), .. }) if t.is_done());
+            let finished =
+                matches!(self.busy.borrow().front(), Some(Busy { delivery: Some((_, t)), .. }) if t.is_done());
             if !finished {
                 return Ok(());
             }

@@ -11,7 +11,7 @@ use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::nn::{Gpt, GptConfig, Module};
+use crate::nn::{Gpt, GptConfig, Module, Param};
 use crate::optim::{AdamW, AdamWConfig, HostAdamW};
 use crate::rng::Rng;
 
@@ -97,15 +97,26 @@ impl Optimizer {
     }
 
     /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
-    /// then reuses its clip factor). f16 weight copies are rewritten either way.
+    /// then reuses its clip factor). The GPU optimizer defers each parameter's update to just
+    /// before the next forward reads it ([`AdamW::defer`]) and zeroes gradients as it goes; the
+    /// host optimizer updates at once, and the gradients are zeroed here. f16 weight copies are
+    /// rewritten either way.
     async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32, grad_scale: f32, clipped: bool) -> Result<()> {
         match self {
-            Optimizer::Gpu(o) if clipped => o.step_clipped(ctx, &model.params(), lr, grad_scale),
-            Optimizer::Gpu(o) => o.step_lr(ctx, &model.params(), lr, grad_scale),
+            Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
             Optimizer::Host(o) => {
                 o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
-                model.refresh_half(ctx)
+                model.refresh_half(ctx)?;
+                model.zero_grad(ctx)
             }
+        }
+    }
+
+    /// Applies a deferred update to those of `params` still waiting for it.
+    fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        match self {
+            Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
+            Optimizer::Host(_) => Ok(()),
         }
     }
 
@@ -282,7 +293,11 @@ impl Trainer {
         for i in 0..n_micro {
             let rows = i * micro * t..(i + 1) * micro * t;
             let tokens = ctx.from_u32("tokens", &[micro, t], &x[rows.clone()])?;
-            let loss = self.model.loss(ctx, &tokens, &y[rows])?;
+            // The last step's deferred updates land layer by layer as this forward reaches them;
+            // whatever the forward did not reach is updated before backward adds new gradients.
+            let (model, opt) = (&self.model, &mut self.opt);
+            let loss = model.loss_prepared(ctx, &tokens, &y[rows], &mut |ps| opt.apply_deferred(ctx, ps))?;
+            opt.apply_deferred(ctx, &model.params())?;
             let mut grads = self.model.grads();
             ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
             total += ctx.to_f32(&loss).await?[0];
@@ -306,6 +321,7 @@ impl Trainer {
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
                     // Throw the partial step away and run it again in smaller pieces.
                     ctx.tape().clear();
+                    self.apply_pending(ctx)?;
                     self.model.zero_grad(ctx)?;
                     ctx.pager.trim();
                     let from = self.micro_batch;
@@ -331,6 +347,7 @@ impl Trainer {
             self.good_steps = 0;
             self.skipped_steps += 1;
             log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", self.step, self.loss_scale);
+            self.model.zero_grad(ctx)?;
         } else {
             let clipped = self.precision == Precision::F16;
             self.opt.step(ctx, &self.model, lr, grad_scale, clipped).await?;
@@ -342,7 +359,6 @@ impl Trainer {
                 }
             }
         }
-        self.model.zero_grad(ctx)?;
         if phases {
             ctx.sync()?;
             let total = clock.seconds();
@@ -360,8 +376,16 @@ impl Trainer {
         Ok(loss)
     }
 
+    /// Applies the last step's deferred parameter updates now (the next forward would otherwise):
+    /// call before reading the weights. Evaluation, sampling and saving do.
+    pub fn apply_pending(&mut self, ctx: &Context) -> Result<()> {
+        let (model, opt) = (&self.model, &mut self.opt);
+        opt.apply_deferred(ctx, &model.params())
+    }
+
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
-    pub async fn evaluate(&self, ctx: &Context) -> Result<f32> {
+    pub async fn evaluate(&mut self, ctx: &Context) -> Result<f32> {
+        self.apply_pending(ctx)?;
         // The same sequences whatever the micro-batch, so runs that shrank it compare.
         let mut rng = Rng::new(self.cfg.seed ^ 0xE7A1);
         let (b, t, micro) = (self.cfg.batch_size, self.cfg.seq_len, self.micro_batch.min(self.cfg.batch_size));
@@ -383,7 +407,15 @@ impl Trainer {
     }
 
     /// `n` tokens sampled after `prompt` at `temperature`, decoded.
-    pub async fn sample(&self, ctx: &Context, prompt: &[u32], n: usize, temperature: f32, seed: u64) -> Result<String> {
+    pub async fn sample(
+        &mut self,
+        ctx: &Context,
+        prompt: &[u32],
+        n: usize,
+        temperature: f32,
+        seed: u64,
+    ) -> Result<String> {
+        self.apply_pending(ctx)?;
         let mut rng = Rng::new(seed);
         let mut tokens = prompt.to_vec();
         let block = self.model.config.block_size.min(self.cfg.seq_len.max(1));
@@ -416,7 +448,8 @@ impl Trainer {
 
     /// Writes a checkpoint of the current step under `dir` (see [`checkpoint::save`]).
     #[cfg(not(target_arch = "wasm32"))]
-    pub async fn save(&self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    pub async fn save(&mut self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        self.apply_pending(ctx)?;
         checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await
     }
 
