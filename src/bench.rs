@@ -156,6 +156,9 @@ pub struct StepReport {
     pub hidden_fraction_budget25: Option<f64>,
     pub resident_tokens_per_s: f64,
     pub budget25_vs_resident: Option<f64>,
+    /// Budgets (percent) where the GPU optimizer's working set did not fit and AdamW ran on the
+    /// host instead (as `--optimizer-on auto` would choose).
+    pub host_optimizer_at: Vec<u64>,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and returns (ms per step, bytes moved per
@@ -199,8 +202,18 @@ pub fn step_times(
 ) -> Result<StepReport> {
     let (resident, _, footprint) = time_steps(make_ctx, cfg, data, None, warmup, steps)?;
     let mut at: Vec<Option<(f64, u64, u64)>> = Vec::new();
+    let mut host_optimizer_at = Vec::new();
+    let on_host = crate::train::TrainConfig { optimizer_on: crate::train::OptimizerOn::Host, ..cfg.clone() };
     for pct in [50u64, 25, 10] {
-        match time_steps(make_ctx, cfg, data, Some(footprint * pct / 100), warmup, steps) {
+        let budget = Some(footprint * pct / 100);
+        let r = match time_steps(make_ctx, cfg, data, budget, warmup, steps) {
+            Err(e) if crate::train::trainer::is_out_of_memory(&e) && cfg.optimizer_on != on_host.optimizer_on => {
+                host_optimizer_at.push(pct);
+                time_steps(make_ctx, &on_host, data, budget, warmup, steps)
+            }
+            r => r,
+        };
+        match r {
             Ok(r) => at.push(Some(r)),
             Err(e) if crate::train::trainer::is_out_of_memory(&e) => at.push(None),
             Err(e) => return Err(e),
@@ -230,5 +243,6 @@ pub fn step_times(
         hidden_fraction_budget25: hidden,
         resident_tokens_per_s: tokens as f64 / (resident / 1e3),
         budget25_vs_resident: at[1].map(|r| resident / r.0),
+        host_optimizer_at,
     })
 }

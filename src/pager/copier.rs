@@ -53,6 +53,7 @@ impl Ticket {
 }
 
 /// One piece of a copy. The pointers cross threads: see the SAFETY contract of [`Copier::copy`].
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 struct Piece {
     dst: *mut u8,
     src: *const u8,
@@ -130,6 +131,7 @@ impl Default for Copier {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn work(shared: &(Mutex<Queue>, Condvar)) {
     let (queue, wake) = shared;
     loop {
