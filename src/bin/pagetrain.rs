@@ -403,7 +403,10 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
             }
             println!("  10% budget:  {}  {}", ms(s.step_ms_budget10), mib(s.bytes_per_step_budget10));
             if !s.host_optimizer_at.is_empty() {
-                println!("  (AdamW on the host at {:?} % budgets: the GPU update's tensors do not fit)", s.host_optimizer_at);
+                println!(
+                    "  (AdamW on the host at {:?} % budgets: the GPU update's tensors do not fit)",
+                    s.host_optimizer_at
+                );
             }
         }
     }
