@@ -273,6 +273,20 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
     assert!(t.loss_scale < 2f32.powi(127));
     assert!(l.iter().all(|v| v.is_finite()));
     assert!(l[19] < l[0], "training went on after the skips: {l:?}");
+    // The scaler is part of the checkpoint: a resumed f16 run goes on exactly.
+    pollster::block_on(t.save(&ctx, &out)).unwrap();
+    let saved = (t.loss_scale, t.skipped_steps);
+    let next: Vec<f32> = (0..3).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+    let ctx2 = context(None);
+    let mut resumed = Trainer::new(
+        &ctx2,
+        TrainConfig { precision: pagetrain::train::Precision::F16, resume: Some(out.clone()), ..cfg(&out) },
+        None,
+    )
+    .unwrap();
+    assert_eq!((resumed.loss_scale, resumed.skipped_steps), saved);
+    let again: Vec<f32> = (0..3).map(|_| pollster::block_on(resumed.train_step(&ctx2)).unwrap()).collect();
+    assert_close("f16 resume", &again, &to64(&next), 0.0, 1e-6);
 }
 
 #[test]

@@ -32,6 +32,18 @@ pub struct TrainState {
     /// Pattern of the Linear layers frozen in int8 (`--freeze-int8`), restored on resume.
     #[serde(default)]
     pub frozen_int8: Option<String>,
+    /// Mixed precision's dynamic loss scale and the good steps since it last changed, so an f16
+    /// run resumes exactly (absent: a fresh scale).
+    #[serde(default)]
+    pub loss_scale: Option<LossScale>,
+}
+
+/// The state of dynamic loss scaling.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossScale {
+    pub scale: f32,
+    pub good_steps: u64,
+    pub skipped_steps: u64,
 }
 
 /// A tensor read from a checkpoint, converted to f32.

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::checkpoint::{self, Moments, TrainState};
+use super::checkpoint::{self, LossScale, Moments, TrainState};
 use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use crate::context::Context;
@@ -151,13 +151,13 @@ pub struct Trainer {
     /// Dynamic loss scale (1 in f32): the loss gradient is seeded with it, the update divides it
     /// out; a step whose gradients overflow is skipped and the scale halved.
     pub loss_scale: f32,
-    good_steps: u32,
+    good_steps: u64,
     pub skipped_steps: u64,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
 pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
-pub const GROWTH_INTERVAL: u32 = 1000;
+pub const GROWTH_INTERVAL: u64 = 1000;
 
 /// Whether `e` means "this much does not fit on the GPU".
 pub fn is_out_of_memory(e: &Error) -> bool {
@@ -249,6 +249,8 @@ impl Trainer {
         };
         let mut step = 0;
         let mut data_seed = cfg.seed.wrapping_add(1);
+        let fresh = LossScale { scale: INITIAL_LOSS_SCALE, good_steps: 0, skipped_steps: 0 };
+        let mut scaler = if precision == Precision::F16 { fresh } else { LossScale { scale: 1.0, ..fresh } };
         if let (Some(c), Some(dir), Some(state)) = (&ckpt, dir, &resumed_state) {
             let (moments, t) = c.optimizer.as_ref().ok_or_else(|| Error::Checkpoint {
                 path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
@@ -258,9 +260,11 @@ impl Trainer {
             opt.set_t(*t);
             step = state.step;
             data_seed = state.data_seed;
+            if precision == Precision::F16 {
+                scaler = state.loss_scale.unwrap_or(fresh);
+            }
         }
         let micro_batch = cfg.batch_size;
-        let loss_scale = if precision == Precision::F16 { INITIAL_LOSS_SCALE } else { 1.0 };
         Ok(Trainer {
             cfg,
             model,
@@ -273,9 +277,9 @@ impl Trainer {
             optimizer_reason,
             precision,
             precision_note,
-            loss_scale,
-            good_steps: 0,
-            skipped_steps: 0,
+            loss_scale: scaler.scale,
+            good_steps: scaler.good_steps,
+            skipped_steps: scaler.skipped_steps,
         })
     }
 
@@ -443,6 +447,11 @@ impl Trainer {
             },
             config: self.model.config,
             frozen_int8: self.cfg.freeze_int8.clone(),
+            loss_scale: (self.precision == Precision::F16).then_some(LossScale {
+                scale: self.loss_scale,
+                good_steps: self.good_steps,
+                skipped_steps: self.skipped_steps,
+            }),
         }
     }
 
