@@ -108,8 +108,10 @@ pub fn checkpoint(
     }
     let outer = std::mem::take(&mut ctx.tape().nodes);
     let result = f(ctx, x);
+    let held = ctx.pager.live_bytes().0;
     // Putting the outer nodes back drops the ones `f` recorded, and the tensors they saved.
     ctx.tape().nodes = outer;
+    ctx.pager.note_recompute(held.saturating_sub(ctx.pager.live_bytes().0));
     let out = result?;
     if out.requires_grad() {
         ctx.record(&[&out], Recompute { x: x.clone(), out: out.clone(), f: Box::new(f) });

@@ -113,6 +113,10 @@ fn recompute_gives_the_same_losses_with_a_smaller_footprint() {
     let (a, b) = (stored_ctx.pager.live_bytes().1, recompute_ctx.pager.live_bytes().1);
     println!("footprint stored {a} B, recomputed {b} B");
     assert!(b < a, "recompute must need less memory: {b} vs {a}");
+    // what recompute reports it did not keep covers the saving
+    let dropped = recompute_ctx.pager.counters().recompute_dropped_bytes / 5;
+    assert!(dropped >= a - b, "reported {dropped} B not kept per step, footprint fell by {} B", a - b);
+    assert_eq!(stored_ctx.pager.counters().recompute_dropped_bytes, 0);
     assert_close("recompute vs stored", &again, &to64(&stored), 0.0, 1e-6);
 }
 

@@ -299,6 +299,12 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
         per_step(summary.bytes_written_back),
         summary.stall_s
     );
+    if summary.recompute {
+        eprintln!(
+            "recompute: {:.1} MiB of block activations per step not kept from forward to backward",
+            summary.recompute_dropped_bytes_per_step as f64 / (1 << 20) as f64
+        );
+    }
     let c = ctx.pager.counters();
     eprintln!(
         "pager: {} hits, {} misses, {} evictions, {} prefetches, {} write-backs; {:.2} s filling staging",

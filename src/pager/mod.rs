@@ -833,6 +833,11 @@ impl Pager {
         self.state.borrow_mut().counters.micro_batch_shrinks += 1;
     }
 
+    /// Counts activation bytes a checkpointed block did not keep (recompute) in the telemetry.
+    pub fn note_recompute(&self, bytes: u64) {
+        self.state.borrow_mut().counters.recompute_dropped_bytes += bytes;
+    }
+
     /// Bytes of all live tensors now, and at most so far (the footprint a fully resident run needs).
     pub fn live_bytes(&self) -> (u64, u64) {
         let st = self.state.borrow();

@@ -50,6 +50,9 @@ pub struct Counters {
     pub fill_s: f64,
     /// Times the trainer halved its micro-batch because one did not fit.
     pub micro_batch_shrinks: u64,
+    /// Bytes of activations that recompute (checkpointed blocks) did not keep from forward to
+    /// backward, summed over blocks and steps.
+    pub recompute_dropped_bytes: u64,
 }
 
 /// The pager at one moment.

@@ -63,6 +63,10 @@ pub struct RunSummary {
     pub accum: usize,
     pub optimizer_on: String,
     pub recompute: bool,
+    /// With recompute: activation bytes per step (summed over its micro-batches) that the
+    /// checkpointed blocks did not keep from forward to backward; a micro-batch's footprint is
+    /// lower by about its share of this, less one block's worth (recomputed in backward).
+    pub recompute_dropped_bytes_per_step: u64,
     pub precision: String,
     pub loss_scale: f32,
     pub skipped_steps: u64,
@@ -546,6 +550,7 @@ impl Trainer {
             accum: self.effective_batch() / self.micro_batch,
             optimizer_on: self.opt.name().into(),
             recompute: self.cfg.recompute,
+            recompute_dropped_bytes_per_step: counters.recompute_dropped_bytes / (self.step - first_step).max(1),
             precision: format!("{:?}", self.precision).to_lowercase(),
             loss_scale: self.loss_scale,
             skipped_steps: self.skipped_steps,
