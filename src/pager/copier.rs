@@ -78,12 +78,14 @@ pub struct Copier {
 }
 
 impl Copier {
-    /// A pool of up to 8 threads (fewer on smaller machines).
+    /// A pool of up to 8 threads (fewer on smaller machines; `PAGETRAIN_COPY_THREADS` overrides).
     pub fn new() -> Copier {
         let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         #[cfg(not(target_arch = "wasm32"))]
         let workers = {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let asked = std::env::var("PAGETRAIN_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+            let n = asked.unwrap_or(cores.min(8)).max(1);
             (0..n)
                 .filter_map(|i| {
                     let shared = shared.clone();
