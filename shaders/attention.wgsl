@@ -7,7 +7,8 @@
 //   attention_backward_q:  delta (B,H,T) = Σ_d dout·out;  dqkv[q] += scale · Σ_j p·(dout·v_j − delta)·k_j
 //   attention_backward_kv: dqkv[v] += Σ_i p·dout_i;  dqkv[k] += scale · Σ_i p·(dout_i·v − delta_i)·q_i
 //                          (reads delta, so it runs after attention_backward_q)
-// C = H·DIM; the module is compiled per head size DIM so that a row's vectors live in registers.
+// C = H·DIM; the module is compiled per head size DIM (and tile rows TILE_ROWS) so that a row's
+// vectors live in registers.
 // One thread per query row (forward, backward_q) or key row (backward_kv), ROWS rows a workgroup;
 // grid (ceil(T/ROWS), B·H folded into y and z). Loops run whole tiles with masked scores, so every
 // trip count is a constant the compiler can unroll.
@@ -22,9 +23,9 @@ struct Params {
 }
 
 const ROWS: u32 = 64u;
-// Rows of the streamed tiles: two tiles of TILE x DIM floats fill 16 KiB of workgroup memory,
-// WebGPU's default limit.
-const TILE: u32 = min(32u, max(2048u / DIM, 1u));
+// Rows of the streamed tiles (TILE_ROWS, from the adapter's tuning): two tiles of TILE x DIM floats
+// take at most 16 KiB of workgroup memory, WebGPU's default limit.
+const TILE: u32 = TILE_ROWS;
 // A score below any real one: its exp is 0 (WGSL has no infinities in constants).
 const MASKED: f32 = -3.0e38;
 

@@ -27,9 +27,9 @@ fn every_shader_validates_with_naga() {
         let shader = pagetrain::kernels::ALL.iter().find(|s| s.name == stem);
         let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
         assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
-        // all-f32 and all-f16 bindings; head sizes that give full, partial and single-row tiles
-        for (f16_bindings, dim) in [(0, 64), (u32::MAX >> 24, 64), (0, 100), (0, 1)] {
-            let src = specialize(shader, Variant { f16_bindings, dim });
+        // all-f32 and all-f16 bindings; head sizes and tile rows as attention uses them
+        for (f16_bindings, dim, tile) in [(0, 64, 32), (u32::MAX >> 24, 64, 32), (0, 100, 20), (0, 1, 8)] {
+            let src = specialize(shader, Variant { f16_bindings, dim, tile });
             match naga::front::wgsl::parse_str(&src) {
                 Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
                 Ok(module) => {

@@ -52,7 +52,8 @@ impl Dims {
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
     let p = dims.params()?;
-    k.dispatch_dim(ATTENTION, "attention_forward", dims.d as u32, &[out, lse, qkv], &p, dims.grid())
+    let sizes = (dims.d as u32, k.tuning.attention_tile_rows(dims.d));
+    k.dispatch_unrolled(ATTENTION, "attention_forward", sizes, &[out, lse, qkv], &p, dims.grid())
 }
 
 /// dqkv (B,T,3C) += the gradient through attention, given the saved `out` and `lse` and the
@@ -69,7 +70,14 @@ pub fn backward(
     dims: Dims,
 ) -> Result<()> {
     let p = dims.params()?;
-    let dim = dims.d as u32;
-    k.dispatch_dim(ATTENTION, "attention_backward_q", dim, &[dqkv, delta, qkv, dout, lse, out], &p, dims.grid())?;
-    k.dispatch_dim(ATTENTION, "attention_backward_kv", dim, &[dqkv, delta, qkv, dout, lse], &p, dims.grid())
+    let sizes = (dims.d as u32, k.tuning.attention_tile_rows(dims.d));
+    k.dispatch_unrolled(
+        ATTENTION,
+        "attention_backward_q",
+        sizes,
+        &[dqkv, delta, qkv, dout, lse, out],
+        &p,
+        dims.grid(),
+    )?;
+    k.dispatch_unrolled(ATTENTION, "attention_backward_kv", sizes, &[dqkv, delta, qkv, dout, lse], &p, dims.grid())
 }

@@ -61,11 +61,13 @@ pub const SOFTMAX: Shader = shader!("softmax");
 /// How one compiled variant of a family differs from another. Kernels that can read or write f16
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
 /// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
-/// and f32 elsewhere. `dim` is a size a family unrolls for (attention's head size), as `DIM`.
+/// and f32 elsewhere. `dim` and `tile` are sizes a family unrolls for (attention's head size and
+/// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub f16_bindings: u32,
     pub dim: u32,
+    pub tile: u32,
 }
 
 /// Bindings a kernel may declare through the `Bi` aliases.
@@ -82,6 +84,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
         src.push_str(&format!("alias B{i} = {ty};\n"));
     }
     src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
+    src.push_str(&format!("const TILE_ROWS: u32 = {}u;\n", variant.tile.max(1)));
     src.push_str(shader.source);
     src
 }
@@ -135,6 +138,18 @@ pub fn row_launch(rows: usize, len: usize, wide: &'static str, short: &'static s
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     pub matmul: MatmulVariant,
+    /// Most rows of the tiles fused attention streams through workgroup memory. Its loops over a
+    /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
+    /// size 64, 2.7 s at 8), so GL gets short tiles.
+    pub attention_tile: u32,
+}
+
+impl Tuning {
+    /// Rows of attention's streamed tiles for head size `d`: two tiles of `rows × d` f32 fill at
+    /// most 16 KiB of workgroup memory (WebGPU's default limit).
+    pub fn attention_tile_rows(&self, d: usize) -> u32 {
+        self.attention_tile.min((2048 / d.max(1)).max(1) as u32)
+    }
 }
 
 /// Which matmul entry point runs.
@@ -155,7 +170,8 @@ impl Tuning {
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
             _ => MatmulVariant::Tiled,
         };
-        Tuning { matmul }
+        let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
+        Tuning { matmul, attention_tile }
     }
 }
 
@@ -265,15 +281,15 @@ impl Kernels {
         params: &P,
         groups: [u32; 3],
     ) -> Result<()> {
-        self.dispatch_dim(shader, entry, 0, buffers, params, groups)
+        self.dispatch_unrolled(shader, entry, (0, 0), buffers, params, groups)
     }
 
-    /// [`Kernels::dispatch`] of a family compiled for one size `dim` (see [`Variant`]).
-    pub fn dispatch_dim<P: bytemuck::Pod>(
+    /// [`Kernels::dispatch`] of a family compiled for sizes `(dim, tile)` (see [`Variant`]).
+    pub fn dispatch_unrolled<P: bytemuck::Pod>(
         &self,
         shader: Shader,
         entry: &'static str,
-        dim: u32,
+        (dim, tile): (u32, u32),
         buffers: &[&View],
         params: &P,
         groups: [u32; 3],
@@ -283,7 +299,7 @@ impl Kernels {
             .enumerate()
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
-        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, dim })?;
+        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, dim, tile })?;
         let bytes = bytemuck::bytes_of(params);
         let (arena, offset) = self.recorder.uniform(bytes);
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers
