@@ -346,4 +346,14 @@ fn deferred_updates_applied_as_the_forward_reaches_each_layer_equal_an_immediate
             p.name
         );
     }
+    // An immediate step while one is deferred lands the deferred one first (with its own clip).
+    a.zero_grad(&ctx_a).unwrap();
+    step(&ctx_a, &a);
+    opt_a.step_lr(&ctx_a, &a.params(), 1e-2, 1.0).unwrap();
+    a.zero_grad(&ctx_a).unwrap();
+    opt_a.step_lr(&ctx_a, &a.params(), 1e-2, 1.0).unwrap();
+    step(&ctx_b, &b);
+    opt_b.defer(&ctx_b, &b.params(), 1e-2, 1.0, false).unwrap();
+    opt_b.step_lr(&ctx_b, &b.params(), 1e-2, 1.0).unwrap();
+    assert!(weights(&ctx_b, &b) == weights(&ctx_a, &a), "deferred + immediate differs from two immediate steps");
 }

@@ -74,6 +74,8 @@ impl AdamW {
     /// One update at learning rate `lr`, gradients multiplied by `grad_scale` first. Parameters
     /// with an f16 copy get it rewritten by the same kernel.
     pub fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
+        // A deferred step still pending reads the clip factor about to be replaced.
+        self.apply_deferred(ctx, params)?;
         self.clip.compute(ctx, params, self.config.max_grad_norm, grad_scale)?;
         self.step_clipped(ctx, params, lr, grad_scale)
     }

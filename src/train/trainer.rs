@@ -125,9 +125,10 @@ impl Optimizer {
     }
 
     /// The global norm of the gradients times `grad_scale` (waits for the GPU).
-    async fn grad_norm(&self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
+    async fn grad_norm(&mut self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
         match self {
             Optimizer::Gpu(o) => {
+                o.apply_deferred(ctx, &model.params())?;
                 o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
