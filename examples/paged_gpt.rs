@@ -1,4 +1,4 @@
-//! Trains a GPT whose tensors take about nine times the GPU budget (37 MiB on 4 MiB), with the
+//! Trains a GPT whose tensors take about eight times the GPU budget (32 MiB on 4 MiB), with the
 //! library API: the pager keeps every tensor in memory-mapped files and the GPU as a cache, and
 //! the step computes what a fully resident one does (tests/memory.rs checks the losses match).
 //! Run: `cargo run --release --example paged_gpt`
