@@ -42,6 +42,22 @@ fn dims2(t: &Tensor, trans: bool) -> (usize, usize) {
 }
 
 fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<Tensor> {
+    product_with_grad_to(ctx, a, b, bias, opts, b)
+}
+
+/// [`product`] whose gradient for `b` accumulates into the gradient of `b_grad` (same shape)
+/// instead: the product reads an f16 copy, its f32 master weight learns (mixed precision).
+pub(super) fn product_with_grad_to(
+    ctx: &Context,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    opts: MatmulOpts,
+    b_grad: &Tensor,
+) -> Result<Tensor> {
+    if b_grad.shape() != b.shape() {
+        return Err(Error::shape("matmul gradient target", b.shape(), b_grad.shape()));
+    }
     expect_float("matmul", a)?;
     expect_float("matmul", b)?;
     if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
@@ -83,7 +99,7 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
             return Err(Error::shape("linear bias", [n], bias.shape()));
         }
     }
-    let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
+    let inputs: Vec<&Tensor> = [Some(a), Some(b_grad), bias].into_iter().flatten().collect();
     let out = ctx.empty("matmul", &out_shape, a.dtype(), ctx.wants_grad(&inputs))?;
     let g = Gemm {
         batch,
@@ -102,7 +118,15 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
         k::matmul(&ctx.kernels, &ctx.write(&out)?, &ctx.read(a)?, &ctx.read(b)?, bias_view.as_ref(), &ctx.dummy()?, g)?;
     }
     if out.requires_grad() {
-        ctx.record(&[&out], MatmulBackward { a: a.clone(), b: b.clone(), bias: bias.cloned(), out: out.clone(), g });
+        let node = MatmulBackward {
+            a: a.clone(),
+            b: b.clone(),
+            b_grad: b_grad.clone(),
+            bias: bias.cloned(),
+            out: out.clone(),
+            g,
+        };
+        ctx.record(&[&out], node);
     }
     Ok(out)
 }
@@ -110,6 +134,8 @@ fn product(ctx: &Context, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: M
 struct MatmulBackward {
     a: Tensor,
     b: Tensor,
+    /// Receives d op(B): `b` itself, or the master weight of an f16 copy.
+    b_grad: Tensor,
     bias: Option<Tensor>,
     out: Tensor,
     g: Gemm,
@@ -142,7 +168,7 @@ impl Backward for MatmulBackward {
                 k::matmul(&ctx.kernels, &dav, &bv, &dcv, None, &dummy, gg)?;
             }
         }
-        if let Some(db) = grads.of(ctx, &self.b)? {
+        if let Some(db) = grads.of(ctx, &self.b_grad)? {
             let _op = ctx.op();
             let (dbv, dcv, av, dummy) = (ctx.modify(&db)?, ctx.read(&dc)?, ctx.read(&self.a)?, ctx.dummy()?);
             if !tb {
