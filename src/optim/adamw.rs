@@ -55,12 +55,7 @@ impl AdamW {
             return Err(Error::invalid("AdamW config", format!("need lr > 0 and betas in [0,1): {config:?}")));
         }
         let params = model.params();
-        let mut m = Vec::with_capacity(params.len());
-        let mut v = Vec::with_capacity(params.len());
-        for p in &params {
-            m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
-            v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
-        }
+        let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
         Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())?, index, deferred: None })
     }

@@ -113,12 +113,7 @@ impl HostAdamW {
             return Err(Error::invalid("AdamW config", format!("need lr > 0: {config:?}")));
         }
         let params = model.params();
-        let mut m = Vec::with_capacity(params.len());
-        let mut v = Vec::with_capacity(params.len());
-        for p in &params {
-            m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
-            v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
-        }
+        let (m, v) = super::zero_moments(ctx, &params)?;
         Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0 })
     }
 

@@ -9,3 +9,20 @@ pub use adamw::{AdamW, AdamWConfig};
 pub use clip::GradClip;
 pub use host_adamw::HostAdamW;
 pub use sgd::{Sgd, SgdConfig};
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::nn::Param;
+use crate::tensor::Tensor;
+
+/// AdamW's first and second moments for `params`, zero, named as PyTorch's state
+/// (`<name>.exp_avg`, `<name>.exp_avg_sq`); pager tensors wherever the update runs.
+fn zero_moments(ctx: &Context, params: &[&Param]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+    let mut m = Vec::with_capacity(params.len());
+    let mut v = Vec::with_capacity(params.len());
+    for p in params {
+        m.push(ctx.zeros(&format!("{}.exp_avg", p.name), p.value.shape(), false)?);
+        v.push(ctx.zeros(&format!("{}.exp_avg_sq", p.name), p.value.shape(), false)?);
+    }
+    Ok((m, v))
+}
