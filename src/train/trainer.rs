@@ -158,6 +158,8 @@ pub struct Trainer {
     pub loss_scale: f32,
     good_steps: u64,
     pub skipped_steps: u64,
+    /// `PAGETRAIN_PHASES=1`: time each step's forward+backward and optimizer (syncing between).
+    print_phases: bool,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -285,6 +287,7 @@ impl Trainer {
             loss_scale: scaler.scale,
             good_steps: scaler.good_steps,
             skipped_steps: scaler.skipped_steps,
+            print_phases: std::env::var("PAGETRAIN_PHASES").is_ok_and(|v| v != "0"),
         })
     }
 
@@ -316,7 +319,6 @@ impl Trainer {
 
     /// One optimizer step on the step's batch; returns the mean loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
-        let phases = std::env::var("PAGETRAIN_PHASES").is_ok_and(|v| v != "0");
         let clock = crate::clock::Stopwatch::start();
         let (b, t) = (self.effective_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
@@ -368,7 +370,7 @@ impl Trainer {
                 }
             }
         }
-        if phases {
+        if self.print_phases {
             ctx.sync()?;
             let total = clock.seconds();
             eprintln!(
