@@ -155,59 +155,7 @@ fn gelu_layernorm_and_sums_match_reference_in_f16() {
     }
     // short rows (thread per row) and wide rows (workgroup per row)
     for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000)] {
-        let x = round_f16(&randn(&mut rng, rows * c, 1.5).iter().map(|v| v + 0.7).collect::<Vec<_>>());
-        let (w, b) = (randn(&mut rng, c, 1.0), randn(&mut rng, c, 1.0));
-        let (gx, gw, gb) = (
-            Guarded::new_f16(&ctx, x.len(), Some(&x)),
-            Guarded::new(&ctx, c, Some(&w)),
-            Guarded::new(&ctx, c, Some(&b)),
-        );
-        let (out, mean, rstd) =
-            (Guarded::new_f16(&ctx, rows * c, None), Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
-        kernels::layernorm::forward(
-            &ctx.kernels,
-            &out.view(),
-            &mean.view(),
-            &rstd.view(),
-            &gx.view(),
-            &gw.view(),
-            &gb.view(),
-            rows,
-            c,
-            1e-5,
-        )
-        .unwrap();
-        let (wo, wm, wr) = r::layernorm_forward(&to64(&x), &to64(&w), &to64(&b), rows, c, 1e-5);
-        assert_close(&format!("layernorm f16 out {rows}x{c}"), &out.read(&ctx), &wo, F16_RTOL, 2e-3);
-        assert_close(&format!("layernorm f16 mean {rows}x{c}"), &mean.read(&ctx), &wm, 1e-5, 1e-5);
-        assert_close(&format!("layernorm f16 rstd {rows}x{c}"), &rstd.read(&ctx), &wr, 1e-3, 1e-3);
-
-        let dout = round_f16(&randn(&mut rng, rows * c, 1.0));
-        let gd = Guarded::new_f16(&ctx, dout.len(), Some(&dout));
-        let (dx, dw, db) = (
-            Guarded::new_f16(&ctx, rows * c, Some(&vec![0.5; rows * c])),
-            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
-            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
-        );
-        kernels::layernorm::backward(
-            &ctx.kernels,
-            Some(&dx.view()),
-            &dw.view(),
-            &db.view(),
-            &gd.view(),
-            &gx.view(),
-            &gw.view(),
-            &mean.view(),
-            &rstd.view(),
-            rows,
-            c,
-        )
-        .unwrap();
-        let (wdx, wdw, wdb) = r::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
-        let wdx: Vec<f64> = wdx.iter().map(|v| v + 0.5).collect();
-        assert_close(&format!("layernorm f16 dx {rows}x{c}"), &dx.read(&ctx), &wdx, 2e-3, 2e-3);
-        assert_close(&format!("layernorm f16 dw {rows}x{c}"), &dw.read(&ctx), &wdw, 1e-3, 1e-3);
-        assert_close(&format!("layernorm f16 db {rows}x{c}"), &db.read(&ctx), &wdb, 1e-4, 1e-4);
+        let (dout, gd) = common::check_layernorm(&ctx, &mut rng, DType::F16, rows, c);
 
         // bias gradients and loss sums read f16 and add in f32
         let sums = Guarded::new(&ctx, c, Some(&vec![1.0; c]));

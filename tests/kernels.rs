@@ -234,57 +234,7 @@ fn layernorm_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(4);
     for &(rows, c) in &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1000, 3)] {
-        let x: Vec<f32> = randn(&mut rng, rows * c, 1.5).iter().map(|v| v + 0.7).collect();
-        let w = randn(&mut rng, c, 1.0);
-        let b = randn(&mut rng, c, 1.0);
-        let (gx, gw, gb) =
-            (Guarded::new(&ctx, x.len(), Some(&x)), Guarded::new(&ctx, c, Some(&w)), Guarded::new(&ctx, c, Some(&b)));
-        let (out, mean, rstd) =
-            (Guarded::new(&ctx, rows * c, None), Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
-        kernels::layernorm::forward(
-            &ctx.kernels,
-            &out.view(),
-            &mean.view(),
-            &rstd.view(),
-            &gx.view(),
-            &gw.view(),
-            &gb.view(),
-            rows,
-            c,
-            1e-5,
-        )
-        .unwrap();
-        let (wo, wm, wr) = r::layernorm_forward(&to64(&x), &to64(&w), &to64(&b), rows, c, 1e-5);
-        assert_close(&format!("layernorm out {rows}x{c}"), &out.read(&ctx), &wo, 1e-4, 1e-4);
-        assert_close(&format!("layernorm mean {rows}x{c}"), &mean.read(&ctx), &wm, 1e-5, 1e-5);
-        assert_close(&format!("layernorm rstd {rows}x{c}"), &rstd.read(&ctx), &wr, 1e-3, 1e-3);
-
-        let dout = randn(&mut rng, rows * c, 1.0);
-        let gd = Guarded::new(&ctx, dout.len(), Some(&dout));
-        let (dx, dw, db) = (
-            Guarded::new(&ctx, rows * c, Some(&vec![0.5; rows * c])),
-            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
-            Guarded::new(&ctx, c, Some(&vec![0.0; c])),
-        );
-        kernels::layernorm::backward(
-            &ctx.kernels,
-            Some(&dx.view()),
-            &dw.view(),
-            &db.view(),
-            &gd.view(),
-            &gx.view(),
-            &gw.view(),
-            &mean.view(),
-            &rstd.view(),
-            rows,
-            c,
-        )
-        .unwrap();
-        let (wdx, wdw, wdb) = r::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
-        let wdx: Vec<f64> = wdx.iter().map(|v| v + 0.5).collect();
-        assert_close(&format!("layernorm dx {rows}x{c}"), &dx.read(&ctx), &wdx, 1e-3, 1e-3);
-        assert_close(&format!("layernorm dw {rows}x{c}"), &dw.read(&ctx), &wdw, 1e-3, 1e-3);
-        assert_close(&format!("layernorm db {rows}x{c}"), &db.read(&ctx), &wdb, 1e-4, 1e-4);
+        common::check_layernorm(&ctx, &mut rng, pagetrain::DType::F32, rows, c);
     }
 }
 

@@ -156,3 +156,59 @@ pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f
 pub fn dot(out: &[f64], w: &[f64]) -> f64 {
     out.iter().zip(w).map(|(a, b)| a * b).sum()
 }
+
+/// LayerNorm forward and backward on random `rows × c` data against the f64 reference, with x,
+/// out, dx and dout held as `dt` (f32 or f16, inputs rounded to it); weights, statistics and
+/// their gradients are f32. Returns `dout` and its buffer for checks that read it again.
+pub fn check_layernorm(ctx: &Context, rng: &mut Rng, dt: DType, rows: usize, c: usize) -> (Vec<f32>, Guarded) {
+    let held = |v: Vec<f32>| if dt == DType::F16 { round_f16(&v) } else { v };
+    // (rtol, atol) of out and dx: one f16 rounding of each output on top of f32 accumulation
+    let ((out_r, out_a), (dx_r, dx_a)) =
+        if dt == DType::F16 { ((1.5e-3, 2e-3), (2e-3, 2e-3)) } else { ((1e-4, 1e-4), (1e-3, 1e-3)) };
+    let x = held(randn(rng, rows * c, 1.5).iter().map(|v| v + 0.7).collect());
+    let (w, b) = (randn(rng, c, 1.0), randn(rng, c, 1.0));
+    let (gx, gw, gb) =
+        (Guarded::of(ctx, dt, x.len(), Some(&x)), Guarded::new(ctx, c, Some(&w)), Guarded::new(ctx, c, Some(&b)));
+    let (out, mean, rstd) =
+        (Guarded::of(ctx, dt, rows * c, None), Guarded::new(ctx, rows, None), Guarded::new(ctx, rows, None));
+    let k = &ctx.kernels;
+    let views = (out.view(), mean.view(), rstd.view(), gx.view(), gw.view(), gb.view());
+    pagetrain::kernels::layernorm::forward(
+        k, &views.0, &views.1, &views.2, &views.3, &views.4, &views.5, rows, c, 1e-5,
+    )
+    .unwrap();
+    let (wo, wm, wr) = reference::layernorm_forward(&to64(&x), &to64(&w), &to64(&b), rows, c, 1e-5);
+    let what = format!("{dt:?} {rows}x{c}");
+    assert_close(&format!("layernorm out {what}"), &out.read(ctx), &wo, out_r, out_a);
+    assert_close(&format!("layernorm mean {what}"), &mean.read(ctx), &wm, 1e-5, 1e-5);
+    assert_close(&format!("layernorm rstd {what}"), &rstd.read(ctx), &wr, 1e-3, 1e-3);
+
+    let dout = held(randn(rng, rows * c, 1.0));
+    let gd = Guarded::of(ctx, dt, dout.len(), Some(&dout));
+    let (dx, dw, db) = (
+        Guarded::of(ctx, dt, rows * c, Some(&vec![0.5; rows * c])),
+        Guarded::new(ctx, c, Some(&vec![0.0; c])),
+        Guarded::new(ctx, c, Some(&vec![0.0; c])),
+    );
+    let grads = (dx.view(), dw.view(), db.view(), gd.view());
+    pagetrain::kernels::layernorm::backward(
+        k,
+        Some(&grads.0),
+        &grads.1,
+        &grads.2,
+        &grads.3,
+        &views.3,
+        &views.4,
+        &views.1,
+        &views.2,
+        rows,
+        c,
+    )
+    .unwrap();
+    let (wdx, wdw, wdb) = reference::layernorm_backward(&to64(&dout), &to64(&x), &to64(&w), rows, c, 1e-5);
+    let wdx: Vec<f64> = wdx.iter().map(|v| v + 0.5).collect();
+    assert_close(&format!("layernorm dx {what}"), &dx.read(ctx), &wdx, dx_r, dx_a);
+    assert_close(&format!("layernorm dw {what}"), &dw.read(ctx), &wdw, 1e-3, 1e-3);
+    assert_close(&format!("layernorm db {what}"), &db.read(ctx), &wdb, 1e-4, 1e-4);
+    (dout, gd)
+}
