@@ -336,7 +336,7 @@ impl State {
                 .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
             staging::fill_now(&self.copier, &mut view, src);
         } else {
-            self.counters.stall_s += self.upload.upload(recorder, src, buffer, 0)?;
+            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
         }
         self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
@@ -474,7 +474,7 @@ impl Pager {
             };
             let dst = self.gpu.device.create_buffer(&desc);
             let start = Stopwatch::start();
-            self.state.borrow().upload.upload(&self.recorder, &data, &dst, 0)?;
+            self.state.borrow().upload.upload(&self.recorder, None, &data, &dst, 0)?;
             let index = self.recorder.flush();
             self.recorder.wait(index)?;
             best = best.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
@@ -607,7 +607,7 @@ impl Pager {
         let recorder = &*self.recorder;
         let mut st = self.state.borrow_mut();
         st.settle(recorder, id)?;
-        st.upload.wait_fills();
+        st.upload.wait_fills_for(&[id]);
         let (host, bytes) = {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             (e.host, e.bytes as usize)
@@ -627,7 +627,7 @@ impl Pager {
             // Pinned by the op in flight: refresh the GPU copy in place.
             let len = st.entries[&id].copy_len() as usize;
             let src = &st.store.bytes(&host)?[..len];
-            st.counters.stall_s += st.upload.upload(recorder, src, &buf, 0)?;
+            st.counters.stall_s += st.upload.upload(recorder, Some(id), src, &buf, 0)?;
         }
         Ok(())
     }
@@ -683,7 +683,7 @@ impl Pager {
             r.len = e.bytes as usize;
             ranges.push(r);
         }
-        st.upload.wait_fills();
+        st.upload.wait_fills_for(ids);
         let zero: Vec<bool> = ids.iter().map(|id| st.entries[id].contents == Contents::Zero).collect();
         let mut slices = st.store.bytes_mut_many(&ranges)?;
         for (s, z) in slices.iter_mut().zip(zero) {
@@ -803,7 +803,7 @@ impl Pager {
             if let Some(e) = st.entries.remove(&id) {
                 // Background copies may still read or write its host bytes.
                 st.readback.wait_deliveries_for(id);
-                st.upload.wait_fills();
+                st.upload.wait_fills_for(&[id]);
                 st.live_bytes -= e.bytes;
                 if let Some(buf) = e.gpu {
                     st.pool.give(buf);

@@ -103,8 +103,9 @@ pub fn fill_now(copier: &Copier, view: &mut wgpu::BufferViewMut, src: &[u8]) {
 pub struct UploadRing {
     device: wgpu::Device,
     copier: Arc<Copier>,
-    /// Fills not yet known to be done (host bytes they read must not change or be freed).
-    pending: RefCell<Vec<Ticket>>,
+    /// Fills not yet known to be done, by the tensor whose host bytes they read (those bytes must
+    /// not change or be freed until then; `None`: the caller's own buffer, e.g. a probe).
+    pending: RefCell<Vec<(Option<TensorId>, Ticket)>>,
     /// Grown on demand up to `max`: a ring that is busy gets another slot before anyone waits.
     slots: RefCell<Vec<Rc<Slot>>>,
     max: usize,
@@ -146,13 +147,20 @@ impl UploadRing {
         Ok((slot, waited))
     }
 
-    /// Records the upload of `src` (length a multiple of 4) into `dst` at `dst_offset`; the bytes
-    /// are copied into staging in the background until the next submission. `src` must stay as
-    /// it is until then (see [`UploadRing::wait_fills`]). Returns the seconds spent waiting for a
-    /// free slot (a stall).
-    pub fn upload(&self, recorder: &Recorder, src: &[u8], dst: &wgpu::Buffer, dst_offset: u64) -> Result<f64> {
+    /// Records the upload of `src` (length a multiple of 4, the host bytes of `owner`) into `dst`
+    /// at `dst_offset`; the bytes are copied into staging in the background until the next
+    /// submission. `src` must stay as it is until then (see [`UploadRing::wait_fills_for`]).
+    /// Returns the seconds spent waiting for a free slot (a stall).
+    pub fn upload(
+        &self,
+        recorder: &Recorder,
+        owner: Option<TensorId>,
+        src: &[u8],
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+    ) -> Result<f64> {
         debug_assert!(src.len().is_multiple_of(4));
-        self.pending.borrow_mut().retain(|t| !t.is_done());
+        self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let (slot, waited) = self.acquire(recorder)?;
@@ -165,9 +173,9 @@ impl UploadRing {
             let to = view.slice(..).as_raw_element_ptr();
             // SAFETY: the view keeps the slot mapped until the hook below has waited for the copy;
             // `chunk` is host-store memory that the pager neither changes nor frees while fills are
-            // pending (it calls `wait_fills` first).
+            // pending (it calls `wait_fills_for` first).
             let ticket = unsafe { self.copier.copy(to.as_ptr(), chunk.as_ptr(), chunk.len()) };
-            self.pending.borrow_mut().push(ticket.clone());
+            self.pending.borrow_mut().push((owner, ticket.clone()));
             let offset = dst_offset + i as u64 * self.slot_bytes;
             recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
             let filled = slot.clone();
@@ -184,7 +192,15 @@ impl UploadRing {
 
     /// Waits for every background fill: the host bytes they read may change after this.
     pub fn wait_fills(&self) {
-        for t in self.pending.borrow_mut().drain(..) {
+        for (_, t) in self.pending.borrow_mut().drain(..) {
+            t.wait();
+        }
+    }
+
+    /// Waits for the background fills reading the host bytes of `ids` (before they change or are
+    /// freed); others go on.
+    pub fn wait_fills_for(&self, ids: &[TensorId]) {
+        for (_, t) in self.pending.borrow().iter().filter(|(owner, _)| owner.is_some_and(|o| ids.contains(&o))) {
             t.wait();
         }
     }
