@@ -86,6 +86,8 @@ struct Entry {
     last_use: u64,
     uploads: u32,
     pins: u32,
+    /// Shape and element type, for telemetry (set by the context that made the tensor).
+    layout: Option<(Box<[usize]>, DType)>,
 }
 
 impl Entry {
@@ -525,6 +527,7 @@ impl Pager {
             last_use: 0,
             uploads: 0,
             pins: 0,
+            layout: None,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;
@@ -540,6 +543,13 @@ impl Pager {
     /// A new tensor whose bytes are all zero (cleared on the GPU when first placed there).
     pub fn alloc_zeroed(&self, name: &str, bytes: u64) -> Result<TensorId> {
         self.create(name, bytes, Contents::Zero)
+    }
+
+    /// Records the shape and element type of `id` for telemetry (the pager itself sees bytes).
+    pub fn set_layout(&self, id: TensorId, shape: &[usize], dtype: DType) {
+        if let Some(e) = self.state.borrow_mut().entries.get_mut(&id) {
+            e.layout = Some((shape.into(), dtype));
+        }
     }
 
     /// Makes `id` resident for a kernel and pins it until the current op scope ends.
@@ -881,6 +891,9 @@ impl Pager {
                     Location::HostRam
                 },
                 dirty: e.dirty,
+                in_flight: st.readback.in_flight_for(id) || st.upload.has_fills_for(id),
+                shape: e.layout.as_ref().map(|(s, _)| s.to_vec()).unwrap_or_default(),
+                dtype: e.layout.as_ref().map(|(_, d)| d.name()).unwrap_or("bytes"),
                 uploads: e.uploads,
                 last_use: e.last_use,
                 next_use: st.next_use(e.key),
@@ -891,6 +904,7 @@ impl Pager {
             gpu_bytes: st.pool.held(),
             peak_gpu_bytes: st.pool.peak(),
             host_bytes: st.store.capacity() as u64,
+            staging_bytes: st.upload.held_bytes() + st.readback.held_bytes(),
             counters: st.counters,
             tensors,
         }
