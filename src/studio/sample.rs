@@ -22,16 +22,16 @@ impl SamplePanel {
     pub fn show(&mut self, ui: &mut Ui, live: bool, text: Option<&str>) -> Option<Command> {
         ui.heading("Try the model");
         let mut command = None;
-        ui.add(egui::TextEdit::singleline(&mut self.prompt).hint_text("prompt"));
         ui.horizontal(|ui| {
-            ui.label("temperature");
-            ui.add(egui::Slider::new(&mut self.temperature, 0.0..=2.0));
+            let label = ui.label("prompt");
+            ui.text_edit_singleline(&mut self.prompt).labelled_by(label.id);
         });
+        ui.add(egui::Slider::new(&mut self.temperature, 0.0..=2.0).text("temperature"));
         ui.horizontal(|ui| {
-            ui.label("tokens");
-            ui.add(egui::DragValue::new(&mut self.tokens).range(1..=2000));
-            ui.label("seed");
-            ui.add(egui::DragValue::new(&mut self.seed));
+            let label = ui.label("tokens");
+            ui.add(egui::DragValue::new(&mut self.tokens).range(1..=2000)).labelled_by(label.id);
+            let label = ui.label("seed");
+            ui.add(egui::DragValue::new(&mut self.seed)).labelled_by(label.id);
             if ui.add_enabled(live, egui::Button::new("Generate")).clicked() {
                 self.seed += 1;
                 command = Some(Command::Sample {

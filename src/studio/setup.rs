@@ -143,46 +143,28 @@ impl SetupPanel {
 
     fn form(&mut self, ui: &mut Ui) {
         egui::Grid::new("setup").num_columns(2).spacing([8.0, 4.0]).show(ui, |ui| {
-            ui.label("model");
-            egui::ComboBox::from_id_salt("model").selected_text(&self.model).show_ui(ui, |ui| {
+            let label = ui.label("model");
+            let combo = egui::ComboBox::from_id_salt("model").selected_text(&self.model).show_ui(ui, |ui| {
                 for p in GptConfig::PRESETS.iter().chain([&CUSTOM]) {
                     ui.selectable_value(&mut self.model, p.to_string(), *p);
                 }
             });
+            combo.response.labelled_by(label.id);
             ui.end_row();
             if self.model == CUSTOM {
                 let c = &mut self.custom;
-                ui.label("layers, heads");
-                ui.horizontal(|ui| {
-                    ui.add(egui::DragValue::new(&mut c.n_layer).range(1..=96));
-                    ui.add(egui::DragValue::new(&mut c.n_head).range(1..=64));
-                });
-                ui.end_row();
-                ui.label("width, context");
-                ui.horizontal(|ui| {
-                    ui.add(egui::DragValue::new(&mut c.n_embd).range(1..=8192));
-                    ui.add(egui::DragValue::new(&mut c.block_size).range(1..=8192));
-                });
-                ui.end_row();
+                row(ui, "layers", |ui| ui.add(egui::DragValue::new(&mut c.n_layer).range(1..=96)));
+                row(ui, "heads", |ui| ui.add(egui::DragValue::new(&mut c.n_head).range(1..=64)));
+                row(ui, "width", |ui| ui.add(egui::DragValue::new(&mut c.n_embd).range(1..=8192)));
+                row(ui, "context", |ui| ui.add(egui::DragValue::new(&mut c.block_size).range(1..=8192)));
             }
-            ui.label("data");
-            ui.add(egui::TextEdit::singleline(&mut self.data).hint_text("built-in corpus; a path or drop a file"));
-            ui.end_row();
-            ui.label("steps");
-            ui.add(egui::DragValue::new(&mut self.steps).range(1..=10_000_000));
-            ui.end_row();
-            ui.label("batch × seq");
-            ui.horizontal(|ui| {
-                ui.add(egui::DragValue::new(&mut self.batch_size).range(1..=4096));
-                ui.add(egui::DragValue::new(&mut self.seq_len).range(1..=8192));
-            });
-            ui.end_row();
-            ui.label("accumulation");
-            ui.add(egui::DragValue::new(&mut self.accum).range(1..=1024));
-            ui.end_row();
-            ui.label("learning rate");
-            ui.add(egui::DragValue::new(&mut self.lr).speed(1e-4).range(1e-7..=1.0));
-            ui.end_row();
+            let hint = "built-in corpus; a path or drop a file";
+            row(ui, "data", |ui| ui.add(egui::TextEdit::singleline(&mut self.data).hint_text(hint)));
+            row(ui, "steps", |ui| ui.add(egui::DragValue::new(&mut self.steps).range(1..=10_000_000)));
+            row(ui, "batch size", |ui| ui.add(egui::DragValue::new(&mut self.batch_size).range(1..=4096)));
+            row(ui, "sequence length", |ui| ui.add(egui::DragValue::new(&mut self.seq_len).range(1..=8192)));
+            row(ui, "accumulation", |ui| ui.add(egui::DragValue::new(&mut self.accum).range(1..=1024)));
+            row(ui, "learning rate", |ui| ui.add(egui::DragValue::new(&mut self.lr).speed(1e-4).range(1e-7..=1.0)));
             ui.label("precision");
             ui.horizontal(|ui| {
                 ui.selectable_value(&mut self.precision, Precision::F32, "f32");
@@ -202,12 +184,9 @@ impl SetupPanel {
                 ui.checkbox(&mut self.store_in_memory, "host store in memory (no files)");
             });
             ui.end_row();
-            ui.label("output");
-            ui.text_edit_singleline(&mut self.out);
-            ui.end_row();
-            ui.label("resume from");
-            ui.add(egui::TextEdit::singleline(&mut self.resume).hint_text("a checkpoint directory, or empty"));
-            ui.end_row();
+            row(ui, "output", |ui| ui.text_edit_singleline(&mut self.out));
+            let hint = "a checkpoint directory, or empty";
+            row(ui, "resume from", |ui| ui.add(egui::TextEdit::singleline(&mut self.resume).hint_text(hint)));
         });
     }
 
@@ -222,12 +201,14 @@ impl SetupPanel {
         }
         let mut mib = self.budget_bytes as f64 / 1048576.0;
         let slider = egui::Slider::new(&mut mib, 1.0..=262144.0).logarithmic(true).suffix(" MiB").max_decimals(0);
-        if ui.add(slider).changed() {
+        if ui.add(slider.text("budget")).changed() {
             self.budget_bytes = (mib * 1048576.0) as u64;
             self.budget_text = format_bytes(self.budget_bytes);
         }
         ui.horizontal(|ui| {
-            let edit = ui.add(egui::TextEdit::singleline(&mut self.budget_text).desired_width(100.0));
+            let label = ui.label("bytes");
+            let edit =
+                ui.add(egui::TextEdit::singleline(&mut self.budget_text).desired_width(100.0)).labelled_by(label.id);
             if edit.changed() {
                 if let Ok(b) = parse_bytes(&self.budget_text) {
                     self.budget_bytes = b;
@@ -240,4 +221,11 @@ impl SetupPanel {
             }
         });
     }
+}
+
+/// A grid row: a label and the widget it names (for screen readers and tests).
+fn row(ui: &mut Ui, label: &str, add: impl FnOnce(&mut Ui) -> egui::Response) {
+    let label = ui.label(label);
+    add(ui).labelled_by(label.id);
+    ui.end_row();
 }
