@@ -41,7 +41,7 @@ pub struct Report {
     pub mean_ui_ms: f64,
     pub slowest_ui_ms: f64,
     pub steps: u64,
-    /// Mean tokens/s of the steps after the first (which compiles the kernels).
+    /// Tokens trained over the seconds the steps took (as `pagetrain train` counts them).
     pub tokens_per_s: f64,
     pub screenshot: Option<PathBuf>,
     /// Why the run or the screenshot failed.
@@ -127,8 +127,9 @@ fn install_headless(app: &mut StudioApp, path: PathBuf, steps: u64, report: Arc<
             r.mean_ui_ms = f.ui_seconds * 1e3 / f.frames.max(1) as f64;
             r.slowest_ui_ms = f.slowest_ui_s * 1e3;
             r.steps = app.dash.last_step();
-            let later: Vec<f64> = app.dash.steps.iter().skip(1).map(|s| s.tokens_per_s).collect();
-            r.tokens_per_s = later.iter().sum::<f64>() / later.len().max(1) as f64;
+            let seconds: f64 = app.dash.steps.iter().map(|s| s.seconds).sum();
+            let tokens = app.dash.info.as_ref().map_or(0, |i| i.tokens_per_step) * app.dash.steps.len() as u64;
+            r.tokens_per_s = tokens as f64 / seconds.max(1e-9);
             r.screenshot = Some(path.clone());
             r.error = match (&app.dash.status, result) {
                 (RunStatus::Failed(msg), _) => Some(format!("the run failed: {msg}")),

@@ -30,9 +30,11 @@ fn plot(id: &str, height: f32) -> Plot<'static> {
     Plot::new(id.to_string()).height(height).legend(Legend::default()).allow_scroll(false).x_axis_label("step")
 }
 
-/// The four timelines in a 2 × 2 grid filling `ui`.
+/// The four timelines in a 2 × 2 grid as wide as `ui`.
 pub fn show(ui: &mut Ui, dash: &Dashboard) {
-    let h = ((ui.available_height() - 40.0) / 2.0).max(80.0);
+    // Fixed heights: the bottom panel sizes itself to them (a height taken from the panel
+    // would shrink it to whatever the first frame had).
+    let h = 150.0;
     let w = (ui.available_width() / 2.0 - 8.0).max(120.0);
     ui.horizontal(|ui| {
         ui.vertical(|ui| {
