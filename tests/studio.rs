@@ -300,7 +300,7 @@ fn short(e: &Event) -> String {
 fn a_run_on_its_thread_is_steered_by_commands() {
     let mut setup = tiny_setup("steer");
     setup.train.steps = 1000;
-    let run = NativeRun::start(setup, egui::Context::default());
+    let run = NativeRun::start(setup, egui::Context::default(), Duration::ZERO);
     let mut w = Watch::new(&run);
     w.wait_for(|e| matches!(e, Event::Step(s) if s.step == 2));
     run.send(Command::Pause);
@@ -360,14 +360,14 @@ fn bad_input_fails_with_a_message_and_loses_nothing() {
     let mut s = tiny_setup("bad-other");
     s.train.data = Some(other);
     s.train.steps = 1;
-    let run = NativeRun::start(s.clone(), egui::Context::default());
+    let run = NativeRun::start(s.clone(), egui::Context::default(), Duration::ZERO);
     Watch::new(&run).wait_for(|e| matches!(e, Event::Finished { .. }));
     drop(run);
     let mut r = tiny_setup("bad-resume");
     r.train.resume = Some(s.train.out.join("latest"));
     cases.push((r, "vocabulary"));
     for (setup, needle) in cases {
-        let run = NativeRun::start(setup, egui::Context::default());
+        let run = NativeRun::start(setup, egui::Context::default(), Duration::ZERO);
         let Event::Failed(msg) = Watch::new(&run).wait_for(|e| matches!(e, Event::Failed(_) | Event::Step(_))) else {
             panic!("expected a failure about {needle}, it trained")
         };
@@ -409,7 +409,9 @@ fn the_window_shows_a_failure_and_a_fixed_setup_restarts_without_restarting_the_
     std::fs::write(&empty, "").unwrap();
     let mut setup = tiny_setup("window-run");
     setup.train.data = Some(empty.clone());
-    let starter = Box::new(|s: RunSetup, ui: egui::Context| Box::new(NativeRun::start(s, ui)) as Box<dyn Driver>);
+    let starter = Box::new(|s: RunSetup, ui: egui::Context| {
+        Box::new(NativeRun::start(s, ui, Duration::from_millis(33))) as Box<dyn Driver>
+    });
     let app = StudioApp::new(&setup, starter);
     let mut h =
         Harness::builder().with_size([1400.0, 900.0]).build_ui_state(|ui, app: &mut StudioApp| app.panels(ui), app);

@@ -2,8 +2,6 @@
 //! middle, timelines below. How a run is driven (a thread natively, a future in the browser) is
 //! behind [`Driver`]; everything drawn comes from the [`Dashboard`].
 
-use std::time::Duration;
-
 use eframe::egui::{self, RichText, Ui};
 
 use super::dashboard::{Dashboard, Level, RunStatus};
@@ -225,11 +223,9 @@ impl eframe::App for StudioApp {
             hook(self, &ctx);
             self.after_frame = Some(hook);
         }
+        // Otherwise frames come when the run has news or the user does something.
         if self.continuous {
             ctx.request_repaint();
-        } else if self.dash.status.is_live() {
-            // Keep the clock-driven bits (fps) fresh even when the run is quiet.
-            ctx.request_repaint_after(Duration::from_millis(500));
         }
     }
 }

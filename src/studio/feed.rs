@@ -41,6 +41,8 @@ pub struct StepInfo {
     pub lr: f32,
     /// Wall time of the step.
     pub seconds: f64,
+    /// Wall time of the run from its first step to the end of this one, pauses left out.
+    pub elapsed_s: f64,
     pub tokens_per_s: f64,
     pub bytes_uploaded: u64,
     pub bytes_written_back: u64,

@@ -10,7 +10,7 @@ use eframe::egui;
 use super::app::{Driver, StudioApp};
 use super::dashboard::RunStatus;
 use super::feed::{Command, Event, RunSetup};
-use super::runner::NativeRun;
+use super::runner::{NativeRun, REPAINT_EVERY, REPAINT_EVERY_SOFTWARE};
 
 impl Driver for NativeRun {
     fn send(&self, command: Command) {
@@ -41,7 +41,7 @@ pub struct Report {
     pub mean_ui_ms: f64,
     pub slowest_ui_ms: f64,
     pub steps: u64,
-    /// Tokens trained over the seconds the steps took (as `pagetrain train` counts them).
+    /// Tokens trained over the wall time from the first step on (as `pagetrain train` counts).
     pub tokens_per_s: f64,
     pub screenshot: Option<PathBuf>,
     /// Why the run or the screenshot failed.
@@ -71,7 +71,14 @@ pub fn run(opts: Options) -> Result<Report, String> {
         "pagetrain studio",
         native,
         Box::new(move |cc| {
-            let starter = Box::new(|setup, ui: egui::Context| Box::new(NativeRun::start(setup, ui)) as Box<dyn Driver>);
+            let software = cc
+                .wgpu_render_state
+                .as_ref()
+                .is_some_and(|r| r.adapter.get_info().device_type == wgpu::DeviceType::Cpu);
+            let every = if software { REPAINT_EVERY_SOFTWARE } else { REPAINT_EVERY };
+            let starter = Box::new(move |setup, ui: egui::Context| {
+                Box::new(NativeRun::start(setup, ui, every)) as Box<dyn Driver>
+            });
             let mut app = StudioApp::new(&opts.setup, starter);
             app.continuous = opts.continuous;
             if opts.start || opts.screenshot.is_some() {
@@ -127,7 +134,7 @@ fn install_headless(app: &mut StudioApp, path: PathBuf, steps: u64, report: Arc<
             r.mean_ui_ms = f.ui_seconds * 1e3 / f.frames.max(1) as f64;
             r.slowest_ui_ms = f.slowest_ui_s * 1e3;
             r.steps = app.dash.last_step();
-            let seconds: f64 = app.dash.steps.iter().map(|s| s.seconds).sum();
+            let seconds = app.dash.steps.last().map_or(0.0, |s| s.elapsed_s);
             let tokens = app.dash.info.as_ref().map_or(0, |i| i.tokens_per_step) * app.dash.steps.len() as u64;
             r.tokens_per_s = tokens as f64 / seconds.max(1e-9);
             r.screenshot = Some(path.clone());

@@ -16,8 +16,11 @@ use crate::train::{format_bytes, Trainer};
 
 /// Snapshots walk every tensor (and ask the OS which pages are in RAM): at most this often.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
-/// Repaints asked for by the run: at most this often (the UI has nothing newer to draw).
-const REPAINT_EVERY: Duration = Duration::from_millis(33);
+/// Repaints asked for by the run: at most this often (the UI has nothing newer to draw) ...
+pub const REPAINT_EVERY: Duration = Duration::from_millis(33);
+/// ... or this often where the window is drawn in software on the CPU the run trains on
+/// (llvmpipe draws a frame of the studio in ~0.3 s on 2 cores).
+pub const REPAINT_EVERY_SOFTWARE: Duration = Duration::from_secs(2);
 
 /// A run on its thread; dropping it stops the run and waits for the thread.
 pub struct NativeRun {
@@ -27,13 +30,15 @@ pub struct NativeRun {
 }
 
 impl NativeRun {
-    pub fn start(setup: RunSetup, ui: egui::Context) -> NativeRun {
+    /// Starts `setup` on a new thread; the window `ui` is asked to repaint at most every
+    /// `repaint_every` while the run sends news.
+    pub fn start(setup: RunSetup, ui: egui::Context, repaint_every: Duration) -> NativeRun {
         let (commands, command_rx) = mpsc::channel();
         let (event_tx, events) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("pagetrain-run".into())
             .spawn(move || {
-                let mut out = Outbox { events: event_tx, ui, last_repaint: None };
+                let mut out = Outbox { events: event_tx, ui, last_repaint: None, repaint_every };
                 if let Err(e) = pollster::block_on(drive(setup, &mut out, &command_rx)) {
                     let hint = e.hint().map(|h| format!("\nHINT: {h}")).unwrap_or_default();
                     out.send(Event::Failed(format!("{e}{hint}")));
@@ -74,6 +79,7 @@ struct Outbox {
     events: Sender<Event>,
     ui: egui::Context,
     last_repaint: Option<Instant>,
+    repaint_every: Duration,
 }
 
 impl Outbox {
@@ -81,7 +87,8 @@ impl Outbox {
         let _ = self.events.send(e);
         let now = Instant::now();
         match self.last_repaint {
-            Some(t) if now - t < REPAINT_EVERY => self.ui.request_repaint_after(REPAINT_EVERY - (now - t)),
+            // Later news within the interval is drawn by one frame at its end.
+            Some(t) if now - t < self.repaint_every => self.ui.request_repaint_after(self.repaint_every - (now - t)),
             _ => {
                 self.ui.request_repaint();
                 self.last_repaint = Some(now);
@@ -90,7 +97,10 @@ impl Outbox {
     }
 
     fn snapshot(&mut self, ctx: &Context, step: u64) {
-        let snapshot = ctx.pager.snapshot();
+        self.send_snapshot(step, ctx.pager.snapshot());
+    }
+
+    fn send_snapshot(&mut self, step: u64, snapshot: crate::pager::Snapshot) {
         let host = HostMemory::measure(&snapshot);
         self.send(Event::Snapshot { step, snapshot: Box::new(snapshot), host });
     }
@@ -145,6 +155,8 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
     let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;
     let (mut paused, mut done) = (false, trainer.step >= trainer.cfg.steps);
     let mut last_snapshot: Option<Instant> = None;
+    // Wall time of the run so far: from its first step on, pauses left out.
+    let (mut running_since, mut ran_before) = (None::<Instant>, Duration::ZERO);
     loop {
         // Commands first: all of them, waiting for one while paused or done.
         let command = if paused || done {
@@ -167,6 +179,7 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
                 }
                 Command::Pause => {
                     paused = true;
+                    ran_before += running_since.take().map_or(Duration::ZERO, |t| t.elapsed());
                     out.send(Event::Paused);
                 }
                 Command::Resume => {
@@ -200,6 +213,7 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
         let before = ctx.pager.counters();
         let skipped_before = trainer.skipped_steps;
         let clock = Instant::now();
+        running_since.get_or_insert(clock);
         let loss = trainer.train_step(&ctx).await?;
         let seconds = clock.elapsed().as_secs_f64();
         let after = ctx.pager.counters();
@@ -209,6 +223,7 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
             loss,
             lr: trainer.cfg.lr_at(step - 1),
             seconds,
+            elapsed_s: (ran_before + running_since.map_or(Duration::ZERO, |t| t.elapsed())).as_secs_f64(),
             tokens_per_s: tokens_per_step / seconds.max(1e-9),
             bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
             bytes_written_back: after.bytes_written_back - before.bytes_written_back,
@@ -238,8 +253,7 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
             out.send(Event::Finished { step });
         }
         if let Some(snapshot) = trainer.forward_snapshot.take() {
-            let host = HostMemory::measure(&snapshot);
-            out.send(Event::Snapshot { step, snapshot: Box::new(snapshot), host });
+            out.send_snapshot(step, snapshot);
             last_snapshot = Some(Instant::now());
         }
     }
