@@ -1,4 +1,4 @@
-//! The `pagetrain` command line: `train` (the default), `info`, `bench`, `studio`.
+//! The `pagetrain` command line: `train` (the default), `info`, `bench`, `prepare`, `studio`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
-use pagetrain::train::{parse_bytes, OptimizerOn, Precision, Reporter, StepReport, TrainConfig, Trainer};
+use pagetrain::train::{parse_bytes, OptimizerOn, Precision, Reporter, StepReport, Tokenizer, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
@@ -25,6 +25,8 @@ enum Command {
     Info,
     /// Measure transfers: upload through the staging ring vs queue.write_buffer, write-back.
     Bench(BenchArgs),
+    /// Encode a text file as a token file (llm.c's format: a 1 KiB header, uint16 ids).
+    Prepare(PrepareArgs),
     /// Open the studio: set up, watch and steer a run in a window (where every tensor is, the
     /// bus, stalls, the loss), and sample from the model.
     #[cfg(feature = "studio")]
@@ -48,6 +50,18 @@ struct StudioArgs {
     /// Repaint every frame (to measure the frame rate the UI sustains).
     #[arg(long)]
     continuous: bool,
+}
+
+#[derive(Args)]
+struct PrepareArgs {
+    /// A UTF-8 text file.
+    input: PathBuf,
+    /// The token file to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Only gpt2 (GPT-2's byte-level BPE) is written to token files.
+    #[arg(long, default_value = "gpt2")]
+    tokenizer: Tokenizer,
 }
 
 #[derive(Args)]
@@ -144,6 +158,10 @@ struct TrainArgs {
     /// scaling.
     #[arg(long)]
     precision: Option<Precision>,
+    /// How text becomes tokens: chars, gpt2 (GPT-2's byte-level BPE), or auto (characters for
+    /// text, GPT-2 for token files and GPT-2 checkpoints).
+    #[arg(long)]
+    tokenizer: Option<Tokenizer>,
     /// Write a checkpoint every N steps (and at the end).
     #[arg(long)]
     checkpoint_every: Option<u64>,
@@ -206,6 +224,7 @@ impl TrainArgs {
             recompute: self.recompute,
             freeze_int8: self.freeze_int8.clone(),
             precision: self.precision.unwrap_or(d.precision),
+            tokenizer: self.tokenizer.unwrap_or(d.tokenizer),
             checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
             ..d
         }
@@ -432,6 +451,28 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
+fn prepare(args: PrepareArgs) -> Result<(), Error> {
+    if args.tokenizer != Tokenizer::Gpt2 {
+        return Err(Error::Invalid {
+            what: "--tokenizer",
+            msg: "token files are written with gpt2 (GPT-2's BPE)".into(),
+        });
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} [{bar:30}] {bytes_per_sec} (~{eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let tokens = pagetrain::train::prepare::gpt2_token_file(&args.input, &args.output, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    eprintln!("{}: {tokens} GPT-2 tokens written to {}", args.input.display(), args.output.display());
+    Ok(())
+}
+
 #[cfg(feature = "studio")]
 fn studio(args: StudioArgs) -> Result<(), Error> {
     use pagetrain::studio::{native, RunSetup};
@@ -514,6 +555,7 @@ fn main() -> ExitCode {
         Some(Command::Train(args)) => pollster::block_on(train(args)),
         Some(Command::Info) => pollster::block_on(info()),
         Some(Command::Bench(args)) => pollster::block_on(bench(args)),
+        Some(Command::Prepare(args)) => prepare(args),
         #[cfg(feature = "studio")]
         Some(Command::Studio(args)) => studio(args),
     };

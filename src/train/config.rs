@@ -92,6 +92,7 @@ pub struct TrainConfig {
     /// Freeze the Linear layers whose names contain this as int8 weights (e.g. `mlp`, `h.0.`).
     pub freeze_int8: Option<String>,
     pub precision: Precision,
+    pub tokenizer: super::Tokenizer,
 }
 
 impl Default for TrainConfig {
@@ -120,6 +121,7 @@ impl Default for TrainConfig {
             recompute: false,
             freeze_int8: None,
             precision: Precision::F32,
+            tokenizer: super::Tokenizer::Auto,
         }
     }
 }

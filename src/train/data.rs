@@ -7,17 +7,19 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 
 /// llm.c's token file header: 256 little-endian i32s, [0] magic, [1] version, [2] token count.
-const LLMC_MAGIC: i32 = 20240520;
-const LLMC_HEADER_BYTES: usize = 256 * 4;
-/// GPT-2's vocabulary size: the default for token files.
-pub const GPT2_VOCAB: usize = 50257;
+pub(crate) const LLMC_MAGIC: i32 = 20240520;
+pub(crate) const LLMC_HEADER_BYTES: usize = 256 * 4;
+pub use super::tokenizer::GPT2_VOCAB;
+use super::tokenizer::{gpt2_decode, gpt2_encode};
 
 /// How tokens map to text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Vocab {
     /// Character-level: token i is `chars[i]`.
     Chars(Vec<char>),
-    /// Token ids from a file, `size` of them; no text decoding here.
+    /// GPT-2's byte-level BPE (the default for token files).
+    Gpt2,
+    /// Token ids with no text behind them, `size` of them (e.g. random benchmark data).
     Ids { size: usize },
 }
 
@@ -25,6 +27,7 @@ impl Vocab {
     pub fn size(&self) -> usize {
         match self {
             Vocab::Chars(c) => c.len(),
+            Vocab::Gpt2 => GPT2_VOCAB,
             Vocab::Ids { size } => *size,
         }
     }
@@ -38,8 +41,10 @@ impl Vocab {
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let Vocab::Chars(chars) = self else {
-            return Err(Error::invalid("encode", "this vocabulary has no characters (token-file data)"));
+        let chars = match self {
+            Vocab::Chars(chars) => chars,
+            Vocab::Gpt2 => return Ok(gpt2_encode(text)),
+            Vocab::Ids { .. } => return Err(Error::invalid("encode", "this vocabulary has no text (bare token ids)")),
         };
         text.chars()
             .enumerate()
@@ -56,6 +61,7 @@ impl Vocab {
             Vocab::Chars(chars) => {
                 tokens.iter().map(|&t| chars.get(t as usize).copied().unwrap_or('\u{fffd}')).collect()
             }
+            Vocab::Gpt2 => gpt2_decode(tokens).unwrap_or_else(|e| e.to_string()),
             Vocab::Ids { .. } => tokens.iter().map(|t| format!("<{t}>")).collect::<Vec<_>>().join(""),
         }
     }
@@ -87,8 +93,8 @@ pub enum Split {
 }
 
 impl Dataset {
-    /// Character-level data from text; `vocab` fixes the token ids (e.g. a checkpoint's), otherwise
-    /// the text's own characters.
+    /// Data from text, tokenized by `vocab` (a checkpoint's characters, or GPT-2's BPE), by
+    /// default the text's own characters.
     pub fn from_text(text: &str, path: impl Into<PathBuf>, vocab: Option<Vocab>) -> Result<Dataset> {
         let path = path.into();
         if text.is_empty() {
@@ -127,7 +133,8 @@ impl Dataset {
     }
 
     /// Opens `path`: `.bin` as uint16 tokens (llm.c header or raw), anything else as UTF-8 text.
-    /// `vocab` (from a checkpoint) fixes the token ids; token files default to GPT-2's 50257.
+    /// `vocab` (from a checkpoint, or the tokenizer asked for) fixes the token ids; token files
+    /// default to GPT-2's BPE.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &std::path::Path, vocab: Option<Vocab>) -> Result<Dataset> {
         let data_err = |msg: String| Error::Data { path: path.to_path_buf(), msg };
@@ -139,9 +146,10 @@ impl Dataset {
             let (offset, len) = token_layout(&map).map_err(data_err)?;
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            let vocab_size = vocab.as_ref().map_or(GPT2_VOCAB, Vocab::size);
+            let vocab = vocab.unwrap_or(Vocab::Gpt2);
+            let vocab_size = vocab.size();
             let store = Store::U16 { map, offset, len };
-            let d = Self::with_split(store, Vocab::Ids { size: vocab_size }, path.to_path_buf());
+            let d = Self::with_split(store, vocab, path.to_path_buf());
             if let Some((i, t)) = (0..d.len()).map(|i| (i, d.token(i))).find(|&(_, t)| t as usize >= vocab_size) {
                 return Err(data_err(format!(
                     "token {t} at position {i} is not below the vocabulary size {vocab_size}"

@@ -4,8 +4,12 @@ pub mod checkpoint;
 pub mod config;
 pub mod corpus;
 pub mod data;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod prepare;
+pub mod tokenizer;
 pub mod trainer;
 
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
+pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use super::checkpoint::{self, LossScale, Moments, TrainState};
 use super::config::{OptimizerOn, Precision, TrainConfig};
-use super::data::{Dataset, Prefetcher, Split, Vocab};
+use super::data::{Dataset, Prefetcher, Split, Vocab, GPT2_VOCAB};
+use super::tokenizer::Tokenizer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, GptConfig, Module, Param};
@@ -193,9 +194,15 @@ impl Trainer {
             None
         };
         let ckpt_vocab = ckpt.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.vocab.clone()).map(Vocab::Chars);
+        let ckpt_is_gpt2 = ckpt.as_ref().is_some_and(|c| c.config.vocab_size == GPT2_VOCAB) && ckpt_vocab.is_none();
+        let vocab = match cfg.tokenizer {
+            Tokenizer::Gpt2 => Some(Vocab::Gpt2),
+            Tokenizer::Chars => ckpt_vocab.clone(),
+            Tokenizer::Auto => ckpt_vocab.clone().or(ckpt_is_gpt2.then_some(Vocab::Gpt2)),
+        };
         let data = match data {
             Some(d) => d,
-            None => open_data(&cfg, ckpt_vocab.clone())?,
+            None => open_data(&cfg, vocab)?,
         };
         if let (Some(v), Vocab::Chars(_)) = (&ckpt_vocab, &data.vocab) {
             if *v != data.vocab {
@@ -459,7 +466,7 @@ impl Trainer {
             data_seed: self.data_seed,
             vocab: match &self.data.vocab {
                 Vocab::Chars(c) => Some(c.clone()),
-                Vocab::Ids { .. } => None,
+                Vocab::Gpt2 | Vocab::Ids { .. } => None,
             },
             config: self.model.config,
             frozen_int8: self.cfg.freeze_int8.clone(),
@@ -624,6 +631,14 @@ fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (Opt
 
 #[cfg(not(target_arch = "wasm32"))]
 fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
+    if let (Tokenizer::Chars, Some(path)) = (cfg.tokenizer, &cfg.data) {
+        if path.extension().is_some_and(|e| e == "bin") {
+            return Err(Error::Data {
+                path: path.clone(),
+                msg: "holds token ids: --tokenizer chars reads text files".into(),
+            });
+        }
+    }
     match &cfg.data {
         Some(path) => Dataset::open(path, vocab),
         None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab),
