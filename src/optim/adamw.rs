@@ -87,6 +87,7 @@ impl AdamW {
         for (i, p) in params.iter().enumerate().rev() {
             self.update(ctx, i, p, lr, grad_scale, self.t)?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 
@@ -106,6 +107,7 @@ impl AdamW {
         }
         self.t += 1;
         self.deferred = Some(Deferred { lr, grad_scale, t: self.t, pending: vec![true; self.m.len()] });
+        ctx.pager.end_step();
         Ok(())
     }
 

@@ -154,6 +154,7 @@ impl HostAdamW {
                 with_f32s(ps, ms, vs, gs, |p, m, v, g| update_parallel(p, m, v, g, &h));
             })?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 }

@@ -56,6 +56,7 @@ impl Sgd {
                 (ctx.modify(&p.value)?, ctx.modify(buf)?, ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
             optim::sgd(&ctx.kernels, &pv, &bv, &gv, &clip, p.value.len(), c.lr, c.momentum, c.weight_decay, 1.0)?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 }
