@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::assert_close;
+use common::child::Run;
 use pagetrain::device::Gpu;
 use pagetrain::pager::{MemStore, PagerOptions};
 use pagetrain::train::{Dataset, OptimizerOn, TrainConfig, Trainer};
@@ -183,24 +184,18 @@ fn a_run_killed_mid_training_resumes_from_its_last_checkpoint() {
     let want: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
 
-    // The same run, SIGKILLed as soon as its first checkpoints exist (mid-step or mid-checkpoint).
+    // The same run, SIGKILLed as soon as it reports its first checkpoint: 10 steps and 5
+    // checkpoints from the end, so the kill lands mid-step or mid-checkpoint, never after the end.
     let mut a: Vec<&str> = args("12");
     a.push(&outs);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagetrain"))
-        .args(&a)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !out.join("latest").exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    child.kill().unwrap(); // SIGKILL
-    let status = child.wait().unwrap();
+    let mut run = Run::start(&a);
+    run.wait_for("checkpoint written to", std::time::Duration::from_secs(120));
+    run.child.kill().unwrap(); // SIGKILL
+    let (finished, _, log) = run.finish();
+    assert!(!finished, "the run ended before the kill:\n{log}");
     let resumed_from = std::fs::read_link(out.join("latest")).unwrap();
-    println!("killed ({status:?}) with latest -> {}", resumed_from.display());
+    println!("killed with latest -> {}", resumed_from.display());
+    assert_ne!(resumed_from.to_string_lossy(), "step-00000012", "killed before its last checkpoint");
 
     let mut a: Vec<&str> = args("12");
     a.push(&outs);

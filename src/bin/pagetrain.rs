@@ -256,6 +256,8 @@ impl Reporter for Bar {
 async fn train(args: TrainArgs) -> Result<(), Error> {
     let cfg = args.config();
     cfg.validate()?;
+    // Before anything is trained: --out must be writable and no other run's.
+    let _out = pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?;
     let store = match args.store.as_deref() {
         Some("memory") => StoreKind::Memory,
         Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),

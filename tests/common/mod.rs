@@ -2,6 +2,7 @@
 //! worst element, canary-guarded buffers, and central finite differences.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod reference;
 
 use pagetrain::pager::View;
