@@ -116,8 +116,7 @@ fn mixed_precision_linear_backward_matches_finite_differences() {
     // The products read f16 copies of the weight: forward and dx carry f16 rounding (~5e-4
     // relative), dW and dbias are f32. f16 tensors need shader-f16.
     let ctx = ctx();
-    if !ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
-        eprintln!("skipped: {} has no shader-f16", ctx.gpu.describe());
+    if !common::has_f16(&ctx) {
         return;
     }
     let mut rng = Rng::new(19);
