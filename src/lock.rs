@@ -20,15 +20,14 @@ impl DirLock {
     /// Creates `dir` if needed and locks it. An error when it cannot be created or written (a
     /// file in its place, no permission) or when another process holds it (naming its pid).
     pub fn acquire(dir: &Path, what: &str) -> Result<DirLock> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let unusable = |e: std::io::Error| {
+            let why = if dir.is_file() { "it is a file".to_string() } else { e.to_string() };
+            Error::io(dir, std::io::Error::new(e.kind(), format!("cannot be used as the {what}: {why}")))
+        };
+        std::fs::create_dir_all(dir).map_err(unusable)?;
         let path = dir.join("lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(unusable)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {

@@ -245,7 +245,8 @@ pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: Moments<'_>, stat
 #[cfg(not(target_arch = "wasm32"))]
 pub fn check_writable(dir: &Path) -> Result<()> {
     let unwritable = |e: std::io::Error| {
-        Error::io(dir, std::io::Error::new(e.kind(), format!("checkpoints cannot be written here: {e}")))
+        let why = if dir.is_file() { "it is a file".to_string() } else { e.to_string() };
+        Error::io(dir, std::io::Error::new(e.kind(), format!("checkpoints cannot be written here: {why}")))
     };
     std::fs::create_dir_all(dir).map_err(unwritable)?;
     let probe = dir.join(format!(".write-test-{}", std::process::id()));
