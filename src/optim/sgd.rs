@@ -29,7 +29,7 @@ pub struct Sgd {
 
 impl Sgd {
     pub fn new(ctx: &Context, model: &impl Module, config: SgdConfig) -> Result<Self> {
-        if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.momentum) {
+        if config.lr.is_nan() || config.lr <= 0.0 || !(0.0..1.0).contains(&config.momentum) {
             return Err(Error::invalid("SGD config", format!("need lr > 0 and momentum in [0,1): {config:?}")));
         }
         let params = model.params();
