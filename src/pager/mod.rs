@@ -779,6 +779,8 @@ impl Pager {
     /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold
     /// their newest values (call `sync_to_host` first). Tensors in `written` (some of `ids`) are
     /// taken to be changed: their GPU copies are dropped, or rewritten when an op has them pinned.
+    /// `f` runs while the pager is held: it must not call it (handles it drops are released, and
+    /// op scopes it ends unpinned, at the pager's next use).
     pub fn update_host<R>(
         &self,
         ids: &[TensorId],
