@@ -40,6 +40,21 @@ pub struct Context {
     grad_enabled: Cell<bool>,
     scratch: RefCell<Option<Tensor>>,
     dummy: RefCell<Option<Tensor>>,
+    /// Prefix of the names of tensors made now (`transformer.h.3/`), so telemetry can tell
+    /// which layer an activation belongs to.
+    name_scope: RefCell<String>,
+}
+
+/// While this guard lives, new tensors' names start with its scope (see [`Context::name_scope`]).
+pub struct NameScope<'a> {
+    ctx: &'a Context,
+    previous: String,
+}
+
+impl Drop for NameScope<'_> {
+    fn drop(&mut self) {
+        *self.ctx.name_scope.borrow_mut() = std::mem::take(&mut self.previous);
+    }
 }
 
 /// Pins taken while this guard lives are released when it drops: the tensors one op binds
@@ -88,17 +103,35 @@ impl Context {
             grad_enabled: Cell::new(true),
             scratch: RefCell::new(None),
             dummy: RefCell::new(None),
+            name_scope: RefCell::new(String::new()),
         }
     }
 
     fn tensor(&self, id: u64, shape: &[usize], dtype: DType, requires_grad: bool) -> Tensor {
+        self.pager.set_layout(id, shape, dtype);
         Tensor::new(id, shape.to_vec(), dtype, requires_grad, self.pager.clone())
+    }
+
+    /// Tensors made while the returned guard lives are named `scope/name` (`scope` is the layer
+    /// the model is computing, e.g. `transformer.h.3`); scopes do not nest.
+    pub fn name_scope(&self, scope: &str) -> NameScope<'_> {
+        let previous = std::mem::replace(&mut *self.name_scope.borrow_mut(), scope.to_string());
+        NameScope { ctx: self, previous }
+    }
+
+    fn scoped(&self, name: &str) -> String {
+        let scope = self.name_scope.borrow();
+        if scope.is_empty() {
+            name.to_string()
+        } else {
+            format!("{scope}/{name}")
+        }
     }
 
     /// A tensor with undefined contents.
     pub fn empty(&self, name: &str, shape: &[usize], dtype: DType, requires_grad: bool) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
-        let id = self.pager.alloc(name, (elems * dtype.size()) as u64)?;
+        let id = self.pager.alloc(&self.scoped(name), (elems * dtype.size()) as u64)?;
         Ok(self.tensor(id, shape, dtype, requires_grad))
     }
 
@@ -110,7 +143,7 @@ impl Context {
     /// A tensor of zeros of any element type.
     pub fn zeros_of(&self, name: &str, shape: &[usize], dtype: DType, requires_grad: bool) -> Result<Tensor> {
         let elems: usize = shape.iter().product();
-        let id = self.pager.alloc_zeroed(name, (elems * dtype.size()) as u64)?;
+        let id = self.pager.alloc_zeroed(&self.scoped(name), (elems * dtype.size()) as u64)?;
         Ok(self.tensor(id, shape, dtype, requires_grad))
     }
 

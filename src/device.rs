@@ -13,6 +13,8 @@ pub struct DeviceOptions {
     /// Keep wgpu's shader runtime checks (bounds checks) on. Off by default: they cost 15× on a
     /// matmul on NVIDIA, and our kernels index in bounds by construction. Env: `PAGETRAIN_SHADER_CHECKS=1`.
     pub shader_checks: bool,
+    /// Backends to look at (overrides `WGPU_BACKEND`); `None`: the environment's, or all.
+    pub backends: Option<wgpu::Backends>,
 }
 
 /// An opened GPU: adapter, device, queue, and what they can do.
@@ -108,7 +110,7 @@ impl Gpu {
     pub async fn new(opts: &DeviceOptions) -> Result<Gpu> {
         // Without a request, look at the primary backends first and only then at OpenGL: probing
         // GL (EGL) is slow and noisy, and it is the fallback on machines with no Vulkan driver.
-        let mut adapters = match requested_backends() {
+        let mut adapters = match opts.backends.or_else(requested_backends) {
             Some(b) => candidates(&instance(b)).await,
             None => {
                 let primary: Vec<wgpu::Adapter> = candidates(&instance(wgpu::Backends::PRIMARY)).await;

@@ -41,6 +41,8 @@ pub mod optim;
 pub mod pager;
 pub mod recorder;
 pub mod rng;
+#[cfg(feature = "studio")]
+pub mod studio;
 pub mod tensor;
 pub mod train;
 

@@ -18,6 +18,15 @@ pub enum DType {
 }
 
 impl DType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::U32 => "u32",
+            DType::I8 => "i8",
+        }
+    }
+
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::U32 => 4,

@@ -1,4 +1,4 @@
-//! The `pagetrain` command line: `train` (the default), `info`.
+//! The `pagetrain` command line: `train` (the default), `info`, `bench`, `studio`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
-use pagetrain::train::{OptimizerOn, Precision, Reporter, StepReport, TrainConfig, Trainer};
+use pagetrain::train::{parse_bytes, OptimizerOn, Precision, Reporter, StepReport, TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
@@ -25,6 +25,29 @@ enum Command {
     Info,
     /// Measure transfers: upload through the staging ring vs queue.write_buffer, write-back.
     Bench(BenchArgs),
+    /// Open the studio: set up, watch and steer a run in a window (where every tensor is, the
+    /// bus, stalls, the loss), and sample from the model.
+    #[cfg(feature = "studio")]
+    Studio(StudioArgs),
+}
+
+#[cfg(feature = "studio")]
+#[derive(Args)]
+struct StudioArgs {
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Start the run when the window opens.
+    #[arg(long)]
+    start: bool,
+    /// Headless mode for tests and docs: train in the real window, save a screenshot of it
+    /// here after --exit-after-steps steps, and exit.
+    #[arg(long, value_name = "FILE.png")]
+    screenshot: Option<PathBuf>,
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    exit_after_steps: u64,
+    /// Repaint every frame (to measure the frame rate the UI sustains).
+    #[arg(long)]
+    continuous: bool,
 }
 
 #[derive(Args)]
@@ -153,22 +176,16 @@ fn parse_budget(s: &str) -> Result<Budget, String> {
     parse_bytes(s).map(|b| Budget(Some(b)))
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown size unit `{other}` (use KiB, MiB, GiB)")),
-    };
-    Ok((n * mult) as u64)
-}
-
 impl TrainArgs {
+    /// The host store: `--store`, by default memory-mapped files in `OUT/store`.
+    fn store(&self, cfg: &TrainConfig) -> StoreKind {
+        match self.store.as_deref() {
+            Some("memory") => StoreKind::Memory,
+            Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
+            None => StoreKind::Mmap(cfg.out.join("store")),
+        }
+    }
+
     fn config(&self) -> TrainConfig {
         let d = TrainConfig::default();
         TrainConfig {
@@ -258,11 +275,7 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     cfg.validate()?;
     // Before anything is trained: --out must be writable and no other run's.
     let _out = pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?;
-    let store = match args.store.as_deref() {
-        Some("memory") => StoreKind::Memory,
-        Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
-        None => StoreKind::Mmap(cfg.out.join("store")),
-    };
+    let store = args.store(&cfg);
     let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.0), ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
     eprintln!(
@@ -421,6 +434,43 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
+#[cfg(feature = "studio")]
+fn studio(args: StudioArgs) -> Result<(), Error> {
+    use pagetrain::studio::{native, RunSetup};
+    let mut train = args.train.config();
+    if args.train.out.is_none() {
+        train.out = PathBuf::from("runs/studio");
+    }
+    let setup = RunSetup {
+        store: args.train.store(&train),
+        budget: args.train.gpu_budget.and_then(|b| b.0),
+        device: Default::default(),
+        train,
+    };
+    let opts = native::Options {
+        setup,
+        start: args.start,
+        screenshot: args.screenshot,
+        exit_after_steps: args.exit_after_steps,
+        continuous: args.continuous,
+    };
+    let headless = opts.screenshot.is_some();
+    let r = native::run(opts).map_err(|msg| Error::Invalid { what: "studio", msg })?;
+    if headless {
+        eprintln!(
+            "studio: {} steps at {:.0} tokens/s; {} frames, {} fps, UI {:.1} ms a frame (slowest {:.1} ms); screenshot {}",
+            r.steps,
+            r.tokens_per_s,
+            r.frames,
+            r.fps.map_or("-".to_string(), |f| format!("{f:.0}")),
+            r.mean_ui_ms,
+            r.slowest_ui_ms,
+            r.screenshot.as_ref().map_or("none".to_string(), |p| p.display().to_string())
+        );
+    }
+    Ok(())
+}
+
 async fn info() -> Result<(), Error> {
     let adapters = pagetrain::device::list_adapters().await;
     println!("adapters wgpu sees:");
@@ -466,6 +516,8 @@ fn main() -> ExitCode {
         Some(Command::Train(args)) => pollster::block_on(train(args)),
         Some(Command::Info) => pollster::block_on(info()),
         Some(Command::Bench(args)) => pollster::block_on(bench(args)),
+        #[cfg(feature = "studio")]
+        Some(Command::Studio(args)) => studio(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,7 +25,31 @@ pub struct GptConfig {
     pub vocab_size: usize,
 }
 
+/// A model's dimensions apart from the vocabulary (which the data decides): a custom size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub block_size: usize,
+}
+
 impl GptConfig {
+    /// The names [`GptConfig::preset`] knows.
+    pub const PRESETS: [&'static str; 3] = ["tiny", "small", "gpt2-124m"];
+
+    /// A custom size over `vocab_size` tokens, checked.
+    pub fn from_shape(s: ModelShape, vocab_size: usize) -> Result<GptConfig> {
+        let c =
+            GptConfig { n_layer: s.n_layer, n_head: s.n_head, n_embd: s.n_embd, block_size: s.block_size, vocab_size };
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn shape(&self) -> ModelShape {
+        ModelShape { n_layer: self.n_layer, n_head: self.n_head, n_embd: self.n_embd, block_size: self.block_size }
+    }
+
     /// Named presets: `tiny`, `small`, `gpt2-124m` (GPT-2 small). `vocab_size` comes from the data
     /// for `tiny` and `small`.
     pub fn preset(name: &str, vocab_size: usize) -> Result<GptConfig> {
@@ -148,6 +172,7 @@ impl Gpt {
     /// (a deferred optimizer update) overlaps the layers computed before.
     pub fn loss_prepared(&self, ctx: &Context, tokens: &Tensor, targets: &[u32], prepare: Prepare) -> Result<Tensor> {
         let x = self.hidden_prepared(ctx, tokens, prepare)?;
+        let _scope = ctx.name_scope("lm_head");
         ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None)
     }
 
@@ -162,20 +187,30 @@ impl Gpt {
             return Err(Error::shape("gpt forward", format!("T <= block_size {}", self.config.block_size), t));
         }
         prepare(&[&self.wte, &self.wpe])?;
+        let scope = ctx.name_scope("transformer.wte");
         let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
         if self.activations != DType::F32 {
             x = ops::cast(ctx, &x, self.activations)?;
         }
-        for block in &self.blocks {
+        drop(scope);
+        for (i, block) in self.blocks.iter().enumerate() {
             prepare(&block.params())?;
+            let name = format!("transformer.h.{i}");
             x = if self.recompute.get() {
                 let block = block.clone();
-                autograd::checkpoint(ctx, &x, move |ctx, x| block.forward(ctx, x))?
+                // The scope is taken inside too: backward runs the block again, outside this one.
+                let _scope = ctx.name_scope(&name);
+                autograd::checkpoint(ctx, &x, move |ctx, x| {
+                    let _scope = ctx.name_scope(&name);
+                    block.forward(ctx, x)
+                })?
             } else {
+                let _scope = ctx.name_scope(&name);
                 block.forward(ctx, &x)?
             };
         }
         prepare(&self.ln_f.params())?;
+        let _scope = ctx.name_scope("transformer.ln_f");
         self.ln_f.forward(ctx, &x)
     }
 }

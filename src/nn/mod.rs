@@ -3,7 +3,7 @@
 mod gpt;
 mod layers;
 
-pub use gpt::{Gpt, GptConfig, Prepare};
+pub use gpt::{Gpt, GptConfig, ModelShape, Prepare};
 pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp, Weight};
 
 use crate::autograd::Grads;

@@ -89,6 +89,8 @@ struct Entry {
     /// A write-back of the only copy failed (the cause): the host bytes are stale, so every read
     /// is this error until the tensor is overwritten whole.
     lost: Option<String>,
+    /// Shape and element type, for telemetry (set by the context that made the tensor).
+    layout: Option<(Box<[usize]>, DType)>,
 }
 
 /// What happened to a tensor whose write-back could not be delivered.
@@ -649,6 +651,7 @@ impl Pager {
             uploads: 0,
             pins: 0,
             lost: None,
+            layout: None,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;
@@ -664,6 +667,13 @@ impl Pager {
     /// A new tensor whose bytes are all zero (cleared on the GPU when first placed there).
     pub fn alloc_zeroed(&self, name: &str, bytes: u64) -> Result<TensorId> {
         self.create(name, bytes, Contents::Zero)
+    }
+
+    /// Records the shape and element type of `id` for telemetry (the pager itself sees bytes).
+    pub fn set_layout(&self, id: TensorId, shape: &[usize], dtype: DType) {
+        if let Some(e) = self.state().entries.get_mut(&id) {
+            e.layout = Some((shape.into(), dtype));
+        }
     }
 
     /// Makes `id` resident for a kernel and pins it until the current op scope ends.
@@ -1010,6 +1020,9 @@ impl Pager {
                     Location::HostRam
                 },
                 dirty: e.dirty,
+                in_flight: st.readback.in_flight_for(id) || st.upload.has_fills_for(id),
+                shape: e.layout.as_ref().map(|(s, _)| s.to_vec()).unwrap_or_default(),
+                dtype: e.layout.as_ref().map(|(_, d)| d.name()).unwrap_or("bytes"),
                 uploads: e.uploads,
                 last_use: e.last_use,
                 next_use: st.next_use(e.key),
@@ -1020,6 +1033,7 @@ impl Pager {
             gpu_bytes: st.pool.held(),
             peak_gpu_bytes: st.pool.peak(),
             host_bytes: st.store.capacity() as u64,
+            staging_bytes: st.upload.held_bytes() + st.readback.held_bytes(),
             counters: st.counters,
             tensors,
         }

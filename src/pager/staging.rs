@@ -197,6 +197,16 @@ impl UploadRing {
         }
     }
 
+    /// Whether a background fill reading the host bytes of `tensor` may still be running.
+    pub fn has_fills_for(&self, tensor: TensorId) -> bool {
+        self.pending.borrow().iter().any(|(owner, t)| *owner == Some(tensor) && !t.is_done())
+    }
+
+    /// Bytes of staging buffers made so far.
+    pub fn held_bytes(&self) -> u64 {
+        self.slots.borrow().len() as u64 * self.slot_bytes
+    }
+
     /// Waits for the background fills reading the host bytes of `ids` (before they change or are
     /// freed); others go on.
     pub fn wait_fills_for(&self, ids: &[TensorId]) {
@@ -414,6 +424,19 @@ impl ReadbackRing {
                 ticket.wait();
             }
         }
+    }
+
+    /// Bytes of staging buffers made so far.
+    pub fn held_bytes(&self) -> u64 {
+        self.made.get() as u64 * self.slot_bytes
+    }
+
+    /// Whether bytes of `tensor` are still on their way to the host (copied or being delivered).
+    pub fn in_flight_for(&self, tensor: TensorId) -> bool {
+        self.busy
+            .borrow()
+            .iter()
+            .any(|b| b.job.tensor == tensor && b.delivery.as_ref().is_none_or(|(_, t)| !t.is_done()))
     }
 
     /// Whether a job for `tensor` is still on its way.

@@ -17,13 +17,18 @@ pub enum Location {
 }
 
 /// One tensor in a snapshot.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct TensorInfo {
     pub id: u64,
     pub name: String,
     pub bytes: u64,
     pub location: Location,
     pub dirty: bool,
+    /// A copy to or from the host is on its way (a staging fill or a write-back).
+    pub in_flight: bool,
+    /// Empty for tensors made by bytes, not by shape.
+    pub shape: Vec<usize>,
+    pub dtype: &'static str,
     pub uploads: u32,
     /// Access number of the last use.
     pub last_use: u64,
@@ -62,6 +67,8 @@ pub struct Snapshot {
     pub gpu_bytes: u64,
     pub peak_gpu_bytes: u64,
     pub host_bytes: u64,
+    /// Staging buffers for uploads and write-backs (host-visible GPU memory beside the pool).
+    pub staging_bytes: u64,
     pub counters: Counters,
     pub tensors: Vec<TensorInfo>,
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
+use crate::nn::{GptConfig, ModelShape};
 
 /// Where AdamW runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -54,6 +55,8 @@ impl std::str::FromStr for OptimizerOn {
 pub struct TrainConfig {
     /// Model preset: `tiny`, `small`, `gpt2-124m`.
     pub model: String,
+    /// A custom size instead of the preset.
+    pub custom_model: Option<ModelShape>,
     pub steps: u64,
     /// Sequences per micro-batch.
     pub batch_size: usize,
@@ -95,6 +98,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: "tiny".into(),
+            custom_model: None,
             steps: 400,
             batch_size: 16,
             accum: 1,
@@ -151,6 +155,15 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The model this run trains over a vocabulary of `vocab_size` (a fresh one; checkpoints
+    /// bring their own).
+    pub fn model_config(&self, vocab_size: usize) -> Result<GptConfig> {
+        match self.custom_model {
+            Some(shape) => GptConfig::from_shape(shape, vocab_size),
+            None => GptConfig::preset(&self.model, vocab_size),
+        }
+    }
+
     /// Learning rate at `step` (0-based): linear warmup, then cosine decay to lr/10.
     pub fn lr_at(&self, step: u64) -> f32 {
         let min_lr = self.lr / 10.0;
@@ -160,5 +173,35 @@ impl TrainConfig {
         let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f32;
         let progress = ((step - self.warmup_steps) as f32 / span).min(1.0);
         min_lr + 0.5 * (self.lr - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
+    }
+}
+
+/// Bytes from a size like `512MiB`, `2GiB`, `1.5 GB` or `4096` (binary units either way).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit `{other}` (use KiB, MiB, GiB)")),
+    };
+    Ok((n * mult) as u64)
+}
+
+/// A byte count for people: `812 B`, `3.4 KiB`, `118.0 MiB`, `2.00 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b < 1024.0 {
+        format!("{bytes} B")
+    } else if b < 1024.0 * 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else if b < 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / 1048576.0)
+    } else {
+        format!("{:.2} GiB", b / 1073741824.0)
     }
 }

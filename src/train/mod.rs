@@ -6,6 +6,6 @@ pub mod corpus;
 pub mod data;
 pub mod trainer;
 
-pub use config::{OptimizerOn, Precision, TrainConfig};
+pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

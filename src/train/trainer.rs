@@ -160,6 +160,10 @@ pub struct Trainer {
     pub skipped_steps: u64,
     /// `PAGETRAIN_PHASES=1`: time each step's forward+backward and optimizer (syncing between).
     print_phases: bool,
+    /// Set to take a pager snapshot after the next step's first forward, when the activations
+    /// saved for backward are all alive (a snapshot between steps shows none of them).
+    pub want_forward_snapshot: bool,
+    pub forward_snapshot: Option<crate::pager::Snapshot>,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -200,7 +204,7 @@ impl Trainer {
         }
         let config = match &ckpt {
             Some(c) => c.config,
-            None => GptConfig::preset(&cfg.model, data.vocab.size())?,
+            None => cfg.model_config(data.vocab.size())?,
         };
         if data.vocab.size() > config.vocab_size {
             return Err(Error::invalid(
@@ -288,6 +292,8 @@ impl Trainer {
             good_steps: scaler.good_steps,
             skipped_steps: scaler.skipped_steps,
             print_phases: std::env::var("PAGETRAIN_PHASES").is_ok_and(|v| v != "0"),
+            want_forward_snapshot: false,
+            forward_snapshot: None,
         })
     }
 
@@ -310,6 +316,9 @@ impl Trainer {
             let (model, opt) = (&self.model, &mut self.opt);
             let loss = model.loss_prepared(ctx, &tokens, &y[rows], &mut |ps| opt.apply_deferred(ctx, ps))?;
             opt.apply_deferred(ctx, &model.params())?;
+            if std::mem::take(&mut self.want_forward_snapshot) {
+                self.forward_snapshot = Some(ctx.pager.snapshot());
+            }
             let mut grads = self.model.grads();
             ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
             total += ctx.to_f32(&loss).await?[0];

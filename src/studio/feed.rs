@@ -1,0 +1,150 @@
+//! What flows between a training run and the studio: events from the run (step reports, pager
+//! snapshots, checkpoints, failures) and commands to it, applied at step boundaries.
+
+use crate::context::StoreKind;
+use crate::device::DeviceOptions;
+use crate::pager::Snapshot;
+use crate::train::TrainConfig;
+
+/// Everything needed to start a run from the studio.
+#[derive(Clone, Debug)]
+pub struct RunSetup {
+    pub train: TrainConfig,
+    /// GPU byte budget; `None`: the pager's automatic one.
+    pub budget: Option<u64>,
+    pub store: StoreKind,
+    pub device: DeviceOptions,
+}
+
+/// The run as it started: what the panels print in their headings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    /// "4 layers, 4 heads, 128 channels, block 128, vocab 65".
+    pub model: String,
+    pub params: usize,
+    pub data: String,
+    pub adapter: String,
+    pub optimizer: String,
+    pub precision: String,
+    pub store: String,
+    pub first_step: u64,
+    pub last_step: u64,
+    pub tokens_per_step: u64,
+}
+
+/// One finished optimizer step, with the pager's work during it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepInfo {
+    /// Steps done after this one (1 for the first step of a fresh run).
+    pub step: u64,
+    pub loss: f32,
+    pub lr: f32,
+    /// Wall time of the step.
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub bytes_uploaded: u64,
+    pub bytes_written_back: u64,
+    /// Seconds the host waited on transfers during the step.
+    pub stall_s: f64,
+    pub micro_batch: usize,
+    /// Times this step halved its micro-batch because one did not fit the GPU.
+    pub shrinks: u64,
+    /// The f16 loss scaler skipped this step's update (its gradients overflowed).
+    pub skipped: bool,
+    pub loss_scale: f32,
+}
+
+/// Host memory beside a pager snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostMemory {
+    /// Resident set of this process (`None` where the OS does not say).
+    pub rss_bytes: Option<u64>,
+    /// Bytes of tensors held only on the host, and of those the ones whose pages are in RAM.
+    pub host_only_bytes: u64,
+    pub host_in_ram_bytes: u64,
+}
+
+impl HostMemory {
+    /// Reads the process's resident set and splits the snapshot's host-only tensors by residency.
+    pub fn measure(snapshot: &Snapshot) -> HostMemory {
+        use crate::pager::Location;
+        let (mut host_only, mut in_ram) = (0, 0);
+        for t in &snapshot.tensors {
+            match t.location {
+                Location::HostRam => {
+                    host_only += t.bytes;
+                    in_ram += t.bytes;
+                }
+                Location::Disk => host_only += t.bytes,
+                Location::Gpu | Location::Nowhere => {}
+            }
+        }
+        HostMemory { rss_bytes: resident_set_bytes(), host_only_bytes: host_only, host_in_ram_bytes: in_ram }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn resident_set_bytes() -> Option<u64> {
+    // statm: sizes in pages; the second field is the resident set.
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn resident_set_bytes() -> Option<u64> {
+    None
+}
+
+/// From a run to the studio.
+#[derive(Clone, Debug)]
+pub enum Event {
+    Started(RunInfo),
+    Step(StepInfo),
+    Eval {
+        step: u64,
+        loss: f32,
+    },
+    Snapshot {
+        step: u64,
+        snapshot: Box<Snapshot>,
+        host: HostMemory,
+    },
+    Checkpoint {
+        step: u64,
+        path: String,
+    },
+    /// The pager's budget changed (applied at a step boundary).
+    Budget {
+        step: u64,
+        bytes: u64,
+    },
+    Sample(String),
+    Paused,
+    Resumed,
+    /// A command could not be carried out; the run goes on.
+    Error(String),
+    /// The run could not start or stopped on an error; everything written so far is kept.
+    Failed(String),
+    /// All steps done; the run still answers samples and saves until stopped.
+    Finished {
+        step: u64,
+    },
+    /// Stopped on request.
+    Stopped {
+        step: u64,
+    },
+}
+
+/// From the studio to a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Pause,
+    Resume,
+    Stop,
+    SetBudget(u64),
+    Save,
+    Sample { prompt: String, tokens: usize, temperature: f32, seed: u64 },
+}

@@ -1,0 +1,261 @@
+//! A run on its own thread (native): the [`Context`] holds `Rc`s, so it is built there; events go
+//! to the UI over a channel with a repaint request, commands come back and are applied at step
+//! boundaries. The UI never waits on the run.
+
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use eframe::egui;
+
+use super::feed::{Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
+use crate::context::{Context, ContextOptions, StoreKind};
+use crate::error::{Error, Result};
+use crate::pager::{size_class, PagerOptions};
+use crate::train::{format_bytes, Trainer};
+
+/// Snapshots walk every tensor (and ask the OS which pages are in RAM): at most this often.
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
+/// Repaints asked for by the run: at most this often (the UI has nothing newer to draw).
+const REPAINT_EVERY: Duration = Duration::from_millis(33);
+
+/// A run on its thread; dropping it stops the run and waits for the thread.
+pub struct NativeRun {
+    commands: Sender<Command>,
+    events: Receiver<Event>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl NativeRun {
+    pub fn start(setup: RunSetup, ui: egui::Context) -> NativeRun {
+        let (commands, command_rx) = mpsc::channel();
+        let (event_tx, events) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("pagetrain-run".into())
+            .spawn(move || {
+                let mut out = Outbox { events: event_tx, ui, last_repaint: None };
+                if let Err(e) = pollster::block_on(drive(setup, &mut out, &command_rx)) {
+                    let hint = e.hint().map(|h| format!("\nHINT: {h}")).unwrap_or_default();
+                    out.send(Event::Failed(format!("{e}{hint}")));
+                }
+                out.ui.request_repaint();
+            })
+            .expect("spawning a thread");
+        NativeRun { commands, events, thread: Some(thread) }
+    }
+
+    /// Sends a command (ignored when the run has ended).
+    pub fn send(&self, c: Command) {
+        let _ = self.commands.send(c);
+    }
+
+    /// Events since the last call.
+    pub fn poll(&self) -> Vec<Event> {
+        self.events.try_iter().collect()
+    }
+
+    /// Whether the thread has ended.
+    pub fn ended(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+impl Drop for NativeRun {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Events to the UI, each followed by a (rate-limited) repaint request.
+struct Outbox {
+    events: Sender<Event>,
+    ui: egui::Context,
+    last_repaint: Option<Instant>,
+}
+
+impl Outbox {
+    fn send(&mut self, e: Event) {
+        let _ = self.events.send(e);
+        let now = Instant::now();
+        match self.last_repaint {
+            Some(t) if now - t < REPAINT_EVERY => self.ui.request_repaint_after(REPAINT_EVERY - (now - t)),
+            _ => {
+                self.ui.request_repaint();
+                self.last_repaint = Some(now);
+            }
+        }
+    }
+
+    fn snapshot(&mut self, ctx: &Context, step: u64) {
+        let snapshot = ctx.pager.snapshot();
+        let host = HostMemory::measure(&snapshot);
+        self.send(Event::Snapshot { step, snapshot: Box::new(snapshot), host });
+    }
+}
+
+fn info(ctx: &Context, t: &Trainer, store: &StoreKind) -> RunInfo {
+    let c = t.model.config;
+    RunInfo {
+        model: format!(
+            "{} layers, {} heads, {} channels, block {}, vocab {}",
+            c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size
+        ),
+        params: crate::nn::Module::num_params(&t.model),
+        data: format!("{} ({} tokens)", t.data.path.display(), t.data.len()),
+        adapter: ctx.gpu.describe(),
+        optimizer: format!("{} ({})", t.opt.name(), t.optimizer_reason),
+        precision: t.precision_note.clone(),
+        store: match store {
+            StoreKind::Memory => "host memory".into(),
+            StoreKind::Mmap(dir) => format!("mmap files in {}", dir.display()),
+        },
+        first_step: t.step,
+        last_step: t.cfg.steps,
+        tokens_per_step: (t.effective_batch() * t.cfg.seq_len) as u64,
+    }
+}
+
+/// Refuses a budget below the largest tensor alive now (it could never be placed).
+fn check_budget(ctx: &Context, bytes: u64) -> std::result::Result<(), String> {
+    let snap = ctx.pager.snapshot();
+    match snap.tensors.iter().max_by_key(|t| t.bytes) {
+        Some(t) if size_class(t.bytes) > bytes => Err(format!(
+            "a GPU budget of {} is below the largest tensor, {} ({}); the budget stays {}",
+            format_bytes(bytes),
+            t.name,
+            format_bytes(size_class(t.bytes)),
+            format_bytes(snap.budget)
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) -> Result<()> {
+    let pager = PagerOptions { budget: setup.budget, ..Default::default() };
+    let opts = ContextOptions { device: setup.device.clone(), pager, store: setup.store.clone() };
+    let ctx = Context::new(&opts).await?;
+    let mut trainer = Trainer::new(&ctx, setup.train.clone(), None)?;
+    let out_dir = trainer.cfg.out.clone();
+    out.send(Event::Started(info(&ctx, &trainer, &setup.store)));
+    out.snapshot(&ctx, trainer.step);
+    trainer.start_prefetch();
+    let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;
+    let (mut paused, mut done) = (false, trainer.step >= trainer.cfg.steps);
+    let mut last_snapshot: Option<Instant> = None;
+    loop {
+        // Commands first: all of them, waiting for one while paused or done.
+        let command = if paused || done {
+            match commands.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return Ok(()),
+            }
+        } else {
+            match commands.try_recv() {
+                Ok(c) => Some(c),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return Ok(()),
+            }
+        };
+        if let Some(c) = command {
+            match c {
+                Command::Stop => {
+                    out.send(Event::Stopped { step: trainer.step });
+                    return Ok(());
+                }
+                Command::Pause => {
+                    paused = true;
+                    out.send(Event::Paused);
+                }
+                Command::Resume => {
+                    paused = false;
+                    out.send(Event::Resumed);
+                }
+                Command::SetBudget(bytes) => match check_budget(&ctx, bytes) {
+                    Ok(()) => {
+                        ctx.pager.set_budget(bytes);
+                        out.send(Event::Budget { step: trainer.step, bytes });
+                        out.snapshot(&ctx, trainer.step);
+                    }
+                    Err(msg) => out.send(Event::Error(msg)),
+                },
+                Command::Save => match trainer.save(&ctx, &out_dir).await {
+                    Ok(dir) => out.send(Event::Checkpoint { step: trainer.step, path: dir.display().to_string() }),
+                    Err(e) => out.send(Event::Error(format!("saving failed: {e}"))),
+                },
+                Command::Sample { prompt, tokens, temperature, seed } => {
+                    match sample(&ctx, &mut trainer, &prompt, tokens, temperature, seed).await {
+                        Ok(text) => out.send(Event::Sample(text)),
+                        Err(e) => out.send(Event::Error(format!("sampling failed: {e}"))),
+                    }
+                }
+            }
+            continue;
+        }
+
+        // Residency is most telling mid-step, with the activations saved for backward alive.
+        trainer.want_forward_snapshot = last_snapshot.is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY);
+        let before = ctx.pager.counters();
+        let skipped_before = trainer.skipped_steps;
+        let clock = Instant::now();
+        let loss = trainer.train_step(&ctx).await?;
+        let seconds = clock.elapsed().as_secs_f64();
+        let after = ctx.pager.counters();
+        let step = trainer.step;
+        out.send(Event::Step(StepInfo {
+            step,
+            loss,
+            lr: trainer.cfg.lr_at(step - 1),
+            seconds,
+            tokens_per_s: tokens_per_step / seconds.max(1e-9),
+            bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
+            bytes_written_back: after.bytes_written_back - before.bytes_written_back,
+            stall_s: after.stall_s - before.stall_s,
+            micro_batch: trainer.micro_batch,
+            shrinks: after.micro_batch_shrinks - before.micro_batch_shrinks,
+            skipped: trainer.skipped_steps > skipped_before,
+            loss_scale: trainer.loss_scale,
+        }));
+        let cfg = &trainer.cfg;
+        done = step >= cfg.steps;
+        if cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every) && !done {
+            let loss = trainer.evaluate(&ctx).await?;
+            out.send(Event::Eval { step, loss });
+        }
+        if trainer.cfg.checkpoint_every > 0 && step.is_multiple_of(trainer.cfg.checkpoint_every) && !done {
+            match trainer.save(&ctx, &out_dir).await {
+                Ok(dir) => out.send(Event::Checkpoint { step, path: dir.display().to_string() }),
+                Err(e) => out.send(Event::Error(format!("saving failed: {e}"))),
+            }
+        }
+        if done {
+            let loss = trainer.evaluate(&ctx).await?;
+            out.send(Event::Eval { step, loss });
+            let dir = trainer.save(&ctx, &out_dir).await?;
+            out.send(Event::Checkpoint { step, path: dir.display().to_string() });
+            out.send(Event::Finished { step });
+        }
+        if let Some(snapshot) = trainer.forward_snapshot.take() {
+            let host = HostMemory::measure(&snapshot);
+            out.send(Event::Snapshot { step, snapshot: Box::new(snapshot), host });
+            last_snapshot = Some(Instant::now());
+        }
+    }
+}
+
+async fn sample(
+    ctx: &Context,
+    trainer: &mut Trainer,
+    prompt: &str,
+    tokens: usize,
+    temperature: f32,
+    seed: u64,
+) -> Result<String> {
+    let ids = trainer.data.vocab.encode(if prompt.is_empty() { " " } else { prompt })?;
+    if ids.is_empty() {
+        return Err(Error::invalid("prompt", "encodes to no tokens"));
+    }
+    trainer.sample(ctx, &ids, tokens, temperature, seed).await
+}
