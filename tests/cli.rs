@@ -112,12 +112,12 @@ fn final_losses(stdout: &str) -> (f64, f64) {
 #[test]
 fn a_second_run_on_the_same_out_stops_and_the_first_finishes_with_correct_losses() {
     let (shared, solo) = (out_dir("shared"), out_dir("solo"));
-    let mut args = train_args("8", &shared);
-    args.extend(["--checkpoint-every", "2"]);
-    let mut first = Run::start(&args);
-    // The first run is mid-training (6 steps to go) once its first checkpoint is written.
+    let args = |out| [train_args("16", out), vec!["--checkpoint-every", "2"]].concat();
+    let mut first = Run::start(&args(&shared));
+    // The first run is mid-training (14 steps to go) once its first checkpoint is written; the
+    // second stops before it opens the adapter, so it cannot come too late.
     first.wait_for("checkpoint written to", Duration::from_secs(120));
-    let second = pagetrain(&args, &[]);
+    let second = pagetrain(&args(&shared), &[]);
     assert!(!second.status.success(), "a second run on the same --out must not start");
     let e = stderr(&second);
     assert!(e.contains(&format!("in use by process {}", first.child.id())) && e.contains(&shared), "{e}");
@@ -125,7 +125,7 @@ fn a_second_run_on_the_same_out_stops_and_the_first_finishes_with_correct_losses
 
     let (ok, stdout, log) = first.finish();
     assert!(ok, "the first run failed:\n{log}");
-    let alone = pagetrain(&train_args("8", &solo), &[]);
+    let alone = pagetrain(&args(&solo), &[]);
     assert!(alone.status.success(), "{}", stderr(&alone));
     let want = final_losses(&String::from_utf8_lossy(&alone.stdout));
     assert_eq!(final_losses(&stdout), want, "the first run's losses equal those of the same run alone");
