@@ -437,6 +437,16 @@ fn a_tensor_dropped_while_the_pager_is_busy_is_still_freed() {
     ctx.pager.update_host(&[a.id()], &[], move |_| drop(b)).unwrap();
     assert_eq!(ctx.pager.live_bytes().0, before - 4000, "b's bytes are given back");
     assert_eq!(ctx.pager.stats().tensors, 1);
+    // The same for a handle dropped by a panic's unwind.
+    let c = ctx.from_f32("c", &[1000], &values(3, 1000), false).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ctx.pager.update_host(&[a.id()], &[], move |_| {
+            let _c = c;
+            panic!("a host update fails");
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(ctx.pager.live_bytes().0, before - 4000, "c's bytes are given back too");
 }
 
 #[test]
