@@ -43,6 +43,9 @@ pub enum Error {
 
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+
+    #[error("writing `{tensor}` back to the host store failed ({cause}); {fate}")]
+    WriteBack { tensor: String, cause: String, fate: &'static str },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

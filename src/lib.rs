@@ -33,6 +33,8 @@ pub mod context;
 pub mod device;
 pub mod error;
 pub mod kernels;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod lock;
 pub mod nn;
 pub mod ops;
 pub mod optim;

@@ -1,6 +1,11 @@
 //! The `pagetrain` binary as a user meets it: the JSON summary, `info`, and errors with hints.
 
+mod common;
+
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::child::Run;
 
 fn pagetrain(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagetrain"));
@@ -93,4 +98,59 @@ fn bad_flags_are_errors_naming_the_flag() {
         assert!(e.contains(needle), "{args:?}: `{needle}` not in: {e}");
         assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
     }
+}
+
+fn train_args<'a>(steps: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec!["train", "--steps", steps, "--batch-size", "2", "--seq-len", "16", "--sample-len", "0", "--json", "--out", out]
+}
+
+fn final_losses(stdout: &str) -> (f64, f64) {
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap();
+    (v["final_train_loss"].as_f64().unwrap(), v["final_val_loss"].as_f64().unwrap())
+}
+
+#[test]
+fn a_second_run_on_the_same_out_stops_and_the_first_finishes_with_correct_losses() {
+    let (shared, solo) = (out_dir("shared"), out_dir("solo"));
+    let args = |out| [train_args("16", out), vec!["--checkpoint-every", "2"]].concat();
+    let mut first = Run::start(&args(&shared));
+    // The first run is mid-training (14 steps to go) once its first checkpoint is written; the
+    // second stops before it opens the adapter, so it cannot come too late.
+    first.wait_for("checkpoint written to", Duration::from_secs(120));
+    let second = pagetrain(&args(&shared), &[]);
+    assert!(!second.status.success(), "a second run on the same --out must not start");
+    let e = stderr(&second);
+    assert!(e.contains(&format!("in use by process {}", first.child.id())) && e.contains(&shared), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+
+    let (ok, stdout, log) = first.finish();
+    assert!(ok, "the first run failed:\n{log}");
+    let alone = pagetrain(&args(&solo), &[]);
+    assert!(alone.status.success(), "{}", stderr(&alone));
+    let want = final_losses(&String::from_utf8_lossy(&alone.stdout));
+    assert_eq!(final_losses(&stdout), want, "the first run's losses equal those of the same run alone");
+}
+
+#[test]
+fn an_out_that_is_a_file_fails_before_training() {
+    let dir = out_dir("out-file");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = format!("{dir}/file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    // Many steps with nothing else on disk: a run that only met --out at its checkpoint would
+    // train all of them first.
+    let mut args = train_args("1000000", &file);
+    args.extend(["--store", "memory"]);
+    let mut run = Run::start(&args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            run.child.kill().unwrap();
+            panic!("still training 60 s after starting with --out {file}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, _, log) = run.finish();
+    assert!(!ok);
+    assert!(log.contains(&file) && !log.contains("panicked"), "{log}");
 }

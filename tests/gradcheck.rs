@@ -4,7 +4,7 @@
 mod common;
 
 use common::reference as r;
-use common::{assert_close, ctx, dot, finite_diff, randn, to64};
+use common::{assert_close, ctx, dot, finite_diff, finite_diff_at, randn, to64};
 use pagetrain::autograd::Grads;
 use pagetrain::ops::{self, MatmulOpts};
 use pagetrain::rng::Rng;
@@ -116,8 +116,7 @@ fn mixed_precision_linear_backward_matches_finite_differences() {
     // The products read f16 copies of the weight: forward and dx carry f16 rounding (~5e-4
     // relative), dW and dbias are f32. f16 tensors need shader-f16.
     let ctx = ctx();
-    if !ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
-        eprintln!("skipped: {} has no shader-f16", ctx.gpu.describe());
+    if !common::has_f16(&ctx) {
         return;
     }
     let mut rng = Rng::new(19);
@@ -258,6 +257,45 @@ fn attention_across_row_blocks_and_tiles_matches_finite_differences() {
         Box::new(move |v| r::attention_forward(&v[0], b, t, c, h)),
         1e-4,
     );
+}
+
+#[test]
+fn attention_in_f32_at_head_size_64_over_several_tiles_matches_finite_differences() {
+    // GPT-2's head size, in f32: at d = 64 the kernels take T = 70 as two row blocks of 64 and
+    // three key (query) tiles of 32 (nine of 8 on OpenGL), the last ragged; two heads. Every
+    // coordinate would take 54k CPU forwards, so finite differences run at a sample that covers
+    // q, k and v of both heads, rows at the edges of blocks and tiles, and three channels.
+    let ctx = ctx();
+    let mut rng = Rng::new(23);
+    let (b, t, h, d) = (1, 70, 2, 64);
+    let c = h * d;
+    let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+    let x = ctx.from_f32("qkv", &[b, t, 3 * c], &qkv, true).unwrap();
+    let out = ops::causal_self_attention(&ctx, &x, h).unwrap();
+    let x64 = to64(&qkv);
+    let cpu = |x: &[f64]| r::attention_forward(x, b, t, c, h);
+    let got = pollster::block_on(ctx.to_f32(&out)).unwrap();
+    assert_close("attention d64 forward", &got, &cpu(&x64), 1e-4, 1e-4);
+
+    let w = randn(&mut rng, out.len(), 1.0);
+    let dout = ctx.from_f32("dout", out.shape(), &w, false).unwrap();
+    let mut grads = Grads::new();
+    ctx.backward_from(&out, &dout, &mut grads).unwrap();
+    let grad = pollster::block_on(ctx.to_f32(&grads.get(&x).expect("a gradient for qkv"))).unwrap();
+    let mut at = Vec::new();
+    for row in [0, 1, 31, 32, 33, 63, 64, 65, 69] {
+        for part in 0..3 {
+            for head in 0..h {
+                for ch in [0, 31, 63] {
+                    at.push(row * 3 * c + part * c + head * d + ch);
+                }
+            }
+        }
+    }
+    let w64 = to64(&w);
+    let fd = finite_diff_at(&x64, &at, 1e-5, |xi| dot(&cpu(xi), &w64));
+    let sampled: Vec<f32> = at.iter().map(|&i| grad[i]).collect();
+    assert_close("attention d64 d qkv (sampled)", &sampled, &fd, 1e-3, 1e-3);
 }
 
 #[test]

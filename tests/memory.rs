@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::assert_close;
+use common::child::Run;
 use pagetrain::device::Gpu;
 use pagetrain::pager::{MemStore, PagerOptions};
 use pagetrain::train::{Dataset, OptimizerOn, TrainConfig, Trainer};
@@ -183,24 +184,18 @@ fn a_run_killed_mid_training_resumes_from_its_last_checkpoint() {
     let want: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
 
-    // The same run, SIGKILLed as soon as its first checkpoints exist (mid-step or mid-checkpoint).
+    // The same run, SIGKILLed as soon as it reports its first checkpoint: 10 steps and 5
+    // checkpoints from the end, so the kill lands mid-step or mid-checkpoint, never after the end.
     let mut a: Vec<&str> = args("12");
     a.push(&outs);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagetrain"))
-        .args(&a)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !out.join("latest").exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    child.kill().unwrap(); // SIGKILL
-    let status = child.wait().unwrap();
+    let mut run = Run::start(&a);
+    run.wait_for("checkpoint written to", std::time::Duration::from_secs(120));
+    run.child.kill().unwrap(); // SIGKILL
+    let (finished, _, log) = run.finish();
+    assert!(!finished, "the run ended before the kill:\n{log}");
     let resumed_from = std::fs::read_link(out.join("latest")).unwrap();
-    println!("killed ({status:?}) with latest -> {}", resumed_from.display());
+    println!("killed with latest -> {}", resumed_from.display());
+    assert_ne!(resumed_from.to_string_lossy(), "step-00000012", "killed before its last checkpoint");
 
     let mut a: Vec<&str> = args("12");
     a.push(&outs);
@@ -253,7 +248,7 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
     let (f32_losses, _) = losses(&ctx32, cfg(&out), 30);
     let ctx = context(None);
     let (f16_losses, t) = losses(&ctx, TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) }, 30);
-    if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
+    if common::has_f16(&ctx) {
         assert_eq!(t.precision, pagetrain::train::Precision::F16);
         // f16 activations and activation gradients outweigh the f16 weight copies: the step's
         // footprint shrinks although master weights, gradients and moments stay f32
@@ -266,11 +261,12 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
     // A loss scale far too large overflows the gradients: those updates are skipped and the scale
     // halves until training proceeds.
     let ctx = context(None);
+    if !common::has_f16(&ctx) {
+        return; // f32 training has no loss scale to test
+    }
     let mut t =
         Trainer::new(&ctx, TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) }, None).unwrap();
-    if t.precision != pagetrain::train::Precision::F16 {
-        return; // no shader-f16 here: f32 training has no loss scale to test
-    }
+    assert_eq!(t.precision, pagetrain::train::Precision::F16);
     t.loss_scale = 2f32.powi(127);
     let l: Vec<f32> = (0..20).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
     assert!(t.skipped_steps >= 1, "no overflow was detected");

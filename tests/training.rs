@@ -333,3 +333,14 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     // resuming it on the demo corpus fails on the vocabulary, before touching the GPU model
     expect_err(resume(&other), &["vocabulary"]);
 }
+
+#[test]
+fn an_out_that_cannot_be_written_fails_before_any_step() {
+    let ctx = ctx();
+    let file = tmpdir("out-is-a-file").join("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let mut t = Trainer::new(&ctx, TrainConfig { steps: 3, ..small_cfg(&file) }, None).unwrap();
+    let err = pollster::block_on(t.run(&ctx, &mut pagetrain::train::Quiet)).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains(&file.display().to_string()), "{err}");
+    assert_eq!(t.step, 0, "no work is done that could not be saved");
+}

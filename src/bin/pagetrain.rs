@@ -292,6 +292,8 @@ impl Reporter for Bar {
 async fn train(args: TrainArgs) -> Result<(), Error> {
     let cfg = args.config();
     cfg.validate()?;
+    // Before anything is trained: --out must be writable and no other run's.
+    let _out = pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?;
     let store = args.store(&cfg);
     let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.0), ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;

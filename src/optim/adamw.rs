@@ -51,7 +51,11 @@ struct Deferred {
 
 impl AdamW {
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
-        if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.beta1) || !(0.0..1.0).contains(&config.beta2) {
+        if config.lr.is_nan()
+            || config.lr <= 0.0
+            || !(0.0..1.0).contains(&config.beta1)
+            || !(0.0..1.0).contains(&config.beta2)
+        {
             return Err(Error::invalid("AdamW config", format!("need lr > 0 and betas in [0,1): {config:?}")));
         }
         let params = model.params();
@@ -87,6 +91,7 @@ impl AdamW {
         for (i, p) in params.iter().enumerate().rev() {
             self.update(ctx, i, p, lr, grad_scale, self.t)?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 
@@ -106,6 +111,7 @@ impl AdamW {
         }
         self.t += 1;
         self.deferred = Some(Deferred { lr, grad_scale, t: self.t, pending: vec![true; self.m.len()] });
+        ctx.pager.end_step();
         Ok(())
     }
 

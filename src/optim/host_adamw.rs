@@ -109,7 +109,7 @@ impl HostAdamW {
     }
 
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
-        if !(config.lr > 0.0) {
+        if config.lr.is_nan() || config.lr <= 0.0 {
             return Err(Error::invalid("AdamW config", format!("need lr > 0: {config:?}")));
         }
         let params = model.params();
@@ -154,6 +154,7 @@ impl HostAdamW {
                 with_f32s(ps, ms, vs, gs, |p, m, v, g| update_parallel(p, m, v, g, &h));
             })?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 }

@@ -29,7 +29,7 @@ pub struct Sgd {
 
 impl Sgd {
     pub fn new(ctx: &Context, model: &impl Module, config: SgdConfig) -> Result<Self> {
-        if !(config.lr > 0.0) || !(0.0..1.0).contains(&config.momentum) {
+        if config.lr.is_nan() || config.lr <= 0.0 || !(0.0..1.0).contains(&config.momentum) {
             return Err(Error::invalid("SGD config", format!("need lr > 0 and momentum in [0,1): {config:?}")));
         }
         let params = model.params();
@@ -56,6 +56,7 @@ impl Sgd {
                 (ctx.modify(&p.value)?, ctx.modify(buf)?, ctx.read(&p.grad)?, ctx.read(&self.clip.clip)?);
             optim::sgd(&ctx.kernels, &pv, &bv, &gv, &clip, p.value.len(), c.lr, c.momentum, c.weight_decay, 1.0)?;
         }
+        ctx.pager.end_step();
         Ok(())
     }
 }

@@ -169,6 +169,8 @@ impl HostStore for MemStore {
 #[cfg(not(target_arch = "wasm32"))]
 pub struct MmapStore {
     dir: PathBuf,
+    /// No other store (another run with the same `--out`) writes these files while we live.
+    _lock: crate::lock::DirLock,
     segment_bytes: usize,
     segments: Vec<Segment>,
     alloc: Allocator,
@@ -183,16 +185,23 @@ struct Segment {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl MmapStore {
-    /// A store in `dir` (created if missing; segment files from an earlier store are replaced).
+    /// A store in `dir` (created if missing and locked for this store alone: an error naming the
+    /// holder's pid while another process uses it; segment files of an earlier store are replaced).
     pub fn new(dir: &Path) -> Result<Self> {
         Self::with_segment_bytes(dir, SEGMENT_BYTES)
     }
 
     /// A store whose segment files are at least `segment_bytes` large.
     pub fn with_segment_bytes(dir: &Path, segment_bytes: usize) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let lock = crate::lock::DirLock::acquire(dir, "host store")?;
         let segment_bytes = segment_bytes.max(HOST_ALIGN);
-        Ok(MmapStore { dir: dir.to_path_buf(), segment_bytes, segments: Vec::new(), alloc: Allocator::default() })
+        Ok(MmapStore {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            segment_bytes,
+            segments: Vec::new(),
+            alloc: Allocator::default(),
+        })
     }
 
     /// The file behind segment `i`.
@@ -214,8 +223,8 @@ impl MmapStore {
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
         reserve(&file, size).map_err(|e| Error::io(&path, e))?;
-        // SAFETY: the file is ours (created and truncated above) and sized before mapping; other
-        // processes touching it underneath are detected by `check` before each access.
+        // SAFETY: the file is ours (created and truncated above, the directory locked) and sized
+        // before mapping; anyone touching it underneath is detected by `check` before each access.
         let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| Error::io(&path, e))?;
         self.segments.push(Segment { path, file, map });
         self.alloc.add_segment(size);

@@ -16,7 +16,7 @@ mod pool;
 mod staging;
 pub mod telemetry;
 
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -86,14 +86,43 @@ struct Entry {
     last_use: u64,
     uploads: u32,
     pins: u32,
+    /// A write-back of the only copy failed (the cause): the host bytes are stale, so every read
+    /// is this error until the tensor is overwritten whole.
+    lost: Option<String>,
     /// Shape and element type, for telemetry (set by the context that made the tensor).
     layout: Option<(Box<[usize]>, DType)>,
 }
+
+/// What happened to a tensor whose write-back could not be delivered.
+const LOST: &str = "its values are lost: reads fail until it is overwritten";
+const KEPT: &str = "its values stay on the GPU and its next write-back tries again";
 
 impl Entry {
     /// Bytes moved per transfer (copies are whole 4-byte words).
     fn copy_len(&self) -> u64 {
         self.bytes.max(4).div_ceil(4) * 4
+    }
+
+    /// The error every read of a lost tensor gets.
+    fn check_lost(&self) -> Result<()> {
+        match &self.lost {
+            Some(cause) => Err(Error::WriteBack { tensor: self.name.clone(), cause: cause.clone(), fate: LOST }),
+            None => Ok(()),
+        }
+    }
+
+    /// A delivery of this tensor's write-back failed with `err`: the GPU copy, if still there, is
+    /// again the only one (dirty); otherwise the values are gone and the tensor is marked lost.
+    fn delivery_failed(&mut self, err: Error) -> Error {
+        let cause = err.to_string();
+        let fate = if self.gpu.is_some() {
+            self.dirty = true;
+            KEPT
+        } else {
+            self.lost = Some(cause.clone());
+            LOST
+        };
+        Error::WriteBack { tensor: self.name.clone(), cause, fate }
     }
 }
 
@@ -155,6 +184,15 @@ pub struct Pager {
     recorder: Rc<Recorder>,
     state: RefCell<State>,
     upload_choice: RefCell<String>,
+    /// Releases and unpins that came while `state` was borrowed (a handle dropped inside an
+    /// `update_host` closure or during a panic's unwind): done at the next borrow, never lost.
+    deferred: RefCell<Deferred>,
+}
+
+#[derive(Default)]
+struct Deferred {
+    releases: Vec<TensorId>,
+    unpin_to: Option<usize>,
 }
 
 struct State {
@@ -173,6 +211,8 @@ struct State {
     trace: Vec<Key>,
     future: Option<plan::Future>,
     diverged: bool,
+    /// The caller marks steps with `begin_step`; optimizer updates then no longer do.
+    explicit_steps: bool,
     clock: u64,
     counters: Counters,
     channel: telemetry::Channel,
@@ -181,17 +221,17 @@ struct State {
     peak_live_bytes: u64,
 }
 
-/// Writes a finished readback job into the host store (dropped if its tensor is gone).
 /// Where a write-back job's bytes go in the host store (`None`: the tensor is gone). The range
 /// stays the job's alone until it is finished: the pager settles a tensor's jobs before it reads,
 /// writes or uploads its host bytes, and waits for its deliveries before freeing them.
+/// A store that fails here leaves the tensor dirty on the GPU, or lost when it has left it.
 fn host_target(
     store: &mut dyn HostStore,
-    entries: &HashMap<TensorId, Entry>,
+    entries: &mut HashMap<TensorId, Entry>,
     job: Job,
 ) -> Result<Option<(*mut u8, usize)>> {
-    let Some(e) = entries.get(&job.tensor) else { return Ok(None) };
-    let dst = store.bytes_mut(&e.host)?;
+    let Some(e) = entries.get_mut(&job.tensor) else { return Ok(None) };
+    let dst = store.bytes_mut(&e.host).map_err(|err| e.delivery_failed(err))?;
     let (a, b) = (job.offset as usize, ((job.offset + job.len) as usize).min(dst.len()));
     Ok(Some((dst[a..b].as_mut_ptr(), b - a)))
 }
@@ -308,6 +348,15 @@ impl State {
     /// `overwrite` it all), and unmaps a zero-copy buffer so kernels can use it.
     fn fill(&mut self, recorder: &Recorder, id: TensorId, taken: &Taken, overwrite: bool) -> Result<()> {
         self.settle(recorder, id)?;
+        let e = self.entries.get_mut(&id).expect("exists");
+        if overwrite {
+            e.lost = None;
+        } else if let Err(err) = e.check_lost() {
+            if taken.mapped {
+                taken.buffer.unmap();
+            }
+            return Err(err);
+        }
         let e = &self.entries[&id];
         let len = e.copy_len();
         let result = match (overwrite, e.contents, taken.mapped) {
@@ -347,6 +396,60 @@ impl State {
         Ok(())
     }
 
+    /// Frees `id`'s GPU buffer and host bytes, with no write-back.
+    fn release(&mut self, id: TensorId) {
+        if let Some(e) = self.entries.remove(&id) {
+            // Background copies may still read or write its host bytes.
+            self.readback.wait_deliveries_for(id);
+            self.upload.wait_fills_for(&[id]);
+            self.live_bytes -= e.bytes;
+            if let Some(buf) = e.gpu {
+                self.pool.give(buf);
+            }
+            self.store.free(e.host);
+        }
+    }
+
+    fn unpin_to(&mut self, depth: usize) {
+        while self.pinned.len() > depth {
+            let id = self.pinned.pop().expect("non-empty");
+            if let Some(e) = self.entries.get_mut(&id) {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
+    }
+
+    /// After the host bytes of `id` changed: its GPU copy is dropped, or, while an op in flight
+    /// has it pinned, rewritten in place (recorded in program order, before the op's kernels).
+    fn host_changed(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.contents = Contents::Host;
+        e.dirty = false;
+        e.lost = None;
+        if e.pins == 0 {
+            if let Some(buf) = e.gpu.take() {
+                self.pool.give(buf);
+            }
+        } else if let Some(buf) = e.gpu.clone() {
+            let (host, len) = (e.host, e.copy_len() as usize);
+            let src = &self.store.bytes(&host)?[..len];
+            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, &buf, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The accesses traced so far become the prediction for the next step.
+    fn new_step(&mut self) {
+        if self.in_step && !self.trace.is_empty() {
+            let trace = std::mem::take(&mut self.trace);
+            self.future = Some(plan::Future::new(trace));
+        }
+        self.trace.clear();
+        self.in_step = true;
+        self.step_ids.clear();
+        self.diverged = false;
+    }
+
     /// Uploads tensors the next accesses will read while there is free room (no evictions),
     /// and asks the OS to read their host pages ahead.
     fn prefetch(&mut self, device: &wgpu::Device, recorder: &Recorder) -> Result<()> {
@@ -368,7 +471,7 @@ impl State {
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
-            if e.gpu.is_some() || e.contents != Contents::Host || self.readback.has_jobs_for(id) {
+            if e.gpu.is_some() || e.contents != Contents::Host || e.lost.is_some() || self.readback.has_jobs_for(id) {
                 continue;
             }
             if !self.pool.fits_without_eviction(e.bytes.max(4)) {
@@ -405,15 +508,35 @@ impl Pager {
             trace: Vec::new(),
             future: None,
             diverged: false,
+            explicit_steps: false,
             clock: 0,
             counters: Counters::default(),
             channel: telemetry::Channel::default(),
             live_bytes: 0,
             peak_live_bytes: 0,
         };
-        let pager = Pager { gpu, recorder, state: RefCell::new(state), upload_choice: RefCell::new(String::new()) };
+        let pager = Pager {
+            gpu,
+            recorder,
+            state: RefCell::new(state),
+            upload_choice: RefCell::new(String::new()),
+            deferred: RefCell::new(Deferred::default()),
+        };
         pager.choose_upload_path(opts.upload);
         pager
+    }
+
+    /// The pager's state, after the releases and unpins deferred while it was borrowed.
+    fn state(&self) -> RefMut<'_, State> {
+        let mut st = self.state.borrow_mut();
+        let d = std::mem::take(&mut *self.deferred.borrow_mut());
+        if let Some(depth) = d.unpin_to {
+            st.unpin_to(depth);
+        }
+        for id in d.releases {
+            st.release(id);
+        }
+        st
     }
 
     /// Picks the upload path: zero-copy needs unified memory; `Auto` times both on 32 MiB and
@@ -431,7 +554,7 @@ impl Pager {
                 Err(e) => (false, format!("staging ring (zero-copy measurement failed: {e})")),
             },
         };
-        self.state.borrow_mut().pool.set_zero_copy(zero_copy);
+        self.state().pool.set_zero_copy(zero_copy);
         *self.upload_choice.borrow_mut() = why;
     }
 
@@ -453,7 +576,7 @@ impl Pager {
                 let mut view = dst
                     .get_mapped_range_mut(..)
                     .map_err(|e| Error::Gpu { context: "zero-copy probe".into(), msg: e.to_string() })?;
-                staging::fill_now(&self.state.borrow().copier, &mut view, &data);
+                staging::fill_now(&self.state().copier, &mut view, &data);
             }
             dst.unmap();
             zero = zero.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
@@ -476,7 +599,7 @@ impl Pager {
             };
             let dst = self.gpu.device.create_buffer(&desc);
             let start = Stopwatch::start();
-            self.state.borrow().upload.upload(&self.recorder, None, &data, &dst, 0)?;
+            self.state().upload.upload(&self.recorder, None, &data, &dst, 0)?;
             let index = self.recorder.flush();
             self.recorder.wait(index)?;
             best = best.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
@@ -499,7 +622,7 @@ impl Pager {
         if bytes > limit {
             return Err(Error::TooLarge { tensor: name.into(), bytes, limit, what: "storage-binding limit" });
         }
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         if size_class(bytes) > st.pool.budget() {
             return Err(Error::BudgetTooSmall {
                 tensor: name.into(),
@@ -527,6 +650,7 @@ impl Pager {
             last_use: 0,
             uploads: 0,
             pins: 0,
+            lost: None,
             layout: None,
         };
         st.entries.insert(id, entry);
@@ -547,7 +671,7 @@ impl Pager {
 
     /// Records the shape and element type of `id` for telemetry (the pager itself sees bytes).
     pub fn set_layout(&self, id: TensorId, shape: &[usize], dtype: DType) {
-        if let Some(e) = self.state.borrow_mut().entries.get_mut(&id) {
+        if let Some(e) = self.state().entries.get_mut(&id) {
             e.layout = Some((shape.into(), dtype));
         }
     }
@@ -556,7 +680,7 @@ impl Pager {
     pub fn access(&self, id: TensorId, access: Access) -> Result<View> {
         let device = &self.gpu.device;
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         st.clock += 1;
         let clock = st.clock;
         let key = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?.key;
@@ -597,16 +721,17 @@ impl Pager {
 
     /// Number of pins now held (for op scopes).
     pub fn pin_depth(&self) -> usize {
-        self.state.borrow().pinned.len()
+        self.state().pinned.len()
     }
 
-    /// Unpins everything pinned after `depth`.
+    /// Unpins everything pinned after `depth` (deferred to the next use of the pager when it is
+    /// busy, e.g. an op scope ending inside an `update_host` closure).
     pub fn unpin_to(&self, depth: usize) {
-        if let Ok(mut st) = self.state.try_borrow_mut() {
-            while st.pinned.len() > depth {
-                let id = st.pinned.pop().expect("non-empty");
-                if let Some(e) = st.entries.get_mut(&id) {
-                    e.pins = e.pins.saturating_sub(1);
+        match self.state.try_borrow_mut() {
+            Ok(mut st) => st.unpin_to(depth),
+            Err(_) => {
+                if let Ok(mut d) = self.deferred.try_borrow_mut() {
+                    d.unpin_to = Some(d.unpin_to.map_or(depth, |x| x.min(depth)));
                 }
             }
         }
@@ -615,7 +740,7 @@ impl Pager {
     /// Overwrites a tensor's values from the host (any GPU copy is dropped).
     pub fn write(&self, id: TensorId, data: &[u8]) -> Result<()> {
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         st.settle(recorder, id)?;
         st.upload.wait_fills_for(&[id]);
         let (host, bytes) = {
@@ -626,25 +751,12 @@ impl Pager {
             return Err(Error::shape("tensor write", bytes, data.len()));
         }
         st.store.bytes_mut(&host)?[..bytes].copy_from_slice(data);
-        let e = st.entries.get_mut(&id).expect("exists");
-        e.contents = Contents::Host;
-        e.dirty = false;
-        if e.pins == 0 {
-            if let Some(buf) = e.gpu.take() {
-                st.pool.give(buf);
-            }
-        } else if let Some(buf) = e.gpu.clone() {
-            // Pinned by the op in flight: refresh the GPU copy in place.
-            let len = st.entries[&id].copy_len() as usize;
-            let src = &st.store.bytes(&host)?[..len];
-            st.counters.stall_s += st.upload.upload(recorder, Some(id), src, &buf, 0)?;
-        }
-        Ok(())
+        st.host_changed(recorder, id)
     }
 
     /// Moves a tensor off the GPU now (written back first if dirty).
     pub fn evict(&self, id: TensorId) -> Result<()> {
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         match st.entries.get(&id) {
             Some(e) if e.gpu.is_some() && e.pins == 0 => st.evict(&self.recorder, id),
             Some(_) => Ok(()),
@@ -655,13 +767,13 @@ impl Pager {
     /// Waits until every write-back recorded so far has landed in the host store.
     pub fn drain(&self) -> Result<()> {
         self.recorder.flush();
-        self.state.borrow_mut().drain(&self.recorder, true)
+        self.state().drain(&self.recorder, true)
     }
 
     /// Sets a tensor to zero: a clear on the GPU if it is there, nothing at all otherwise.
     pub fn zero(&self, id: TensorId) -> Result<()> {
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         st.settle(recorder, id)?;
         let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if let Some(buf) = &e.gpu {
@@ -670,25 +782,34 @@ impl Pager {
         }
         e.contents = Contents::Zero;
         e.dirty = false;
+        e.lost = None;
         Ok(())
     }
 
     /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold
-    /// their newest values (call `sync_to_host` first). Tensors in `written` are taken to be
-    /// changed: their GPU copies are dropped, so the next use uploads the new values.
+    /// their newest values (call `sync_to_host` first). Tensors in `written` (some of `ids`) are
+    /// taken to be changed: their GPU copies are dropped, or rewritten when an op has them pinned.
+    /// `f` runs while the pager is held: it must not call it (handles it drops are released, and
+    /// op scopes it ends unpinned, at the pager's next use).
     pub fn update_host<R>(
         &self,
         ids: &[TensorId],
         written: &[TensorId],
         f: impl FnOnce(&mut [&mut [u8]]) -> R,
     ) -> Result<R> {
-        let mut st = self.state.borrow_mut();
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        if let Some(id) = written.iter().find(|id| !ids.contains(id)) {
+            let name = st.entries.get(id).map_or(format!("#{id}"), |e| e.name.clone());
+            return Err(Error::invalid("update_host", format!("`{name}` is written but not among the tensors given")));
+        }
         let mut ranges = Vec::with_capacity(ids.len());
         for &id in ids {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
                 return Err(Error::invalid("update_host", format!("`{}` has newer values on the GPU", e.name)));
             }
+            e.check_lost()?;
             let mut r = e.host;
             r.len = e.bytes as usize;
             ranges.push(r);
@@ -707,13 +828,8 @@ impl Pager {
             let e = st.entries.get_mut(id).expect("checked");
             e.contents = Contents::Host;
         }
-        for id in written {
-            let e = st.entries.get_mut(id).expect("checked");
-            if e.pins == 0 {
-                if let Some(buf) = e.gpu.take() {
-                    st.pool.give(buf);
-                }
-            }
+        for &id in written {
+            st.host_changed(recorder, id)?;
         }
         Ok(out)
     }
@@ -721,11 +837,12 @@ impl Pager {
     /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
-        let st = self.state.borrow();
+        let st = self.state();
         let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
             return Err(Error::invalid("read_now", format!("`{}` has newer values on the GPU", e.name)));
         }
+        e.check_lost()?;
         if e.contents == Contents::Zero {
             return Ok(vec![0; e.bytes as usize]);
         }
@@ -736,7 +853,7 @@ impl Pager {
     /// once for all of them, so reading many tensors costs one GPU round trip, not one each.
     pub fn sync_to_host(&self, ids: &[TensorId]) -> Result<()> {
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         let mut any = false;
         for &id in ids {
             let dirty = st.entries.get(&id).is_some_and(|e| e.dirty && e.gpu.is_some());
@@ -749,13 +866,18 @@ impl Pager {
             recorder.flush();
             st.drain(recorder, true)?;
         }
+        for id in ids {
+            if let Some(e) = st.entries.get(id) {
+                e.check_lost()?;
+            }
+        }
         Ok(())
     }
 
     /// A tensor's values (waits for the GPU when its newest copy is there).
     pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         let (dirty, contents, bytes) = {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
             (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize)
@@ -764,6 +886,7 @@ impl Pager {
             st.write_back(recorder, id)?;
         }
         st.settle(recorder, id)?;
+        st.entries[&id].check_lost()?;
         // A rejected command (validation error) leaves stale bytes behind: say so instead.
         self.gpu.check("reading a tensor back")?;
         if contents == Contents::Zero && !dirty {
@@ -776,7 +899,7 @@ impl Pager {
     /// Writes back every dirty tensor and flushes the host store: its files then hold every value.
     pub fn flush(&self) -> Result<()> {
         let recorder = &*self.recorder;
-        let mut st = self.state.borrow_mut();
+        let mut st = self.state();
         let dirty: Vec<TensorId> =
             st.entries.iter().filter(|(_, e)| e.dirty && e.gpu.is_some()).map(|(&i, _)| i).collect();
         for id in dirty {
@@ -784,51 +907,57 @@ impl Pager {
         }
         recorder.flush();
         st.drain(recorder, true)?;
+        if let Some(e) = st.entries.values().find(|e| e.lost.is_some()) {
+            e.check_lost()?;
+        }
         st.store.flush()
     }
 
     /// Delivers finished write-backs without waiting.
     pub fn poll(&self) -> Result<()> {
-        self.state.borrow_mut().drain(&self.recorder, false)
+        self.state().drain(&self.recorder, false)
     }
 
     /// Marks the start of a training step: the last step's accesses become the prediction.
+    /// Optional: every optimizer update ends a step ([`Pager::end_step`]), so a plain loop of
+    /// forward, backward and `opt.step` is planned without it. Once called, the caller marks
+    /// steps alone (the trainer does, to keep evaluations between steps out of the prediction).
     pub fn begin_step(&self) {
-        let mut st = self.state.borrow_mut();
-        if st.in_step && !st.trace.is_empty() {
-            let trace = std::mem::take(&mut st.trace);
-            st.future = Some(plan::Future::new(trace));
+        let mut st = self.state();
+        st.explicit_steps = true;
+        st.new_step();
+    }
+
+    /// Marks the end of a training step; optimizers call it after each update. Ignored once
+    /// [`Pager::begin_step`] is in use.
+    pub fn end_step(&self) {
+        let mut st = self.state();
+        if !st.explicit_steps {
+            st.new_step();
         }
-        st.trace.clear();
-        st.in_step = true;
-        st.step_ids.clear();
-        st.diverged = false;
     }
 
     /// Called when the last handle to `id` is dropped: its GPU buffer and host bytes are freed,
     /// with no write-back.
     pub(crate) fn release(&self, id: TensorId) {
-        // `try_borrow_mut`: a drop during a panic unwind must not panic again.
-        if let Ok(mut st) = self.state.try_borrow_mut() {
-            if let Some(e) = st.entries.remove(&id) {
-                // Background copies may still read or write its host bytes.
-                st.readback.wait_deliveries_for(id);
-                st.upload.wait_fills_for(&[id]);
-                st.live_bytes -= e.bytes;
-                if let Some(buf) = e.gpu {
-                    st.pool.give(buf);
+        // While the pager is busy (the drop came from inside one of its calls, or a panic's
+        // unwind), the release waits for its next use instead of panicking or leaking.
+        match self.state.try_borrow_mut() {
+            Ok(mut st) => st.release(id),
+            Err(_) => {
+                if let Ok(mut d) = self.deferred.try_borrow_mut() {
+                    d.releases.push(id);
                 }
-                st.store.free(e.host);
             }
         }
     }
 
     pub fn name(&self, id: TensorId) -> String {
-        self.state.borrow().entries.get(&id).map(|e| e.name.clone()).unwrap_or_default()
+        self.state().entries.get(&id).map(|e| e.name.clone()).unwrap_or_default()
     }
 
     pub fn stats(&self) -> MemoryStats {
-        let st = self.state.borrow();
+        let st = self.state();
         MemoryStats {
             tensors: st.entries.len(),
             bytes_in_use: st.pool.in_use(),
@@ -840,40 +969,40 @@ impl Pager {
 
     /// Counts a micro-batch shrink (out-of-memory recovery) in the telemetry.
     pub fn note_shrink(&self) {
-        self.state.borrow_mut().counters.micro_batch_shrinks += 1;
+        self.state().counters.micro_batch_shrinks += 1;
     }
 
     /// Counts activation bytes a checkpointed block did not keep (recompute) in the telemetry.
     pub fn note_recompute(&self, bytes: u64) {
-        self.state.borrow_mut().counters.recompute_dropped_bytes += bytes;
+        self.state().counters.recompute_dropped_bytes += bytes;
     }
 
     /// Bytes of all live tensors now, and at most so far (the footprint a fully resident run needs).
     pub fn live_bytes(&self) -> (u64, u64) {
-        let st = self.state.borrow();
+        let st = self.state();
         (st.live_bytes, st.peak_live_bytes)
     }
 
     pub fn counters(&self) -> Counters {
-        self.state.borrow().counters
+        self.state().counters
     }
 
     pub fn budget(&self) -> u64 {
-        self.state.borrow().pool.budget()
+        self.state().pool.budget()
     }
 
     /// Changes the budget; tensors beyond it are evicted at their next placement.
     pub fn set_budget(&self, budget: u64) {
-        self.state.borrow_mut().pool.set_budget(budget);
+        self.state().pool.set_budget(budget);
     }
 
     pub fn set_policy(&self, policy: Policy) {
-        self.state.borrow_mut().policy = policy;
+        self.state().policy = policy;
     }
 
     /// Every tensor and the counters, now.
     pub fn snapshot(&self) -> Snapshot {
-        let st = self.state.borrow();
+        let st = self.state();
         let tensors = st
             .entries
             .iter()
@@ -912,29 +1041,29 @@ impl Pager {
 
     /// Snapshots published by [`Pager::publish`] arrive here.
     pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Snapshot> {
-        self.state.borrow_mut().channel.subscribe()
+        self.state().channel.subscribe()
     }
 
     /// Sends a snapshot to every subscriber (cheap when there are none).
     pub fn publish(&self) {
-        if !self.state.borrow().channel.has_subscribers() {
+        if !self.state().channel.has_subscribers() {
             return;
         }
         let snap = self.snapshot();
-        self.state.borrow_mut().channel.publish(&snap);
+        self.state().channel.publish(&snap);
     }
 
     /// Frees cached GPU buffers that no tensor uses.
     pub fn trim(&self) {
-        self.state.borrow_mut().pool.trim();
+        self.state().pool.trim();
     }
 
     /// Where tensor `id`'s bytes are in the host store (for tests that read the files).
     pub fn host_range(&self, id: TensorId) -> Option<HostRange> {
-        self.state.borrow().entries.get(&id).map(|e| e.host)
+        self.state().entries.get(&id).map(|e| e.host)
     }
 
     pub fn describe_store(&self) -> String {
-        self.state.borrow().store.describe()
+        self.state().store.describe()
     }
 }

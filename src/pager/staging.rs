@@ -319,11 +319,17 @@ impl ReadbackRing {
             .buffer
             .get_mapped_range(0..b.job.len)
             .map_err(|e| Error::Gpu { context: "readback ring".into(), msg: e.to_string() })?;
-        let ticket = match target(b.job)? {
+        let ticket = match target(b.job) {
             // SAFETY: the view keeps the slot mapped until the ticket is done (`finish_oldest`,
             // `reap`); `target` vouches for the destination; `n <= job.len`, the view's length.
-            Some((dst, n)) => unsafe { self.copier.copy(dst, view.as_ptr(), n.min(view.len())) },
-            None => Ticket::finished(),
+            Ok(Some((dst, n))) => unsafe { self.copier.copy(dst, view.as_ptr(), n.min(view.len())) },
+            Ok(None) => Ticket::finished(),
+            // Tried once: the pager has marked the tensor (dirty again, or lost), and the slot
+            // goes back to the ring.
+            Err(e) => {
+                b.delivery = Some((view, Ticket::finished()));
+                return Err(e);
+            }
         };
         b.delivery = Some((view, ticket));
         Ok(())

@@ -240,6 +240,21 @@ pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: Moments<'_>, stat
     Ok(step_dir)
 }
 
+/// Creates `dir` and checks that files can be written there (a run checks its `--out` before
+/// training, not at its first checkpoint).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn check_writable(dir: &Path) -> Result<()> {
+    let unwritable = |e: std::io::Error| {
+        let why = if dir.is_file() { "it is a file".to_string() } else { e.to_string() };
+        Error::io(dir, std::io::Error::new(e.kind(), format!("checkpoints cannot be written here: {why}")))
+    };
+    std::fs::create_dir_all(dir).map_err(unwritable)?;
+    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(unwritable)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 #[cfg(unix)]
 fn point_latest(dir: &Path, name: &str) -> Result<()> {
     let tmp = dir.join("latest.tmp");

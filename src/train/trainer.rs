@@ -492,9 +492,11 @@ impl Trainer {
         self.prefetch = Some(p);
     }
 
-    /// Trains to `cfg.steps`, evaluates, samples, saves to `cfg.out`; returns the summary.
+    /// Trains to `cfg.steps`, evaluates, samples, saves to `cfg.out` (checked to be writable
+    /// first, so a bad `--out` fails before the work, not after it); returns the summary.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn run(&mut self, ctx: &Context, reporter: &mut dyn Reporter) -> Result<RunSummary> {
+        checkpoint::check_writable(&self.cfg.out)?;
         reporter.on_start(self);
         self.start_prefetch();
         let tokens_per_step = (self.effective_batch() * self.cfg.seq_len) as f64;

@@ -2,6 +2,7 @@
 //! worst element, canary-guarded buffers, and central finite differences.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod reference;
 
 use pagetrain::pager::View;
@@ -11,6 +12,21 @@ use pagetrain::{Context, ContextOptions};
 
 /// Awkward sizes every kernel must handle.
 pub const AWKWARD: &[usize] = &[1, 3, 17, 64, 65, 129, 1000];
+
+/// Whether the adapter has shader-f16, which the f16 tests need. Without it they return early and
+/// say so — or fail, under `PAGETRAIN_REQUIRE_F16=1`: CI sets it for its lavapipe run (which has
+/// the feature), so a suite that silently stopped running cannot pass there.
+pub fn has_f16(ctx: &Context) -> bool {
+    if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
+        return true;
+    }
+    let adapter = ctx.gpu.describe();
+    if std::env::var("PAGETRAIN_REQUIRE_F16").is_ok_and(|v| v == "1") {
+        panic!("PAGETRAIN_REQUIRE_F16=1, but {adapter} has no shader-f16: the f16 tests cannot run");
+    }
+    eprintln!("skipped: {adapter} has no shader-f16");
+    false
+}
 
 pub fn ctx() -> Context {
     pollster::block_on(Context::new(&ContextOptions::default())).expect("a GPU adapter (lavapipe in CI)")
@@ -141,6 +157,22 @@ pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f
     let mut x = x.to_vec();
     (0..x.len())
         .map(|i| {
+            let orig = x[i];
+            x[i] = orig + h;
+            let up = f(&x);
+            x[i] = orig - h;
+            let down = f(&x);
+            x[i] = orig;
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// [`finite_diff`] at the coordinates `at` only (for inputs too large to perturb every one).
+pub fn finite_diff_at(x: &[f64], at: &[usize], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
+    let mut x = x.to_vec();
+    at.iter()
+        .map(|&i| {
             let orig = x[i];
             x[i] = orig + h;
             let up = f(&x);
