@@ -13,6 +13,12 @@
 // matmul_direct: the same product without workgroup memory or barriers, each thread reading its
 // 4 rows of A and 4 columns of B straight from memory. For CPU adapters (lavapipe, llvmpipe),
 // where a workgroup barrier costs more than the cache traffic it saves.
+// matmul_large: the same product for big shapes, with layout and epilogue fixed when the pipeline
+// is compiled (FLAGS: 1 A transposed, 2 B transposed, 4 bias, 8 beta != 0, 16 int8 B), so no
+// runtime strides or branches). A workgroup of 256 threads computes a 128x128 tile of C, each
+// thread 8x8 outputs in registers; K advances 8 at a time through two workgroup buffers, the
+// next slice loaded into registers while the current one is multiplied (one barrier a slice).
+// Dispatch (ceil(N/128), ceil(M/128), batch). Loads are guarded, so any shape is correct.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -208,4 +214,183 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         }
     }
     store_block(m_base, n_base, c_base, acc);
+}
+
+const LT: u32 = 128u;
+const LK: u32 = 8u;
+const TRANS_A: bool = (FLAGS & 1u) != 0u;
+const TRANS_B: bool = (FLAGS & 2u) != 0u;
+const BIAS: bool = (FLAGS & 4u) != 0u;
+const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
+const QUANT_B: bool = (FLAGS & 16u) != 0u;
+
+// Two buffers of one slice each: [buffer][k][128 rows (A) or columns (B) as 32 vec4].
+var<workgroup> Al: array<vec4<f32>, 512>;
+var<workgroup> Bl: array<vec4<f32>, 512>;
+
+// A's element (row gm, depth gk) of op(A), zero outside the matrix.
+fn large_a(base: u32, gm: u32, gk: u32) -> f32 {
+    if (gm >= p.m || gk >= p.k) {
+        return 0.0;
+    }
+    if (TRANS_A) {
+        return f32(a[base + gk * p.m + gm]);
+    }
+    return f32(a[base + gm * p.k + gk]);
+}
+
+// B's element (depth gk, column gn) of op(B), zero outside the matrix.
+fn large_b(base: u32, gk: u32, gn: u32) -> f32 {
+    if (gn >= p.n || gk >= p.k) {
+        return 0.0;
+    }
+    var i = base + gk * p.n + gn;
+    if (TRANS_B) {
+        i = base + gn * p.k + gk;
+    }
+    if (QUANT_B) {
+        return load_b(i);
+    }
+    return f32(b[i]);
+}
+
+// Each thread fetches 4 elements of A's slice and 4 of B's, running along whichever dimension is
+// contiguous in memory: 4 depths of one row (row-major A, transposed B) or 4 rows at one depth.
+fn large_fetch_a(base: u32, m0: u32, k0: u32, tid: u32) -> vec4<f32> {
+    if (TRANS_A) {
+        let k = k0 + tid / 32u;
+        let m = m0 + (tid % 32u) * 4u;
+        return vec4<f32>(large_a(base, m, k), large_a(base, m + 1u, k), large_a(base, m + 2u, k), large_a(base, m + 3u, k));
+    }
+    let m = m0 + tid / 2u;
+    let k = k0 + (tid % 2u) * 4u;
+    return vec4<f32>(large_a(base, m, k), large_a(base, m, k + 1u), large_a(base, m, k + 2u), large_a(base, m, k + 3u));
+}
+
+fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32) -> vec4<f32> {
+    if (TRANS_B) {
+        let n = n0 + tid / 2u;
+        let k = k0 + (tid % 2u) * 4u;
+        return vec4<f32>(large_b(base, k, n), large_b(base, k + 1u, n), large_b(base, k + 2u, n), large_b(base, k + 3u, n));
+    }
+    let k = k0 + tid / 32u;
+    let n = n0 + (tid % 32u) * 4u;
+    return vec4<f32>(large_b(base, k, n), large_b(base, k, n + 1u), large_b(base, k, n + 2u), large_b(base, k, n + 3u));
+}
+
+// Writes a fetched vec4 into buffer `buf`: whole when it runs along rows, else one lane per depth.
+fn large_put_a(buf: u32, tid: u32, v: vec4<f32>) {
+    if (TRANS_A) {
+        Al[buf * 256u + (tid / 32u) * 32u + tid % 32u] = v;
+    } else {
+        let r = tid / 2u;
+        let k = (tid % 2u) * 4u;
+        let at = buf * 256u + k * 32u + r / 4u;
+        Al[at][r % 4u] = v.x;
+        Al[at + 32u][r % 4u] = v.y;
+        Al[at + 64u][r % 4u] = v.z;
+        Al[at + 96u][r % 4u] = v.w;
+    }
+}
+
+fn large_put_b(buf: u32, tid: u32, v: vec4<f32>) {
+    if (TRANS_B) {
+        let r = tid / 2u;
+        let k = (tid % 2u) * 4u;
+        let at = buf * 256u + k * 32u + r / 4u;
+        Bl[at][r % 4u] = v.x;
+        Bl[at + 32u][r % 4u] = v.y;
+        Bl[at + 64u][r % 4u] = v.z;
+        Bl[at + 96u][r % 4u] = v.w;
+    } else {
+        Bl[buf * 256u + (tid / 32u) * 32u + tid % 32u] = v;
+    }
+}
+
+// Stores 4 outputs of row gm from column gn: alpha·acc (+ bias) (+ C), in bounds only.
+fn large_store(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>) {
+    if (gm >= p.m) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let n = gn + j;
+        if (n < p.n) {
+            let idx = c_base + gm * p.n + n;
+            var v = p.alpha * acc[j];
+            if (BIAS) {
+                v += bias[n];
+            }
+            if (ACCUMULATE) {
+                v += p.beta * f32(c[idx]);
+            }
+            c[idx] = B0(v);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    let m0 = wid.y * LT;
+    let n0 = wid.x * LT;
+    let a_base = p.a_off + wid.z * p.stride_a;
+    let b_base = p.b_off + wid.z * p.stride_b;
+    let c_base = p.c_off + wid.z * p.stride_c;
+
+    // acc[2i + h]: row (i < 4 ? 4ty + i : 64 + 4ty + i - 4), columns 4tx.. (h = 0) or 64 + 4tx.. (h = 1)
+    var acc: array<vec4<f32>, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+
+    large_put_a(0u, tid, large_fetch_a(a_base, m0, 0u, tid));
+    large_put_b(0u, tid, large_fetch_b(b_base, n0, 0u, tid));
+    workgroupBarrier();
+    let slices = (p.k + LK - 1u) / LK;
+    for (var s = 0u; s < slices; s++) {
+        let cur = (s % 2u) * 256u;
+        let more = s + 1u < slices;
+        var na = vec4<f32>(0.0);
+        var nb = vec4<f32>(0.0);
+        if (more) {
+            na = large_fetch_a(a_base, m0, (s + 1u) * LK, tid);
+            nb = large_fetch_b(b_base, n0, (s + 1u) * LK, tid);
+        }
+        for (var kk = 0u; kk < LK; kk++) {
+            let row = cur + kk * 32u;
+            let a0 = Al[row + ty];
+            let a1 = Al[row + 16u + ty];
+            let b0 = Bl[row + tx];
+            let b1 = Bl[row + 16u + tx];
+            acc[0] += a0.x * b0;
+            acc[1] += a0.x * b1;
+            acc[2] += a0.y * b0;
+            acc[3] += a0.y * b1;
+            acc[4] += a0.z * b0;
+            acc[5] += a0.z * b1;
+            acc[6] += a0.w * b0;
+            acc[7] += a0.w * b1;
+            acc[8] += a1.x * b0;
+            acc[9] += a1.x * b1;
+            acc[10] += a1.y * b0;
+            acc[11] += a1.y * b1;
+            acc[12] += a1.z * b0;
+            acc[13] += a1.z * b1;
+            acc[14] += a1.w * b0;
+            acc[15] += a1.w * b1;
+        }
+        if (more) {
+            let next = 1u - s % 2u;
+            large_put_a(next, tid, na);
+            large_put_b(next, tid, nb);
+        }
+        workgroupBarrier();
+    }
+
+    for (var i = 0u; i < 8u; i++) {
+        let gm = m0 + select(4u * ty + i, 64u + 4u * ty + i - 4u, i >= 4u);
+        large_store(c_base, gm, n0 + 4u * tx, acc[2u * i]);
+        large_store(c_base, gm, n0 + 64u + 4u * tx, acc[2u * i + 1u]);
+    }
 }

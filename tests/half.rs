@@ -48,7 +48,7 @@ fn matmul_with_every_mix_of_f16_operands_matches_reference() {
     for (i, &(m, n, k)) in [(3, 65, 17), (65, 3, 129), (17, 100, 64)].iter().enumerate() {
         for mix in 0..8u32 {
             let (tc, ta, tb) = (dtype(mix & 1 != 0), dtype(mix & 2 != 0), dtype(mix & 4 != 0));
-            for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+            for variant in [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large] {
                 let (trans_a, trans_b, accumulate) = (i == 1, mix % 3 == 1, mix % 2 == 0);
                 let a = held(&randn(&mut rng, m * k, 1.0), ta);
                 let b = held(&randn(&mut rng, k * n, 1.0), tb);

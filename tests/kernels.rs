@@ -8,6 +8,85 @@ use common::{assert_close, ctx, randn, to64, Guarded, AWKWARD};
 use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
 use pagetrain::rng::Rng;
 
+const VARIANTS: [MatmulVariant; 3] = [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large];
+
+/// Runs one product on guarded buffers and checks it against the f64 reference.
+fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant, g: Gemm, with_bias: bool) {
+    let Gemm { batch, m, n, k, trans_a: ta, trans_b: tb, .. } = g;
+    let accumulate = g.beta != 0.0;
+    let a = randn(rng, batch * m * k, 1.0);
+    let b = randn(rng, batch * k * n, 1.0);
+    let bias = randn(rng, n, 1.0);
+    let c0 = randn(rng, batch * m * n, 1.0);
+    let (ga, gb, gbias) =
+        (Guarded::new(ctx, a.len(), Some(&a)), Guarded::new(ctx, b.len(), Some(&b)), Guarded::new(ctx, n, Some(&bias)));
+    let gc = Guarded::new(ctx, c0.len(), if accumulate { Some(&c0) } else { None });
+    let bias_view = with_bias.then(|| gbias.view());
+    kernels::matmul::matmul_variant(
+        &ctx.kernels,
+        variant,
+        &gc.view(),
+        &ga.view(),
+        &gb.view(),
+        bias_view.as_ref(),
+        &gbias.view(),
+        g,
+    )
+    .unwrap();
+    let bias64 = to64(&bias);
+    let mut want = r::matmul_forward(
+        &to64(&a),
+        &to64(&b),
+        with_bias.then_some(&bias64[..]),
+        batch,
+        m,
+        n,
+        k,
+        ta,
+        tb,
+        false,
+        g.alpha as f64,
+    );
+    if accumulate {
+        want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += g.beta as f64 * c as f64);
+    }
+    let rtol = if k >= 1000 { 1e-3 } else { 1e-4 };
+    let what = format!("matmul {variant:?} {batch}x{m}x{n}x{k} ta={ta} tb={tb} bias={with_bias} beta={}", g.beta);
+    assert_close(&what, &gc.read(ctx), &want, rtol, 1e-5 * (k as f64).sqrt());
+}
+
+#[test]
+fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
+    // Each of the 16 pipelines matmul_large compiles (A/B transposed, bias, beta), on shapes
+    // with ragged 128-tiles in M and N and K off the 8-deep slice.
+    let ctx = ctx();
+    let mut rng = Rng::new(2);
+    for flags in 0..16u32 {
+        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4)] {
+            let g = Gemm {
+                batch,
+                m,
+                n,
+                k,
+                trans_a: flags & 1 != 0,
+                trans_b: flags & 2 != 0,
+                alpha: 0.5,
+                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
+                offsets: [0; 3],
+            };
+            check_matmul(&ctx, &mut rng, MatmulVariant::Large, g, flags & 4 != 0);
+        }
+    }
+}
+
+#[test]
+fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
+    use kernels::matmul::pick;
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Large);
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(64, 64, 4096)), MatmulVariant::Tiled);
+    assert_eq!(pick(MatmulVariant::Direct, &Gemm::new(8192, 768, 768)), MatmulVariant::Direct);
+}
+
 #[test]
 fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
     let ctx = ctx();
@@ -21,19 +100,11 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
         }
     }
     cases.extend([(1, 1000, 3, 17), (1, 3, 1000, 65), (1, 17, 65, 1000), (5, 17, 17, 3), (3, 65, 1, 129)]);
+    // several 128-row tiles with ragged edges, K below and just above the large kernel's slice
+    cases.extend([(1, 257, 131, 7), (2, 130, 260, 9), (1, 385, 129, 3)]);
     for (i, &(batch, m, n, k)) in cases.iter().enumerate() {
-        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+        for variant in VARIANTS {
             let (ta, tb, with_bias, accumulate) = (i % 2 == 1, i % 3 == 1, i % 4 == 0, i % 5 == 2);
-            let a = randn(&mut rng, batch * m * k, 1.0);
-            let b = randn(&mut rng, batch * k * n, 1.0);
-            let bias = randn(&mut rng, n, 1.0);
-            let c0 = randn(&mut rng, batch * m * n, 1.0);
-            let (ga, gb, gbias) = (
-                Guarded::new(&ctx, a.len(), Some(&a)),
-                Guarded::new(&ctx, b.len(), Some(&b)),
-                Guarded::new(&ctx, n, Some(&bias)),
-            );
-            let gc = Guarded::new(&ctx, c0.len(), if accumulate { Some(&c0) } else { None });
             let g = Gemm {
                 batch,
                 m,
@@ -45,42 +116,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 beta: if accumulate { 1.0 } else { 0.0 },
                 offsets: [0; 3],
             };
-            let bias_view = with_bias.then(|| gbias.view());
-            kernels::matmul::matmul_variant(
-                &ctx.kernels,
-                variant,
-                &gc.view(),
-                &ga.view(),
-                &gb.view(),
-                bias_view.as_ref(),
-                &gbias.view(),
-                g,
-            )
-            .unwrap();
-            let mut want = r::matmul_forward(
-                &to64(&a),
-                &to64(&b),
-                with_bias.then_some(&to64(&bias)[..]),
-                batch,
-                m,
-                n,
-                k,
-                ta,
-                tb,
-                false,
-                0.75,
-            );
-            if accumulate {
-                want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
-            }
-            let rtol = if k >= 1000 { 1e-3 } else { 1e-4 };
-            assert_close(
-                &format!("matmul {variant:?} {batch}x{m}x{n}x{k} ta={ta} tb={tb}"),
-                &gc.read(&ctx),
-                &want,
-                rtol,
-                1e-5 * (k as f64).sqrt(),
-            );
+            check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
     }
 }
@@ -92,7 +128,7 @@ fn matmul_offsets_select_row_chunks() {
     let mut rng = Rng::new(21);
     let (m, n, k) = (17, 33, 9);
     let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
-    for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+    for variant in VARIANTS {
         let a = randn(&mut rng, oa + m * k, 1.0);
         let b = randn(&mut rng, ob + n * k, 1.0);
         let mut c0 = randn(&mut rng, oc + m * n, 1.0);
