@@ -186,6 +186,11 @@ pub fn time_steps(
     }
     ctx.sync()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    // PAGETRAIN_PROFILE=1: GPU time per kernel entry and step (warm-up steps included).
+    for (entry, n, secs) in ctx.kernels.profile() {
+        let per = (warmup + steps) as f64;
+        eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
+    }
     let after = ctx.pager.counters();
     let moved = (after.bytes_uploaded - before.bytes_uploaded + after.bytes_written_back - before.bytes_written_back)
         / steps as u64;

@@ -80,7 +80,79 @@ fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
 }
 
 #[test]
+fn split_k_weight_gradient_matches_reference() {
+    // C += 0.5·Aᵀ·B with K split into slices summed in order, in every variant.
+    let ctx = ctx();
+    let mut rng = Rng::new(3);
+    for &(m, n, k, splits) in &[(17, 65, 64, 2), (3, 130, 96, 4), (65, 1, 40, 8)] {
+        for variant in VARIANTS {
+            let a = randn(&mut rng, k * m, 1.0);
+            let b = randn(&mut rng, k * n, 1.0);
+            let c0 = randn(&mut rng, m * n, 1.0);
+            let (ga, gb, gc) = (
+                Guarded::new(&ctx, a.len(), Some(&a)),
+                Guarded::new(&ctx, b.len(), Some(&b)),
+                Guarded::new(&ctx, c0.len(), Some(&c0)),
+            );
+            let parts = Guarded::new(&ctx, splits * m * n, None);
+            let g = Gemm { trans_a: true, alpha: 0.5, beta: 1.0, ..Gemm::new(m, n, k) };
+            kernels::matmul::matmul_split(
+                &ctx.kernels,
+                variant,
+                &gc.view(),
+                &ga.view(),
+                &gb.view(),
+                &parts.view(),
+                &ga.view(),
+                splits,
+                g,
+            )
+            .unwrap();
+            let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, true, false, false, 0.5);
+            want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
+            assert_close(
+                &format!("split-k {variant:?} {m}x{n}x{k} / {splits}"),
+                &gc.read(&ctx),
+                &want,
+                1e-4,
+                1e-5 * (k as f64).sqrt(),
+            );
+            parts.read(&ctx);
+        }
+    }
+    // a layout or K the split cannot serve is an error, not a wrong answer
+    let g = Gemm { trans_a: true, beta: 1.0, ..Gemm::new(4, 4, 10) };
+    let x = Guarded::new(&ctx, 64, Some(&[0.0; 64]));
+    let split = |g: Gemm, s| {
+        kernels::matmul::matmul_split(
+            &ctx.kernels,
+            MatmulVariant::Large,
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            s,
+            g,
+        )
+    };
+    assert!(split(g, 4).is_err());
+    assert!(split(Gemm { trans_a: false, ..g }, 2).is_err());
+    assert!(split(Gemm { beta: 0.0, ..g }, 2).is_err());
+    assert!(split(g, 2).is_ok());
+}
+
+#[test]
 fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
+    use kernels::matmul::split_k;
+    // GPT-2 small's weight gradients (K = 8 × 1024 rows) split until they have ~200 tiles
+    let dw = |m, n| Gemm { trans_a: true, beta: 1.0, ..Gemm::new(m, n, 8192) };
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 768)), 8);
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 3072)), 2);
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 8192)), 1);
+    assert_eq!(split_k(MatmulVariant::Direct, &dw(768, 768)), 1);
+    assert_eq!(split_k(MatmulVariant::Large, &Gemm { trans_a: false, ..dw(768, 768) }), 1);
+    assert_eq!(split_k(MatmulVariant::Large, &Gemm { k: 300, ..dw(768, 768) }), 1);
     use kernels::matmul::pick;
     assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Large);
     assert_eq!(pick(MatmulVariant::Large, &Gemm::new(64, 64, 4096)), MatmulVariant::Tiled);

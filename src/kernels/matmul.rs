@@ -74,6 +74,51 @@ pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, du
     matmul_variant(k, pick(k.tuning.matmul, &g), c, a, b, bias, dummy, g)
 }
 
+/// Output tiles a split product aims for: two 256-thread workgroups per SM on a 132-SM GPU.
+const SPLIT_TARGET_TILES: usize = 200;
+
+/// Into how many K slices to split an accumulating product `C += alpha·Aᵀ·B` (a weight
+/// gradient: M, N small, K = all the rows of a batch) whose output has too few 128×128 tiles to
+/// fill a GPU; 1 = no split. The slices run as a batch (in this layout slice s of A and B starts
+/// at s·(K/S)·M and s·(K/S)·N, exactly the batch strides) into a scratch of (S, M·N), which
+/// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
+pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
+    let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
+    if tuned != MatmulVariant::Large || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+        return 1;
+    }
+    let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
+    let mut s = 1;
+    while tiles * s < SPLIT_TARGET_TILES && s < 16 && g.k % (2 * s) == 0 && g.k / (2 * s) >= 256 {
+        s *= 2;
+    }
+    s
+}
+
+/// `c += alpha·Aᵀ·B` as `splits` K slices run as one batch into `partials` (splits·M·N floats),
+/// then summed into C in slice order (see [`split_k`]). C starts at its view (offset 0).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split(
+    k: &Kernels,
+    variant: MatmulVariant,
+    c: &View,
+    a: &View,
+    b: &View,
+    partials: &View,
+    dummy: &View,
+    splits: usize,
+    g: Gemm,
+) -> Result<()> {
+    let fits = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.offsets[2] == 0;
+    let fits = fits && splits > 0 && g.k % splits == 0;
+    if !fits || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+        return Err(Error::invalid("matmul", format!("{g:?} cannot be split into {splits} K slices")));
+    }
+    let gs = Gemm { batch: splits, k: g.k / splits, beta: 0.0, offsets: [g.offsets[0], g.offsets[1], 0], ..g };
+    matmul_variant(k, variant, partials, a, b, None, dummy, gs)?;
+    super::reduce::sum_rows(k, c, partials, splits, g.m * g.n)
+}
+
 /// The variant for `g` under the adapter's choice `tuned`: `Large` keeps products too small to
 /// fill a GPU with 128×128 tiles on 64×64 ones.
 pub fn pick(tuned: MatmulVariant, g: &Gemm) -> MatmulVariant {
