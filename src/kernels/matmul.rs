@@ -116,7 +116,7 @@ pub fn matmul_split(
     }
     let gs = Gemm { batch: splits, k: g.k / splits, beta: 0.0, offsets: [g.offsets[0], g.offsets[1], 0], ..g };
     matmul_variant(k, variant, partials, a, b, None, dummy, gs)?;
-    super::reduce::sum_rows(k, c, partials, splits, g.m * g.n)
+    super::reduce::sum_rows(k, c, partials, None, splits, g.m * g.n)
 }
 
 /// The variant for `g` under the adapter's choice `tuned`: `Large` keeps products too small to

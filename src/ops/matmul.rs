@@ -190,8 +190,10 @@ impl Backward for MatmulBackward {
         }
         if let Some(bias) = &self.bias {
             if let Some(dbias) = grads.of(ctx, bias)? {
+                let parts = super::column_partials(ctx, g.batch * g.m, g.n)?;
                 let _op = ctx.op();
-                reduce::sum_rows(&ctx.kernels, &ctx.modify(&dbias)?, &ctx.read(&dc)?, g.batch * g.m, g.n)?;
+                let pv = parts.as_ref().map(|t| ctx.write(t)).transpose()?;
+                reduce::sum_rows(&ctx.kernels, &ctx.modify(&dbias)?, &ctx.read(&dc)?, pv.as_ref(), g.batch * g.m, g.n)?;
             }
         }
         Ok(())
