@@ -217,7 +217,12 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
 }
 
 const LT: u32 = 128u;
-const LK: u32 = 8u;
+// Depth of a K slice: 8 or 16 (TILE_ROWS of the variant; 16 needs 32 KiB of workgroup memory).
+const LK: u32 = max(TILE_ROWS, 8u);
+// vec4s of A (and of B) each thread fetches per slice.
+const LV: u32 = LK / 8u;
+// Threads per depth-contiguous row of a slice, and the row step between a thread's fetches.
+const RS: u32 = 256u / LK;
 const TRANS_A: bool = (FLAGS & 1u) != 0u;
 const TRANS_B: bool = (FLAGS & 2u) != 0u;
 const BIAS: bool = (FLAGS & 4u) != 0u;
@@ -225,8 +230,8 @@ const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
 const QUANT_B: bool = (FLAGS & 16u) != 0u;
 
 // Two buffers of one slice each: [buffer][k][128 rows (A) or columns (B) as 32 vec4].
-var<workgroup> Al: array<vec4<f32>, 512>;
-var<workgroup> Bl: array<vec4<f32>, 512>;
+var<workgroup> Al: array<vec4<f32>, 64u * LK>;
+var<workgroup> Bl: array<vec4<f32>, 64u * LK>;
 
 // A's element (row gm, depth gk) of op(A), zero outside the matrix.
 fn large_a(base: u32, gm: u32, gk: u32) -> f32 {
@@ -254,60 +259,72 @@ fn large_b(base: u32, gk: u32, gn: u32) -> f32 {
     return f32(b[i]);
 }
 
-// Each thread fetches 4 elements of A's slice and 4 of B's, running along whichever dimension is
-// contiguous in memory: 4 depths of one row (row-major A, transposed B) or 4 rows at one depth.
-fn large_fetch_a(base: u32, m0: u32, k0: u32, tid: u32) -> vec4<f32> {
+// Fetch j of a thread (LV per operand and slice), chosen so that a warp's loads are coalesced:
+// where the depth is contiguous (row-major A, transposed B), LK threads read one row's LK depths
+// and fetch j holds rows r + RS·(4j + c), c < 4, at depth tid % LK (r = tid / LK); where rows
+// are contiguous, it holds rows 4q..4q+3 (q = tid % 32) at depth tid / 32 + 8j.
+fn large_fetch_a(base: u32, m0: u32, k0: u32, tid: u32, j: u32) -> vec4<f32> {
     if (TRANS_A) {
-        let k = k0 + tid / 32u;
+        let k = k0 + tid / 32u + 8u * j;
         let m = m0 + (tid % 32u) * 4u;
         return vec4<f32>(large_a(base, m, k), large_a(base, m + 1u, k), large_a(base, m + 2u, k), large_a(base, m + 3u, k));
     }
-    let m = m0 + tid / 2u;
-    let k = k0 + (tid % 2u) * 4u;
-    return vec4<f32>(large_a(base, m, k), large_a(base, m, k + 1u), large_a(base, m, k + 2u), large_a(base, m, k + 3u));
+    let m = m0 + tid / LK + RS * 4u * j;
+    let k = k0 + tid % LK;
+    return vec4<f32>(large_a(base, m, k), large_a(base, m + RS, k), large_a(base, m + 2u * RS, k), large_a(base, m + 3u * RS, k));
 }
 
-fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32) -> vec4<f32> {
+fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32, j: u32) -> vec4<f32> {
     if (TRANS_B) {
-        let n = n0 + tid / 2u;
-        let k = k0 + (tid % 2u) * 4u;
-        return vec4<f32>(large_b(base, k, n), large_b(base, k + 1u, n), large_b(base, k + 2u, n), large_b(base, k + 3u, n));
+        let n = n0 + tid / LK + RS * 4u * j;
+        let k = k0 + tid % LK;
+        return vec4<f32>(large_b(base, k, n), large_b(base, k, n + RS), large_b(base, k, n + 2u * RS), large_b(base, k, n + 3u * RS));
     }
-    let k = k0 + tid / 32u;
+    let k = k0 + tid / 32u + 8u * j;
     let n = n0 + (tid % 32u) * 4u;
     return vec4<f32>(large_b(base, k, n), large_b(base, k, n + 1u), large_b(base, k, n + 2u), large_b(base, k, n + 3u));
 }
 
-// Writes a fetched vec4 into buffer `buf`: whole when it runs along rows, else one lane per depth.
-fn large_put_a(buf: u32, tid: u32, v: vec4<f32>) {
-    if (TRANS_A) {
-        Al[buf * 256u + (tid / 32u) * 32u + tid % 32u] = v;
+// Workgroup layout: row k of a buffer holds the tile's 128 rows (A) or columns (B) as 32 vec4,
+// group q at slot q ^ (k % 32). The swizzle keeps vec4 groups whole (reads stay one vec4) and
+// spreads the depth-contiguous stores (LK depths x 32 / LK rows a warp) over the banks.
+fn large_slot(buf: u32, k: u32, q: u32) -> u32 {
+    return (buf * LK + k) * 32u + (q ^ k);
+}
+
+// Writes fetch j into buffer `buf`: one vec4 where rows are contiguous, else a lane per row.
+fn large_put(is_a: bool, depth_fast: bool, buf: u32, tid: u32, j: u32, v: vec4<f32>) {
+    var slots: vec4<u32>;
+    var lane = 0u;
+    if (depth_fast) {
+        let k = tid % LK;
+        let r = tid / LK + RS * 4u * j;
+        let g = RS / 4u;
+        let q = r / 4u;
+        slots = vec4<u32>(large_slot(buf, k, q), large_slot(buf, k, q + g), large_slot(buf, k, q + 2u * g), large_slot(buf, k, q + 3u * g));
+        lane = r % 4u;
+        if (is_a) {
+            Al[slots.x][lane] = v.x;
+            Al[slots.y][lane] = v.y;
+            Al[slots.z][lane] = v.z;
+            Al[slots.w][lane] = v.w;
+        } else {
+            Bl[slots.x][lane] = v.x;
+            Bl[slots.y][lane] = v.y;
+            Bl[slots.z][lane] = v.z;
+            Bl[slots.w][lane] = v.w;
+        }
     } else {
-        let r = tid / 2u;
-        let k = (tid % 2u) * 4u;
-        let at = buf * 256u + k * 32u + r / 4u;
-        Al[at][r % 4u] = v.x;
-        Al[at + 32u][r % 4u] = v.y;
-        Al[at + 64u][r % 4u] = v.z;
-        Al[at + 96u][r % 4u] = v.w;
+        let at = large_slot(buf, tid / 32u + 8u * j, tid % 32u);
+        if (is_a) {
+            Al[at] = v;
+        } else {
+            Bl[at] = v;
+        }
     }
 }
 
-fn large_put_b(buf: u32, tid: u32, v: vec4<f32>) {
-    if (TRANS_B) {
-        let r = tid / 2u;
-        let k = (tid % 2u) * 4u;
-        let at = buf * 256u + k * 32u + r / 4u;
-        Bl[at][r % 4u] = v.x;
-        Bl[at + 32u][r % 4u] = v.y;
-        Bl[at + 64u][r % 4u] = v.z;
-        Bl[at + 96u][r % 4u] = v.w;
-    } else {
-        Bl[buf * 256u + (tid / 32u) * 32u + tid % 32u] = v;
-    }
-}
-
-// Stores 4 outputs of row gm from column gn: alpha·acc (+ bias) (+ C), in bounds only.
+// Stores 4 outputs of row gm from column gn: alpha·acc (+ bias) (+ beta·C), in bounds only.
 fn large_store(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>) {
     if (gm >= p.m) {
         return;
@@ -344,25 +361,29 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         acc[i] = vec4<f32>(0.0);
     }
 
-    large_put_a(0u, tid, large_fetch_a(a_base, m0, 0u, tid));
-    large_put_b(0u, tid, large_fetch_b(b_base, n0, 0u, tid));
+    for (var j = 0u; j < LV; j++) {
+        large_put(true, !TRANS_A, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j));
+        large_put(false, TRANS_B, 0u, tid, j, large_fetch_b(b_base, n0, 0u, tid, j));
+    }
     workgroupBarrier();
     let slices = (p.k + LK - 1u) / LK;
+    var na: array<vec4<f32>, LV>;
+    var nb: array<vec4<f32>, LV>;
     for (var s = 0u; s < slices; s++) {
-        let cur = (s % 2u) * 256u;
+        let cur = (s % 2u) * LK * 32u; // large_slot(s % 2, kk, q) = cur + kk * 32 + (q ^ kk)
         let more = s + 1u < slices;
-        var na = vec4<f32>(0.0);
-        var nb = vec4<f32>(0.0);
         if (more) {
-            na = large_fetch_a(a_base, m0, (s + 1u) * LK, tid);
-            nb = large_fetch_b(b_base, n0, (s + 1u) * LK, tid);
+            for (var j = 0u; j < LV; j++) {
+                na[j] = large_fetch_a(a_base, m0, (s + 1u) * LK, tid, j);
+                nb[j] = large_fetch_b(b_base, n0, (s + 1u) * LK, tid, j);
+            }
         }
         for (var kk = 0u; kk < LK; kk++) {
             let row = cur + kk * 32u;
-            let a0 = Al[row + ty];
-            let a1 = Al[row + 16u + ty];
-            let b0 = Bl[row + tx];
-            let b1 = Bl[row + 16u + tx];
+            let a0 = Al[row + (ty ^ kk)];
+            let a1 = Al[row + ((16u + ty) ^ kk)];
+            let b0 = Bl[row + (tx ^ kk)];
+            let b1 = Bl[row + ((16u + tx) ^ kk)];
             acc[0] += a0.x * b0;
             acc[1] += a0.x * b1;
             acc[2] += a0.y * b0;
@@ -382,8 +403,10 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         }
         if (more) {
             let next = 1u - s % 2u;
-            large_put_a(next, tid, na);
-            large_put_b(next, tid, nb);
+            for (var j = 0u; j < LV; j++) {
+                large_put(true, !TRANS_A, next, tid, j, na[j]);
+                large_put(false, TRANS_B, next, tid, j, nb[j]);
+            }
         }
         workgroupBarrier();
     }

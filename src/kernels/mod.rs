@@ -152,6 +152,8 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
+    /// Depth of the K slices `matmul_large` stages through workgroup memory (8 or 16).
+    pub matmul_depth: u32,
 }
 
 impl Tuning {
@@ -186,7 +188,11 @@ impl Tuning {
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        Tuning { matmul, attention_tile }
+        let matmul_depth = match std::env::var("PAGETRAIN_MATMUL_DEPTH").as_deref() {
+            Ok("16") => 16,
+            _ => 8,
+        };
+        Tuning { matmul, attention_tile, matmul_depth }
     }
 }
 
