@@ -217,8 +217,11 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
 }
 
 const LT: u32 = 128u;
-// Depth of a K slice: 8 or 16 (TILE_ROWS of the variant; 16 needs 32 KiB of workgroup memory).
-const LK: u32 = max(TILE_ROWS, 8u);
+// Depth of a K slice (16 measured slower on the H200).
+const LK: u32 = 8u;
+// vec4 slots per depth row of a buffer: 32 for the 128 rows (A) or columns (B), plus one of
+// padding so that depth-contiguous stores (8 depths x 4 rows a warp) hit 32 distinct banks.
+const ROW: u32 = 33u;
 // vec4s of A (and of B) each thread fetches per slice.
 const LV: u32 = LK / 8u;
 // Threads per depth-contiguous row of a slice, and the row step between a thread's fetches.
@@ -229,9 +232,10 @@ const BIAS: bool = (FLAGS & 4u) != 0u;
 const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
 const QUANT_B: bool = (FLAGS & 16u) != 0u;
 
-// Two buffers of one slice each: [buffer][k][128 rows (A) or columns (B) as 32 vec4].
-var<workgroup> Al: array<vec4<f32>, 64u * LK>;
-var<workgroup> Bl: array<vec4<f32>, 64u * LK>;
+// Two buffers of one slice each: [buffer][k][128 rows (A) or columns (B) as 32 vec4, 1 spare]
+// (16.5 KiB in all: adapters with less workgroup memory use the 64x64 kernel).
+var<workgroup> Al: array<vec4<f32>, 2u * LK * ROW>;
+var<workgroup> Bl: array<vec4<f32>, 2u * LK * ROW>;
 
 // A's element (row gm, depth gk) of op(A), zero outside the matrix.
 fn large_a(base: u32, gm: u32, gk: u32) -> f32 {
@@ -285,11 +289,9 @@ fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32, j: u32) -> vec4<f32> {
     return vec4<f32>(large_b(base, k, n), large_b(base, k, n + 1u), large_b(base, k, n + 2u), large_b(base, k, n + 3u));
 }
 
-// Workgroup layout: row k of a buffer holds the tile's 128 rows (A) or columns (B) as 32 vec4,
-// group q at slot q ^ (k % 32). The swizzle keeps vec4 groups whole (reads stay one vec4) and
-// spreads the depth-contiguous stores (LK depths x 32 / LK rows a warp) over the banks.
+// Slot of vec4 group q (rows or columns 4q..4q+3) at depth k of buffer `buf`.
 fn large_slot(buf: u32, k: u32, q: u32) -> u32 {
-    return (buf * LK + k) * 32u + (q ^ k);
+    return (buf * LK + k) * ROW + q;
 }
 
 // Writes fetch j into buffer `buf`: one vec4 where rows are contiguous, else a lane per row.
@@ -370,7 +372,7 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     var na: array<vec4<f32>, LV>;
     var nb: array<vec4<f32>, LV>;
     for (var s = 0u; s < slices; s++) {
-        let cur = (s % 2u) * LK * 32u; // large_slot(s % 2, kk, q) = cur + kk * 32 + (q ^ kk)
+        let cur = (s % 2u) * LK * ROW; // large_slot(s % 2, kk, q) = cur + kk * ROW + q
         let more = s + 1u < slices;
         if (more) {
             for (var j = 0u; j < LV; j++) {
@@ -379,11 +381,11 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             }
         }
         for (var kk = 0u; kk < LK; kk++) {
-            let row = cur + kk * 32u;
-            let a0 = Al[row + (ty ^ kk)];
-            let a1 = Al[row + ((16u + ty) ^ kk)];
-            let b0 = Bl[row + (tx ^ kk)];
-            let b1 = Bl[row + ((16u + tx) ^ kk)];
+            let row = cur + kk * ROW;
+            let a0 = Al[row + ty];
+            let a1 = Al[row + 16u + ty];
+            let b0 = Bl[row + tx];
+            let b1 = Bl[row + 16u + tx];
             acc[0] += a0.x * b0;
             acc[1] += a0.x * b1;
             acc[2] += a0.y * b0;

@@ -214,7 +214,7 @@ fn launch(
     k.dispatch_variant(
         MATMUL,
         entry,
-        Variant { flags, tile: if variant == MatmulVariant::Large { k.tuning.matmul_depth } else { 0 }, ..Default::default() },
+        Variant { flags, ..Default::default() },
         &[c, a, b, bias, bq, scales],
         &p,
         [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],

@@ -152,8 +152,6 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
-    /// Depth of the K slices `matmul_large` stages through workgroup memory (8 or 16).
-    pub matmul_depth: u32,
 }
 
 impl Tuning {
@@ -163,6 +161,9 @@ impl Tuning {
         self.attention_tile.min((2048 / d.max(1)).max(1) as u32)
     }
 }
+
+/// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
+pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
 
 /// Which matmul entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,22 +178,19 @@ pub enum MatmulVariant {
 }
 
 impl Tuning {
-    /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them,
-    /// 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
-    pub fn for_adapter(info: &wgpu::AdapterInfo) -> Tuning {
+    /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them
+    /// (and the adapter the workgroup memory), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
+    pub fn for_adapter(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Tuning {
         let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
             Ok("tiled") => MatmulVariant::Tiled,
             Ok("direct") => MatmulVariant::Direct,
             Ok("large") => MatmulVariant::Large,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
+            _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        let matmul_depth = match std::env::var("PAGETRAIN_MATMUL_DEPTH").as_deref() {
-            Ok("16") => 16,
-            _ => 8,
-        };
-        Tuning { matmul, attention_tile, matmul_depth }
+        Tuning { matmul, attention_tile }
     }
 }
 
@@ -213,7 +211,7 @@ impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
         Kernels {
-            tuning: Tuning::for_adapter(&gpu.info),
+            tuning: Tuning::for_adapter(&gpu.info, &gpu.limits),
             gpu,
             recorder,
             modules: RefCell::new(HashMap::new()),
