@@ -237,9 +237,10 @@ const QUANT_B: bool = (FLAGS & 16u) != 0u;
 var<workgroup> Al: array<vec4<f32>, 2u * LK * ROW>;
 var<workgroup> Bl: array<vec4<f32>, 2u * LK * ROW>;
 
-// A's element (row gm, depth gk) of op(A), zero outside the matrix.
-fn large_a(base: u32, gm: u32, gk: u32) -> f32 {
-    if (gm >= p.m || gk >= p.k) {
+// A's element (row gm, depth gk) of op(A), zero outside the matrix. `checked` is a literal at
+// each call, so the unchecked copy (slices wholly inside the matrix) compiles without the tests.
+fn large_a(base: u32, gm: u32, gk: u32, checked: bool) -> f32 {
+    if (checked && (gm >= p.m || gk >= p.k)) {
         return 0.0;
     }
     if (TRANS_A) {
@@ -248,9 +249,9 @@ fn large_a(base: u32, gm: u32, gk: u32) -> f32 {
     return f32(a[base + gm * p.k + gk]);
 }
 
-// B's element (depth gk, column gn) of op(B), zero outside the matrix.
-fn large_b(base: u32, gk: u32, gn: u32) -> f32 {
-    if (gn >= p.n || gk >= p.k) {
+// B's element (depth gk, column gn) of op(B), zero outside the matrix (`checked` as for A).
+fn large_b(base: u32, gk: u32, gn: u32, checked: bool) -> f32 {
+    if (checked && (gn >= p.n || gk >= p.k)) {
         return 0.0;
     }
     var i = base + gk * p.n + gn;
@@ -267,26 +268,26 @@ fn large_b(base: u32, gk: u32, gn: u32) -> f32 {
 // where the depth is contiguous (row-major A, transposed B), LK threads read one row's LK depths
 // and fetch j holds rows r + RS·(4j + c), c < 4, at depth tid % LK (r = tid / LK); where rows
 // are contiguous, it holds rows 4q..4q+3 (q = tid % 32) at depth tid / 32 + 8j.
-fn large_fetch_a(base: u32, m0: u32, k0: u32, tid: u32, j: u32) -> vec4<f32> {
+fn large_fetch_a(base: u32, m0: u32, k0: u32, tid: u32, j: u32, ch: bool) -> vec4<f32> {
     if (TRANS_A) {
         let k = k0 + tid / 32u + 8u * j;
         let m = m0 + (tid % 32u) * 4u;
-        return vec4<f32>(large_a(base, m, k), large_a(base, m + 1u, k), large_a(base, m + 2u, k), large_a(base, m + 3u, k));
+        return vec4<f32>(large_a(base, m, k, ch), large_a(base, m + 1u, k, ch), large_a(base, m + 2u, k, ch), large_a(base, m + 3u, k, ch));
     }
     let m = m0 + tid / LK + RS * 4u * j;
     let k = k0 + tid % LK;
-    return vec4<f32>(large_a(base, m, k), large_a(base, m + RS, k), large_a(base, m + 2u * RS, k), large_a(base, m + 3u * RS, k));
+    return vec4<f32>(large_a(base, m, k, ch), large_a(base, m + RS, k, ch), large_a(base, m + 2u * RS, k, ch), large_a(base, m + 3u * RS, k, ch));
 }
 
-fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32, j: u32) -> vec4<f32> {
+fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32, j: u32, ch: bool) -> vec4<f32> {
     if (TRANS_B) {
         let n = n0 + tid / LK + RS * 4u * j;
         let k = k0 + tid % LK;
-        return vec4<f32>(large_b(base, k, n), large_b(base, k, n + RS), large_b(base, k, n + 2u * RS), large_b(base, k, n + 3u * RS));
+        return vec4<f32>(large_b(base, k, n, ch), large_b(base, k, n + RS, ch), large_b(base, k, n + 2u * RS, ch), large_b(base, k, n + 3u * RS, ch));
     }
     let k = k0 + tid / 32u + 8u * j;
     let n = n0 + (tid % 32u) * 4u;
-    return vec4<f32>(large_b(base, k, n), large_b(base, k, n + 1u), large_b(base, k, n + 2u), large_b(base, k, n + 3u));
+    return vec4<f32>(large_b(base, k, n, ch), large_b(base, k, n + 1u, ch), large_b(base, k, n + 2u, ch), large_b(base, k, n + 3u, ch));
 }
 
 // Slot of vec4 group q (rows or columns 4q..4q+3) at depth k of buffer `buf`.
@@ -364,9 +365,11 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }
 
     for (var j = 0u; j < LV; j++) {
-        large_put(true, !TRANS_A, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j));
-        large_put(false, TRANS_B, 0u, tid, j, large_fetch_b(b_base, n0, 0u, tid, j));
+        large_put(true, !TRANS_A, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j, true));
+        large_put(false, TRANS_B, 0u, tid, j, large_fetch_b(b_base, n0, 0u, tid, j, true));
     }
+    // Tiles wholly inside M and N load their full-depth slices without bounds tests.
+    let inside = m0 + LT <= p.m && n0 + LT <= p.n;
     workgroupBarrier();
     let slices = (p.k + LK - 1u) / LK;
     var na: array<vec4<f32>, LV>;
@@ -374,10 +377,16 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     for (var s = 0u; s < slices; s++) {
         let cur = (s % 2u) * LK * ROW; // large_slot(s % 2, kk, q) = cur + kk * ROW + q
         let more = s + 1u < slices;
-        if (more) {
+        let k1 = (s + 1u) * LK;
+        if (more && inside && k1 + LK <= p.k) {
             for (var j = 0u; j < LV; j++) {
-                na[j] = large_fetch_a(a_base, m0, (s + 1u) * LK, tid, j);
-                nb[j] = large_fetch_b(b_base, n0, (s + 1u) * LK, tid, j);
+                na[j] = large_fetch_a(a_base, m0, k1, tid, j, false);
+                nb[j] = large_fetch_b(b_base, n0, k1, tid, j, false);
+            }
+        } else if (more) {
+            for (var j = 0u; j < LV; j++) {
+                na[j] = large_fetch_a(a_base, m0, k1, tid, j, true);
+                nb[j] = large_fetch_b(b_base, n0, k1, tid, j, true);
             }
         }
         for (var kk = 0u; kk < LK; kk++) {
