@@ -5,6 +5,10 @@
 // forward/backward: one workgroup of 256 threads per row (2-D folded), threads stride over C.
 // *_rows variants (C <= 128): one thread per row, no barriers, 256 rows per workgroup.
 // backward_params: one thread per column, walking the rows (deterministic, no atomics).
+//   layernorm_backward_param_blocks: the same sums over blocks of block_rows rows side by side
+//     (stage one when there are few columns): 0 dweight partials (blocks,C), 1 dbias partials,
+//     2 dout, 3 x, 4 mean, 5 rstd; dispatch (ceil(C/256), blocks, 1); reduce's sum_rows over
+//     each partials array is stage two
 // x, out, dx and dout may be f16 (B3 x, B0 out/dx, B1 and B2 dout, B2 x in backward); mean, rstd,
 // weight, bias and their gradients are f32 (binding 0 is dweight, f32, in backward_params).
 // CPU references: tests/common/reference.rs `layernorm_forward`, `layernorm_backward`.
@@ -13,7 +17,7 @@ struct Params {
     rows: u32,
     c: u32,
     eps: f32,
-    _pad0: u32,
+    block_rows: u32,
 }
 
 // forward
@@ -110,6 +114,25 @@ fn layernorm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     dx[col] = B0(f32(dx[col]) + dw);
     dbias[col] += db;
+}
+
+@compute @workgroup_size(256)
+fn layernorm_backward_param_blocks(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.x;
+    if (col >= p.c) {
+        return;
+    }
+    let r0 = gid.y * p.block_rows;
+    let r1 = min(r0 + p.block_rows, p.rows);
+    var dw = 0.0;
+    var db = 0.0;
+    for (var r = r0; r < r1; r++) {
+        let g = f32(pdout[r * p.c + col]);
+        dw += g * (f32(px[r * p.c + col]) - mean_in[r]) * rstd_in[r];
+        db += g;
+    }
+    dx[gid.y * p.c + col] = B0(dw);
+    dbias[gid.y * p.c + col] = db;
 }
 
 @compute @workgroup_size(256)

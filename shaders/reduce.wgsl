@@ -4,6 +4,9 @@
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
 //                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1)
 //   sum_rows:        out (C) += sum over rows of x (R,C)   one thread per column
+//   sum_row_blocks:  out (blocks,C) = sums over blocks of block_rows rows of x (R,C): stage one of
+//                    a column sum that fills the GPU (sum_rows over its output is stage two)
+//                    dispatch (ceil(C/256), blocks, 1)
 // x may be f16 (B1); sums and outputs are f32.
 // CPU references: tests/common/reference.rs `sum_forward`, `sum_rows`.
 
@@ -14,8 +17,8 @@ struct Params {
     accumulate: u32,
     scale: f32,
     cols: u32,
+    block_rows: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -67,4 +70,20 @@ fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         s += f32(x[r * p.cols + col]);
     }
     out[col] += s;
+}
+
+@compute @workgroup_size(256)
+fn sum_row_blocks(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.x;
+    if (col >= p.cols) {
+        return;
+    }
+    let rows = p.n / p.cols;
+    let r0 = gid.y * p.block_rows;
+    let r1 = min(r0 + p.block_rows, rows);
+    var s = 0.0;
+    for (var r = r0; r < r1; r++) {
+        s += f32(x[r * p.cols + col]);
+    }
+    out[gid.y * p.cols + col] = s;
 }

@@ -3,6 +3,8 @@
 //! readback ring for write-backs. Bandwidths are bytes of tensor data per second, end to end:
 //! from host memory until the GPU has them (or back into the host store).
 
+pub mod kernels;
+
 use std::time::Instant;
 
 use crate::context::Context;
@@ -184,19 +186,25 @@ pub fn time_steps(
     }
     ctx.sync()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    // PAGETRAIN_PROFILE=1: GPU time per kernel entry and step (warm-up steps included).
+    for (entry, n, secs) in ctx.kernels.profile() {
+        let per = (warmup + steps) as f64;
+        eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
+    }
     let after = ctx.pager.counters();
     let moved = (after.bytes_uploaded - before.bytes_uploaded + after.bytes_written_back - before.bytes_written_back)
         / steps as u64;
     Ok((ms, moved, ctx.pager.live_bytes().1))
 }
 
-/// Step time resident and at 50 %, 25 %, 10 % of the footprint; `ring_gbps` converts bytes moved
-/// into transfer time for the hidden fraction.
+/// Step time resident and at those of 50 %, 25 %, 10 % of the footprint listed in `budgets`
+/// (None for the others); `ring_gbps` converts bytes moved into transfer time for the hidden fraction.
 pub fn step_times(
     make_ctx: &dyn Fn(Option<u64>) -> Result<Context>,
     cfg: &crate::train::TrainConfig,
     data: &dyn Fn() -> Result<crate::train::Dataset>,
     ring_gbps: f64,
+    budgets: &[u64],
     warmup: usize,
     steps: usize,
 ) -> Result<StepReport> {
@@ -205,6 +213,10 @@ pub fn step_times(
     let mut host_optimizer_at = Vec::new();
     let on_host = crate::train::TrainConfig { optimizer_on: crate::train::OptimizerOn::Host, ..cfg.clone() };
     for pct in [50u64, 25, 10] {
+        if !budgets.contains(&pct) {
+            at.push(None);
+            continue;
+        }
         let budget = Some(footprint * pct / 100);
         let r = match time_steps(make_ctx, cfg, data, budget, warmup, steps) {
             Err(e) if crate::train::trainer::is_out_of_memory(&e) && cfg.optimizer_on != on_host.optimizer_on => {

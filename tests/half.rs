@@ -41,7 +41,7 @@ fn matmul_with_every_mix_of_f16_operands_matches_reference() {
     for (i, &(m, n, k)) in [(3, 65, 17), (65, 3, 129), (17, 100, 64)].iter().enumerate() {
         for mix in 0..8u32 {
             let (tc, ta, tb) = (dtype(mix & 1 != 0), dtype(mix & 2 != 0), dtype(mix & 4 != 0));
-            for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+            for variant in [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large] {
                 let (trans_a, trans_b, accumulate) = (i == 1, mix % 3 == 1, mix % 2 == 0);
                 let a = held(&randn(&mut rng, m * k, 1.0), ta);
                 let b = held(&randn(&mut rng, k * n, 1.0), tb);
@@ -147,12 +147,14 @@ fn gelu_layernorm_and_sums_match_reference_in_f16() {
         assert_close(&format!("gelu backward f16 {n}"), &dx.read(&ctx), &want, F16_RTOL, 1e-3);
     }
     // short rows (thread per row) and wide rows (workgroup per row)
-    for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000)] {
+    // (1000, 3): parameter and bias sums in two stages
+    for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000), (1000, 3)] {
         let (dout, gd) = common::check_layernorm(&ctx, &mut rng, DType::F16, rows, c);
 
         // bias gradients and loss sums read f16 and add in f32
         let sums = Guarded::new(&ctx, c, Some(&vec![1.0; c]));
-        kernels::reduce::sum_rows(&ctx.kernels, &sums.view(), &gd.view(), rows, c).unwrap();
+        let parts = Guarded::new(&ctx, kernels::reduce::column_blocks(rows, c) * c, None);
+        kernels::reduce::sum_rows(&ctx.kernels, &sums.view(), &gd.view(), Some(&parts.view()), rows, c).unwrap();
         let want: Vec<f64> = r::sum_rows(&to64(&dout), rows, c).iter().map(|v| v + 1.0).collect();
         assert_close(&format!("sum_rows f16 {rows}x{c}"), &sums.read(&ctx), &want, 1e-5, 1e-5);
         let (total, partials) = (Guarded::new(&ctx, 1, None), Guarded::new(&ctx, kernels::reduce::MAX_PARTIALS, None));

@@ -8,6 +8,158 @@ use common::{assert_close, ctx, randn, to64, Guarded, AWKWARD};
 use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
 use pagetrain::rng::Rng;
 
+const VARIANTS: [MatmulVariant; 3] = [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large];
+
+/// Runs one product on guarded buffers and checks it against the f64 reference.
+fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant, g: Gemm, with_bias: bool) {
+    let Gemm { batch, m, n, k, trans_a: ta, trans_b: tb, .. } = g;
+    let accumulate = g.beta != 0.0;
+    let a = randn(rng, batch * m * k, 1.0);
+    let b = randn(rng, batch * k * n, 1.0);
+    let bias = randn(rng, n, 1.0);
+    let c0 = randn(rng, batch * m * n, 1.0);
+    let (ga, gb, gbias) =
+        (Guarded::new(ctx, a.len(), Some(&a)), Guarded::new(ctx, b.len(), Some(&b)), Guarded::new(ctx, n, Some(&bias)));
+    let gc = Guarded::new(ctx, c0.len(), if accumulate { Some(&c0) } else { None });
+    let bias_view = with_bias.then(|| gbias.view());
+    kernels::matmul::matmul_variant(
+        &ctx.kernels,
+        variant,
+        &gc.view(),
+        &ga.view(),
+        &gb.view(),
+        bias_view.as_ref(),
+        &gbias.view(),
+        g,
+    )
+    .unwrap();
+    let bias64 = to64(&bias);
+    let mut want = r::matmul_forward(
+        &to64(&a),
+        &to64(&b),
+        with_bias.then_some(&bias64[..]),
+        batch,
+        m,
+        n,
+        k,
+        ta,
+        tb,
+        false,
+        g.alpha as f64,
+    );
+    if accumulate {
+        want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += g.beta as f64 * c as f64);
+    }
+    let rtol = if k >= 1000 { 1e-3 } else { 1e-4 };
+    let what = format!("matmul {variant:?} {batch}x{m}x{n}x{k} ta={ta} tb={tb} bias={with_bias} beta={}", g.beta);
+    assert_close(&what, &gc.read(ctx), &want, rtol, 1e-5 * (k as f64).sqrt());
+}
+
+#[test]
+fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
+    // Each of the 16 pipelines matmul_large compiles for f32 B (A/B transposed, bias, beta), on
+    // shapes with ragged 128-tiles in M and N and K off the 8-deep slice.
+    let ctx = ctx();
+    let mut rng = Rng::new(2);
+    for flags in 0..16u32 {
+        // (1, 259, 130, 41): tiles wholly inside M and N, whose full slices load unchecked
+        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41)] {
+            let g = Gemm {
+                batch,
+                m,
+                n,
+                k,
+                trans_a: flags & 1 != 0,
+                trans_b: flags & 2 != 0,
+                alpha: 0.5,
+                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
+                offsets: [0; 3],
+            };
+            check_matmul(&ctx, &mut rng, MatmulVariant::Large, g, flags & 4 != 0);
+        }
+    }
+}
+
+#[test]
+fn split_k_weight_gradient_matches_reference() {
+    // C += 0.5·Aᵀ·B with K split into slices summed in order, in every variant.
+    let ctx = ctx();
+    let mut rng = Rng::new(3);
+    for &(m, n, k, splits) in &[(17, 65, 64, 2), (3, 130, 96, 4), (65, 1, 40, 8)] {
+        for variant in VARIANTS {
+            let a = randn(&mut rng, k * m, 1.0);
+            let b = randn(&mut rng, k * n, 1.0);
+            let c0 = randn(&mut rng, m * n, 1.0);
+            let (ga, gb, gc) = (
+                Guarded::new(&ctx, a.len(), Some(&a)),
+                Guarded::new(&ctx, b.len(), Some(&b)),
+                Guarded::new(&ctx, c0.len(), Some(&c0)),
+            );
+            let parts = Guarded::new(&ctx, splits * m * n, None);
+            let g = Gemm { trans_a: true, alpha: 0.5, beta: 1.0, ..Gemm::new(m, n, k) };
+            kernels::matmul::matmul_split(
+                &ctx.kernels,
+                variant,
+                &gc.view(),
+                &ga.view(),
+                &gb.view(),
+                &parts.view(),
+                &ga.view(),
+                splits,
+                g,
+            )
+            .unwrap();
+            let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, true, false, false, 0.5);
+            want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
+            assert_close(
+                &format!("split-k {variant:?} {m}x{n}x{k} / {splits}"),
+                &gc.read(&ctx),
+                &want,
+                1e-4,
+                1e-5 * (k as f64).sqrt(),
+            );
+            parts.read(&ctx);
+        }
+    }
+    // a layout or K the split cannot serve is an error, not a wrong answer
+    let g = Gemm { trans_a: true, beta: 1.0, ..Gemm::new(4, 4, 10) };
+    let x = Guarded::new(&ctx, 64, Some(&[0.0; 64]));
+    let split = |g: Gemm, s| {
+        kernels::matmul::matmul_split(
+            &ctx.kernels,
+            MatmulVariant::Large,
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            &x.view(),
+            s,
+            g,
+        )
+    };
+    assert!(split(g, 4).is_err());
+    assert!(split(Gemm { trans_a: false, ..g }, 2).is_err());
+    assert!(split(Gemm { beta: 0.0, ..g }, 2).is_err());
+    assert!(split(g, 2).is_ok());
+}
+
+#[test]
+fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
+    use kernels::matmul::split_k;
+    // GPT-2 small's weight gradients (K = 8 × 1024 rows) split until they have ~200 tiles
+    let dw = |m, n| Gemm { trans_a: true, beta: 1.0, ..Gemm::new(m, n, 8192) };
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 768)), 8);
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 3072)), 2);
+    assert_eq!(split_k(MatmulVariant::Large, &dw(768, 8192)), 1);
+    assert_eq!(split_k(MatmulVariant::Direct, &dw(768, 768)), 1);
+    assert_eq!(split_k(MatmulVariant::Large, &Gemm { trans_a: false, ..dw(768, 768) }), 1);
+    assert_eq!(split_k(MatmulVariant::Large, &Gemm { k: 300, ..dw(768, 768) }), 1);
+    use kernels::matmul::pick;
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Large);
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(64, 64, 4096)), MatmulVariant::Tiled);
+    assert_eq!(pick(MatmulVariant::Direct, &Gemm::new(8192, 768, 768)), MatmulVariant::Direct);
+}
+
 #[test]
 fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
     let ctx = ctx();
@@ -21,19 +173,11 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
         }
     }
     cases.extend([(1, 1000, 3, 17), (1, 3, 1000, 65), (1, 17, 65, 1000), (5, 17, 17, 3), (3, 65, 1, 129)]);
+    // several 128-row tiles with ragged edges, K below and just above the large kernel's slice
+    cases.extend([(1, 257, 131, 7), (2, 130, 260, 9), (1, 385, 129, 3)]);
     for (i, &(batch, m, n, k)) in cases.iter().enumerate() {
-        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+        for variant in VARIANTS {
             let (ta, tb, with_bias, accumulate) = (i % 2 == 1, i % 3 == 1, i % 4 == 0, i % 5 == 2);
-            let a = randn(&mut rng, batch * m * k, 1.0);
-            let b = randn(&mut rng, batch * k * n, 1.0);
-            let bias = randn(&mut rng, n, 1.0);
-            let c0 = randn(&mut rng, batch * m * n, 1.0);
-            let (ga, gb, gbias) = (
-                Guarded::new(&ctx, a.len(), Some(&a)),
-                Guarded::new(&ctx, b.len(), Some(&b)),
-                Guarded::new(&ctx, n, Some(&bias)),
-            );
-            let gc = Guarded::new(&ctx, c0.len(), if accumulate { Some(&c0) } else { None });
             let g = Gemm {
                 batch,
                 m,
@@ -45,42 +189,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 beta: if accumulate { 1.0 } else { 0.0 },
                 offsets: [0; 3],
             };
-            let bias_view = with_bias.then(|| gbias.view());
-            kernels::matmul::matmul_variant(
-                &ctx.kernels,
-                variant,
-                &gc.view(),
-                &ga.view(),
-                &gb.view(),
-                bias_view.as_ref(),
-                &gbias.view(),
-                g,
-            )
-            .unwrap();
-            let mut want = r::matmul_forward(
-                &to64(&a),
-                &to64(&b),
-                with_bias.then_some(&to64(&bias)[..]),
-                batch,
-                m,
-                n,
-                k,
-                ta,
-                tb,
-                false,
-                0.75,
-            );
-            if accumulate {
-                want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
-            }
-            let rtol = if k >= 1000 { 1e-3 } else { 1e-4 };
-            assert_close(
-                &format!("matmul {variant:?} {batch}x{m}x{n}x{k} ta={ta} tb={tb}"),
-                &gc.read(&ctx),
-                &want,
-                rtol,
-                1e-5 * (k as f64).sqrt(),
-            );
+            check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
     }
 }
@@ -92,7 +201,7 @@ fn matmul_offsets_select_row_chunks() {
     let mut rng = Rng::new(21);
     let (m, n, k) = (17, 33, 9);
     let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
-    for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+    for variant in VARIANTS {
         let a = randn(&mut rng, oa + m * k, 1.0);
         let b = randn(&mut rng, ob + n * k, 1.0);
         let mut c0 = randn(&mut rng, oc + m * n, 1.0);
@@ -233,7 +342,8 @@ fn activations_match_reference() {
 fn layernorm_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(4);
-    for &(rows, c) in &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1000, 3)] {
+    // (1000, 3) and (2049, 300) take the two-stage parameter sums
+    for &(rows, c) in &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1000, 3), (2049, 300)] {
         common::check_layernorm(&ctx, &mut rng, pagetrain::DType::F32, rows, c);
     }
 }
@@ -370,14 +480,23 @@ fn reductions_match_reference() {
         let want = [1.0, 2.0 + 0.5 * r::sum_forward(&x64, false), r::sum_forward(&x64, true)];
         assert_close(&format!("sum {n}"), &out.read(&ctx), &want, 1e-4, 1e-4 * (n as f64).sqrt());
     }
-    for &(rows, cols) in &[(1, 1), (17, 3), (1000, 65), (3, 1000)] {
+    for &(rows, cols) in &[(1, 1), (17, 3), (1000, 65), (3, 1000), (64, 1), (4097, 3), (2049, 300)] {
         let x = randn(&mut rng, rows * cols, 1.0);
         let gx = Guarded::new(&ctx, x.len(), Some(&x));
-        let out = Guarded::new(&ctx, cols, Some(&vec![1.0; cols]));
-        kernels::reduce::sum_rows(&ctx.kernels, &out.view(), &gx.view(), rows, cols).unwrap();
         let want: Vec<f64> = r::sum_rows(&to64(&x), rows, cols).iter().map(|v| v + 1.0).collect();
-        assert_close(&format!("sum_rows {rows}x{cols}"), &out.read(&ctx), &want, 1e-4, 1e-4);
+        // one thread per column, and blocks of rows first where the shape calls for it
+        let blocks = kernels::reduce::column_blocks(rows, cols);
+        assert_eq!(blocks > 1, rows >= 64, "{rows}x{cols}: {blocks} blocks");
+        let parts = Guarded::new(&ctx, blocks * cols, None);
+        for partials in [None, Some(parts.view())] {
+            let out = Guarded::new(&ctx, cols, Some(&vec![1.0; cols]));
+            kernels::reduce::sum_rows(&ctx.kernels, &out.view(), &gx.view(), partials.as_ref(), rows, cols).unwrap();
+            let what = format!("sum_rows {rows}x{cols} in {} stages", 1 + (partials.is_some() && blocks > 1) as u8);
+            assert_close(&what, &out.read(&ctx), &want, 1e-4, 1e-4);
+        }
+        parts.read(&ctx);
     }
+    assert!(kernels::reduce::column_blocks(8192, 768) > 64, "GPT-2's bias gradients fill the GPU");
 }
 
 #[test]

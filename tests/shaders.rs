@@ -28,8 +28,11 @@ fn every_shader_validates_with_naga() {
         let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
         assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
         // all-f32 and all-f16 bindings; head sizes and tile rows as attention uses them
-        for (f16_bindings, dim, tile) in [(0, 64, 32), (u32::MAX >> 24, 64, 32), (0, 100, 20), (0, 1, 8)] {
-            let src = specialize(shader, Variant { f16_bindings, dim, tile });
+        // and compile-time flags (matmul's layouts and epilogues) all off and all on
+        for (f16_bindings, dim, tile, flags) in
+            [(0, 64, 32, 0), (u32::MAX >> 24, 64, 32, 31), (0, 100, 20, 31), (0, 1, 8, 0), (u32::MAX >> 24, 1, 8, 0)]
+        {
+            let src = specialize(shader, Variant { f16_bindings, dim, tile, flags });
             match naga::front::wgsl::parse_str(&src) {
                 Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
                 Ok(module) => {

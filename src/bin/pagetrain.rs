@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::kernels::matmul::Gemm;
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
 use pagetrain::train::{parse_bytes, OptimizerOn, Precision, Reporter, StepReport, Tokenizer, TrainConfig, Trainer};
@@ -108,6 +109,22 @@ struct BenchArgs {
     readback_slots: Option<usize>,
     #[arg(long, value_parser = parse_bytes)]
     slot_size: Option<u64>,
+    /// Time the f32 matmul at 4096³ (NN, NT, TN): `auto` on GPUs, not on CPU adapters (minutes there).
+    #[arg(long, default_value = "auto")]
+    matmul: Toggle,
+    /// Only time the resident step (no 50/25/10 % budgets).
+    #[arg(long)]
+    resident_only: bool,
+    /// Also time one f32 product, `MxNxK` with an optional layout `:nn|nt|tn|tt` (repeatable).
+    #[arg(long, value_parser = parse_gemm)]
+    gemm: Vec<Gemm>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Toggle {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Args, Default)]
@@ -364,10 +381,32 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// `MxNxK[:nn|nt|tn|tt]` → a product (letters: A, B transposed or not).
+fn parse_gemm(s: &str) -> Result<Gemm, String> {
+    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt]");
+    let (dims, layout) = s.split_once(':').unwrap_or((s, "nn"));
+    let d: Vec<usize> = dims.split('x').map(|v| v.parse().ok()).collect::<Option<_>>().ok_or_else(want)?;
+    let (&[m, n, k], &[ta, tb]) = (d.as_slice(), layout.as_bytes()) else { return Err(want()) };
+    Ok(Gemm { trans_a: ta == b't', trans_b: tb == b't', ..Gemm::new(m, n, k) })
+}
+
 async fn bench(args: BenchArgs) -> Result<(), Error> {
     let store = if args.store == "memory" { StoreKind::Memory } else { StoreKind::Mmap(PathBuf::from(&args.store)) };
     let ctx = Context::new(&ContextOptions { store, ..Default::default() }).await?;
     let r = pagetrain::bench::transfers(&ctx, args.tensors, args.tensor_size as usize, args.repeats)?;
+    let on_cpu = ctx.gpu.info.device_type == wgpu::DeviceType::Cpu;
+    let mm = match args.matmul {
+        Toggle::On => true,
+        Toggle::Off => false,
+        Toggle::Auto => !on_cpu,
+    };
+    let mm = if mm { Some(pagetrain::bench::kernels::matmuls(&ctx, 20, args.repeats)?) } else { None };
+    for &g in &args.gemm {
+        let variant = pagetrain::kernels::matmul::pick(ctx.kernels.tuning.matmul, &g);
+        let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, 10, args.repeats)?;
+        let layout = format!("{}{}", if g.trans_a { 't' } else { 'n' }, if g.trans_b { 't' } else { 'n' });
+        eprintln!("gemm {}x{}x{}:{layout}: {tflops:.1} TFLOP/s ({variant:?})", g.m, g.n, g.k);
+    }
     drop(ctx);
     let steps = match &args.steps_model {
         Some(model) => {
@@ -401,14 +440,17 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                     pagetrain::train::Dataset::from_text(pagetrain::train::corpus::DEMO, "demo corpus", None)
                 }
             };
-            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_ring_gbps, 2, args.steps)?)
+            let budgets: &[u64] = if args.resident_only { &[] } else { &[50, 25, 10] };
+            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_ring_gbps, budgets, 2, args.steps)?)
         }
         None => None,
     };
     if args.json {
         let mut v = serde_json::to_value(&r).expect("serializable");
-        if let (Some(s), Some(o)) = (&steps, v.as_object_mut()) {
-            if let serde_json::Value::Object(m) = serde_json::to_value(s).expect("serializable") {
+        let parts =
+            [serde_json::to_value(&mm).expect("serializable"), serde_json::to_value(&steps).expect("serializable")];
+        for part in parts {
+            if let (serde_json::Value::Object(m), Some(o)) = (part, v.as_object_mut()) {
                 o.extend(m);
             }
         }
@@ -426,6 +468,12 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         );
         println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
         println!("  the pager uploads by: {}", r.upload_path);
+        if let Some(m) = &mm {
+            println!(
+                "matmul f32 4096³: {:.1} TFLOP/s (A·B), {:.1} (A·Bᵀ), {:.1} (Aᵀ·B)",
+                m.matmul_f32_4096_tflops, m.matmul_f32_4096_nt_tflops, m.matmul_f32_4096_tn_tflops
+            );
+        }
         if let Some(s) = &steps {
             let ms = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:9.1} ms"));
             let mib = |v: Option<u64>| v.map_or(String::new(), |v| format!("({} MiB moved per step)", v >> 20));

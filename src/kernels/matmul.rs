@@ -1,6 +1,6 @@
 //! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched, transposes by strides.
 
-use super::{Kernels, MatmulVariant, MATMUL, MAX_GROUPS};
+use super::{Kernels, MatmulVariant, Variant, MATMUL, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -63,11 +63,70 @@ impl Gemm {
 }
 
 const TILE: usize = 64;
+const LARGE_TILE: usize = 128;
+/// Fewest 128×128 tiles for which the large kernel beats 64×64 tiles (H200, GPT-2 shapes).
+const LARGE_MIN_TILES: usize = 64;
 
 /// Records `c = alpha·op(a)·op(b) + beta·c (+ bias)`. `bias` (N) is added when given; `dummy`
-/// is any small buffer that stands in for it otherwise. The variant is the adapter's tuning.
+/// is any small buffer that stands in for it otherwise. The variant follows the adapter's tuning
+/// and the shape (see [`pick`]).
 pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, dummy: &View, g: Gemm) -> Result<()> {
-    matmul_variant(k, k.tuning.matmul, c, a, b, bias, dummy, g)
+    matmul_variant(k, pick(k.tuning.matmul, &g), c, a, b, bias, dummy, g)
+}
+
+/// Output tiles a split product aims for: two 256-thread workgroups per SM on a 132-SM GPU.
+const SPLIT_TARGET_TILES: usize = 200;
+
+/// Into how many K slices to split an accumulating product `C += alpha·Aᵀ·B` (a weight
+/// gradient: M, N small, K = all the rows of a batch) whose output has too few 128×128 tiles to
+/// fill a GPU; 1 = no split. The slices run as a batch (in this layout slice s of A and B starts
+/// at s·(K/S)·M and s·(K/S)·N, exactly the batch strides) into a scratch of (S, M·N), which
+/// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
+pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
+    let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
+    if tuned != MatmulVariant::Large || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+        return 1;
+    }
+    let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
+    let mut s = 1;
+    while tiles * s < SPLIT_TARGET_TILES && s < 16 && g.k % (2 * s) == 0 && g.k / (2 * s) >= 256 {
+        s *= 2;
+    }
+    s
+}
+
+/// `c += alpha·Aᵀ·B` as `splits` K slices run as one batch into `partials` (splits·M·N floats),
+/// then summed into C in slice order (see [`split_k`]). C starts at its view (offset 0).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split(
+    k: &Kernels,
+    variant: MatmulVariant,
+    c: &View,
+    a: &View,
+    b: &View,
+    partials: &View,
+    dummy: &View,
+    splits: usize,
+    g: Gemm,
+) -> Result<()> {
+    let fits = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.offsets[2] == 0;
+    let fits = fits && splits > 0 && g.k % splits == 0;
+    if !fits || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+        return Err(Error::invalid("matmul", format!("{g:?} cannot be split into {splits} K slices")));
+    }
+    let gs = Gemm { batch: splits, k: g.k / splits, beta: 0.0, offsets: [g.offsets[0], g.offsets[1], 0], ..g };
+    matmul_variant(k, variant, partials, a, b, None, dummy, gs)?;
+    super::reduce::sum_rows(k, c, partials, None, splits, g.m * g.n)
+}
+
+/// The variant for `g` under the adapter's choice `tuned`: `Large` keeps products too small to
+/// fill a GPU with 128×128 tiles on 64×64 ones.
+pub fn pick(tuned: MatmulVariant, g: &Gemm) -> MatmulVariant {
+    let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE) * g.batch;
+    match tuned {
+        MatmulVariant::Large if tiles < LARGE_MIN_TILES => MatmulVariant::Tiled,
+        v => v,
+    }
 }
 
 /// [`matmul`] with an explicit variant (tests check both on every adapter).
@@ -112,8 +171,9 @@ fn launch(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
-    let tiles_n = g.n.div_ceil(TILE);
-    let tiles_m = g.m.div_ceil(TILE);
+    let tile = if variant == MatmulVariant::Large { LARGE_TILE } else { TILE };
+    let tiles_n = g.n.div_ceil(tile);
+    let tiles_m = g.m.div_ceil(tile);
     if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
         return Err(Error::invalid(
             "matmul",
@@ -146,17 +206,29 @@ fn launch(
     };
     let bias = bias.unwrap_or(dummy);
     let (bq, scales) = qb.map_or((dummy, dummy), |q| (q.q, q.scales));
-    let entry = match variant {
-        MatmulVariant::Tiled => "matmul",
-        MatmulVariant::Direct => "matmul_direct",
+    let (entry, flags) = match variant {
+        MatmulVariant::Tiled => ("matmul", 0),
+        MatmulVariant::Direct => ("matmul_direct", 0),
+        MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
     };
-    k.dispatch(
+    k.dispatch_variant(
         MATMUL,
         entry,
+        Variant { flags, ..Default::default() },
         &[c, a, b, bias, bq, scales],
         &p,
         [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],
     )
+}
+
+/// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,
+/// 4 bias, 8 beta != 0 (C is read), 16 int8 B.
+fn large_flags(g: &Gemm, bias: bool, quant_b: bool) -> u32 {
+    g.trans_a as u32
+        | (g.trans_b as u32) << 1
+        | (bias as u32) << 2
+        | ((g.beta != 0.0) as u32) << 3
+        | (quant_b as u32) << 4
 }
 
 /// Symmetric int8 quantization with one scale per row: row r of `w` (rows × cols) becomes

@@ -30,6 +30,9 @@ use crate::recorder::Recorder;
 pub struct Shader {
     pub name: &'static str,
     pub source: &'static str,
+    /// Every entry writes its workgroup memory before reading it, so the zero fill wgpu adds by
+    /// default at the start of each workgroup is wasted work.
+    pub writes_workgroup_first: bool,
 }
 
 /// Helpers every family uses (`flat`, `block_sum`, `block_max`), prepended to each source.
@@ -37,12 +40,16 @@ pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 macro_rules! shader {
     ($name:literal) => {
+        shader!($name, false)
+    };
+    ($name:literal, $writes_first:literal) => {
         Shader {
             name: $name,
             source: concat!(
                 include_str!("../../shaders/common.wgsl"),
                 include_str!(concat!("../../shaders/", $name, ".wgsl"))
             ),
+            writes_workgroup_first: $writes_first,
         }
     };
 }
@@ -53,7 +60,7 @@ pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const LAYERNORM: Shader = shader!("layernorm");
-pub const MATMUL: Shader = shader!("matmul");
+pub const MATMUL: Shader = shader!("matmul", true);
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
@@ -62,12 +69,14 @@ pub const SOFTMAX: Shader = shader!("softmax");
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
 /// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
 /// and f32 elsewhere. `dim` and `tile` are sizes a family unrolls for (attention's head size and
-/// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`.
+/// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`; `flags` are choices fixed at compile
+/// time (matmul's layout and epilogue), as `FLAGS`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub f16_bindings: u32,
     pub dim: u32,
     pub tile: u32,
+    pub flags: u32,
 }
 
 /// Bindings a kernel may declare through the `Bi` aliases.
@@ -85,6 +94,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     }
     src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
     src.push_str(&format!("const TILE_ROWS: u32 = {}u;\n", variant.tile.max(1)));
+    src.push_str(&format!("const FLAGS: u32 = {}u;\n", variant.flags));
     src.push_str(shader.source);
     src
 }
@@ -152,23 +162,32 @@ impl Tuning {
     }
 }
 
+/// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
+pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
+
 /// Which matmul entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulVariant {
-    /// Workgroup-memory tiles (GPUs).
+    /// 64×64 workgroup-memory tiles, layout by runtime strides (GPUs: small products, int8 B).
     Tiled,
     /// No workgroup memory (CPU adapters, where barriers are expensive).
     Direct,
+    /// 128×128 tiles, 8×8 outputs a thread, double-buffered, one pipeline per layout and epilogue
+    /// (GPUs: products with enough such tiles to fill the device).
+    Large,
 }
 
 impl Tuning {
-    /// Direct matmul on CPU adapters, tiled elsewhere; `PAGETRAIN_MATMUL=tiled|direct` overrides.
-    pub fn for_adapter(info: &wgpu::AdapterInfo) -> Tuning {
+    /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them
+    /// (and the adapter the workgroup memory), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
+    pub fn for_adapter(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Tuning {
         let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
             Ok("tiled") => MatmulVariant::Tiled,
             Ok("direct") => MatmulVariant::Direct,
+            Ok("large") => MatmulVariant::Large,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
-            _ => MatmulVariant::Tiled,
+            _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
+            _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
         Tuning { matmul, attention_tile }
@@ -192,7 +211,7 @@ impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
         Kernels {
-            tuning: Tuning::for_adapter(&gpu.info),
+            tuning: Tuning::for_adapter(&gpu.info, &gpu.limits),
             gpu,
             recorder,
             modules: RefCell::new(HashMap::new()),
@@ -261,7 +280,10 @@ impl Kernels {
             layout: None,
             module: &module,
             entry_point: Some(entry),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: !shader.writes_workgroup_first,
+                ..Default::default()
+            },
             cache: None,
         });
         self.gpu
@@ -294,12 +316,26 @@ impl Kernels {
         params: &P,
         groups: [u32; 3],
     ) -> Result<()> {
+        self.dispatch_variant(shader, entry, Variant { dim, tile, ..Default::default() }, buffers, params, groups)
+    }
+
+    /// [`Kernels::dispatch`] of a family compiled as `variant` (its `f16_bindings` are taken from
+    /// the views' element types).
+    pub fn dispatch_variant<P: bytemuck::Pod>(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        variant: Variant,
+        buffers: &[&View],
+        params: &P,
+        groups: [u32; 3],
+    ) -> Result<()> {
         let f16_bindings = buffers
             .iter()
             .enumerate()
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
-        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, dim, tile })?;
+        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, ..variant })?;
         let bytes = bytemuck::bytes_of(params);
         let (arena, offset) = self.recorder.uniform(bytes);
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers

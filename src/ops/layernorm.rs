@@ -78,9 +78,14 @@ impl Backward for LayerNormBackward {
             Some(g) => g,
             None => ctx.zeros("unused dbias", &[c], false)?,
         };
+        let parts = [super::column_partials(ctx, self.x.rows(), c)?, super::column_partials(ctx, self.x.rows(), c)?];
         let _op = ctx.op();
         let r = |t: &Tensor| ctx.read(t);
         let dxv = dx.as_ref().map(|t| ctx.modify(t)).transpose()?;
+        let pv = match &parts {
+            [Some(pw), Some(pb)] => Some((ctx.write(pw)?, ctx.write(pb)?)),
+            _ => None,
+        };
         k::backward(
             &ctx.kernels,
             dxv.as_ref(),
@@ -91,6 +96,7 @@ impl Backward for LayerNormBackward {
             &r(&self.weight)?,
             &r(&self.mean)?,
             &r(&self.rstd)?,
+            pv.as_ref().map(|(a, b)| (a, b)),
             self.x.rows(),
             c,
         )

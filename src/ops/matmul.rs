@@ -7,7 +7,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as k, Gemm};
 use crate::kernels::reduce;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Options of [`matmul`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -174,7 +174,14 @@ impl Backward for MatmulBackward {
             if !tb {
                 // dB (K,N) = op(A)ᵀ · dC (M,N)
                 let gg = Gemm { m: g.k, n: g.n, k: g.m, trans_a: !ta, trans_b: false, ..base };
-                k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;
+                let splits = k::split_k(ctx.kernels.tuning.matmul, &gg);
+                if splits > 1 {
+                    let parts = ctx.empty("matmul split-k partials", &[splits, gg.m * gg.n], DType::F32, false)?;
+                    let variant = k::pick(ctx.kernels.tuning.matmul, &Gemm { batch: splits, ..gg });
+                    k::matmul_split(&ctx.kernels, variant, &dbv, &av, &dcv, &ctx.write(&parts)?, &dummy, splits, gg)?;
+                } else {
+                    k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;
+                }
             } else {
                 // dB (N,K) = dCᵀ · op(A) (M,K)
                 let gg = Gemm { m: g.n, n: g.k, k: g.m, trans_a: true, trans_b: ta, ..base };
@@ -183,8 +190,10 @@ impl Backward for MatmulBackward {
         }
         if let Some(bias) = &self.bias {
             if let Some(dbias) = grads.of(ctx, bias)? {
+                let parts = super::column_partials(ctx, g.batch * g.m, g.n)?;
                 let _op = ctx.op();
-                reduce::sum_rows(&ctx.kernels, &ctx.modify(&dbias)?, &ctx.read(&dc)?, g.batch * g.m, g.n)?;
+                let pv = parts.as_ref().map(|t| ctx.write(t)).transpose()?;
+                reduce::sum_rows(&ctx.kernels, &ctx.modify(&dbias)?, &ctx.read(&dc)?, pv.as_ref(), g.batch * g.m, g.n)?;
             }
         }
         Ok(())

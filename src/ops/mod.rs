@@ -23,8 +23,17 @@ pub use mixed::{linear_mixed, refresh_half};
 pub use quantized::{linear_q8, QWeight};
 pub use softmax::softmax;
 
+use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::reduce::column_blocks;
 use crate::tensor::{DType, Tensor};
+
+/// Scratch for a two-stage column sum over (rows, cols) (see `column_blocks`), None where one
+/// stage does.
+fn column_partials(ctx: &Context, rows: usize, cols: usize) -> Result<Option<Tensor>> {
+    let blocks = column_blocks(rows, cols);
+    (blocks > 1).then(|| ctx.empty("column sum partials", &[blocks, cols], DType::F32, false)).transpose()
+}
 
 fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {

@@ -99,8 +99,17 @@ impl Backward for LinearQ8Backward {
         }
         if let Some(bias) = &self.bias {
             if let Some(db) = grads.of(ctx, bias)? {
+                let parts = super::column_partials(ctx, self.out.rows(), self.w.cols)?;
                 let _op = ctx.op();
-                reduce::sum_rows(&ctx.kernels, &ctx.modify(&db)?, &ctx.read(&dy)?, self.out.rows(), self.w.cols)?;
+                let pv = parts.as_ref().map(|t| ctx.write(t)).transpose()?;
+                reduce::sum_rows(
+                    &ctx.kernels,
+                    &ctx.modify(&db)?,
+                    &ctx.read(&dy)?,
+                    pv.as_ref(),
+                    self.out.rows(),
+                    self.w.cols,
+                )?;
             }
         }
         Ok(())

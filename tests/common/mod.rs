@@ -222,6 +222,10 @@ pub fn check_layernorm(ctx: &Context, rng: &mut Rng, dt: DType, rows: usize, c: 
         Guarded::new(ctx, c, Some(&vec![0.0; c])),
         Guarded::new(ctx, c, Some(&vec![0.0; c])),
     );
+    // parameter sums in two stages where the shape calls for it (NaN-poisoned scratch)
+    let blocks = pagetrain::kernels::reduce::column_blocks(rows, c);
+    let parts = (blocks > 1).then(|| (Guarded::new(ctx, blocks * c, None), Guarded::new(ctx, blocks * c, None)));
+    let part_views = parts.as_ref().map(|(a, b)| (a.view(), b.view()));
     let grads = (dx.view(), dw.view(), db.view(), gd.view());
     pagetrain::kernels::layernorm::backward(
         k,
@@ -233,6 +237,7 @@ pub fn check_layernorm(ctx: &Context, rng: &mut Rng, dt: DType, rows: usize, c: 
         &views.4,
         &views.1,
         &views.2,
+        part_views.as_ref().map(|(a, b)| (a, b)),
         rows,
         c,
     )
