@@ -8,7 +8,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::kernels::matmul::Gemm;
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
-use pagetrain::train::{parse_bytes, OptimizerOn, Precision, Reporter, StepReport, Tokenizer, TrainConfig, Trainer};
+use pagetrain::train::{
+    parse_bytes, OptimizerOn, Precision, Reporter, RunFile, StepReport, Tokenizer, TrainConfig, Trainer,
+};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]
@@ -129,6 +131,11 @@ enum Toggle {
 
 #[derive(Args, Default)]
 struct TrainArgs {
+    /// A TOML run file: keys named as these flags with underscores (`batch_size = 8`), plus
+    /// n_layer/n_head/n_embd/block_size, min_lr, warmup_steps, weight_decay, grad_clip,
+    /// eval_batches. Flags override it; each checkpoint holds the effective one as run.toml.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Model preset: tiny, small, gpt2-124m.
     #[arg(long)]
     model: Option<String>,
@@ -200,51 +207,64 @@ struct TrainArgs {
     store: Option<String>,
 }
 
-/// A GPU budget: bytes, or `auto` (None).
-#[derive(Clone, Copy, Debug)]
-struct Budget(Option<u64>);
+/// A GPU budget: bytes, or `auto` (None), and how it was written.
+#[derive(Clone, Debug)]
+struct Budget {
+    bytes: Option<u64>,
+    text: String,
+}
 
 fn parse_budget(s: &str) -> Result<Budget, String> {
-    if s.eq_ignore_ascii_case("auto") {
-        return Ok(Budget(None));
-    }
-    parse_bytes(s).map(|b| Budget(Some(b)))
+    let bytes = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_bytes(s)?) };
+    Ok(Budget { bytes, text: s.to_string() })
+}
+
+/// What a run is asked to do: defaults, then `--config`'s file, then the flags.
+struct Run {
+    cfg: TrainConfig,
+    budget: Option<u64>,
+    store: StoreKind,
+    /// The effective configuration as a run file, written beside each checkpoint.
+    file: RunFile,
 }
 
 impl TrainArgs {
-    /// The host store: `--store`, by default memory-mapped files in `OUT/store`.
-    fn store(&self, cfg: &TrainConfig) -> StoreKind {
-        match self.store.as_deref() {
+    fn resolve(&self) -> Result<Run, Error> {
+        let file = match &self.config {
+            Some(path) => RunFile::load(path)?,
+            None => RunFile::default(),
+        };
+        let mut c = file.apply(TrainConfig::default())?;
+        macro_rules! flag {
+            ($($key:ident),*) => { $( if let Some(v) = &self.$key { c.$key = v.clone(); } )* };
+        }
+        flag!(model, steps, batch_size, seq_len, lr, seed, out, eval_every, sample_len, accum);
+        flag!(optimizer_on, precision, tokenizer, checkpoint_every);
+        for (flag, field) in
+            [(&self.data, &mut c.data), (&self.resume, &mut c.resume), (&self.init_from, &mut c.init_from)]
+        {
+            if flag.is_some() {
+                field.clone_from(flag);
+            }
+        }
+        if self.freeze_int8.is_some() {
+            c.freeze_int8.clone_from(&self.freeze_int8);
+        }
+        c.recompute |= self.recompute;
+        let budget_text = match (&self.gpu_budget, &file.gpu_budget) {
+            (Some(b), _) => b.text.clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => "auto".to_string(),
+        };
+        let budget = parse_budget(&budget_text).map_err(|msg| Error::Invalid { what: "gpu_budget", msg })?.bytes;
+        let store_text = self.store.clone().or(file.store.clone());
+        let store = match store_text.as_deref() {
             Some("memory") => StoreKind::Memory,
             Some(dir) => StoreKind::Mmap(PathBuf::from(dir)),
-            None => StoreKind::Mmap(cfg.out.join("store")),
-        }
-    }
-
-    fn config(&self) -> TrainConfig {
-        let d = TrainConfig::default();
-        TrainConfig {
-            model: self.model.clone().unwrap_or(d.model),
-            steps: self.steps.unwrap_or(d.steps),
-            batch_size: self.batch_size.unwrap_or(d.batch_size),
-            seq_len: self.seq_len.unwrap_or(d.seq_len),
-            lr: self.lr.unwrap_or(d.lr),
-            seed: self.seed.unwrap_or(d.seed),
-            data: self.data.clone(),
-            out: self.out.clone().unwrap_or(d.out),
-            resume: self.resume.clone(),
-            init_from: self.init_from.clone(),
-            eval_every: self.eval_every.unwrap_or(d.eval_every),
-            sample_len: self.sample_len.unwrap_or(d.sample_len),
-            accum: self.accum.unwrap_or(d.accum),
-            optimizer_on: self.optimizer_on.unwrap_or(d.optimizer_on),
-            recompute: self.recompute,
-            freeze_int8: self.freeze_int8.clone(),
-            precision: self.precision.unwrap_or(d.precision),
-            tokenizer: self.tokenizer.unwrap_or(d.tokenizer),
-            checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
-            ..d
-        }
+            None => StoreKind::Mmap(c.out.join("store")),
+        };
+        let file = RunFile::from_config(&c, Some(budget_text), store_text);
+        Ok(Run { cfg: c, budget, store, file })
     }
 }
 
@@ -307,12 +327,11 @@ impl Reporter for Bar {
 }
 
 async fn train(args: TrainArgs) -> Result<(), Error> {
-    let cfg = args.config();
+    let Run { cfg, budget, store, file } = args.resolve()?;
     cfg.validate()?;
     // Before anything is trained: --out must be writable and no other run's.
     let _out = pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?;
-    let store = args.store(&cfg);
-    let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.0), ..Default::default() };
+    let pager = PagerOptions { budget, ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
     eprintln!(
         "store: {}; GPU budget {} MiB; uploads by {}",
@@ -322,6 +341,7 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     );
     eprintln!("adapter: {}", ctx.gpu.describe());
     let mut trainer = Trainer::new(&ctx, cfg, None)?;
+    trainer.run_file = Some(file.to_toml());
     let bar = ProgressBar::new(trainer.cfg.steps);
     bar.set_style(
         ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} ({elapsed} / ~{eta})")
@@ -526,16 +546,12 @@ fn prepare(args: PrepareArgs) -> Result<(), Error> {
 #[cfg(feature = "studio")]
 fn studio(args: StudioArgs) -> Result<(), Error> {
     use pagetrain::studio::{native, RunSetup};
-    let mut train = args.train.config();
-    if args.train.out.is_none() {
-        train.out = PathBuf::from("runs/studio");
+    let mut train_args = args.train;
+    if train_args.out.is_none() && train_args.config.is_none() {
+        train_args.out = Some(PathBuf::from("runs/studio"));
     }
-    let setup = RunSetup {
-        store: args.train.store(&train),
-        budget: args.train.gpu_budget.and_then(|b| b.0),
-        device: Default::default(),
-        train,
-    };
+    let Run { cfg, budget, store, .. } = train_args.resolve()?;
+    let setup = RunSetup { store, budget, device: Default::default(), train: cfg };
     let opts = native::Options {
         setup,
         start: args.start,

@@ -149,6 +149,8 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
     let ctx = Context::new(&opts).await?;
     let mut trainer = Trainer::new(&ctx, setup.train.clone(), None)?;
     let out_dir = trainer.cfg.out.clone();
+    // A run whose checkpoints cannot be written fails now, not at its first checkpoint.
+    crate::train::checkpoint::check_writable(&out_dir)?;
     out.send(Event::Started(info(&ctx, &trainer, &setup.store)));
     out.snapshot(&ctx, trainer.step);
     trainer.start_prefetch();

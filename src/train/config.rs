@@ -63,8 +63,10 @@ pub struct TrainConfig {
     /// Micro-batches whose gradients are summed per optimizer step.
     pub accum: usize,
     pub seq_len: usize,
-    /// Peak learning rate (after warmup; cosine decay to lr/10).
+    /// Peak learning rate (after warmup; cosine decay to `min_lr`).
     pub lr: f32,
+    /// Where the cosine decay ends (`None`: lr/10).
+    pub min_lr: Option<f32>,
     pub warmup_steps: u64,
     pub weight_decay: f32,
     /// Global gradient-norm clip (≤ 0: off).
@@ -105,6 +107,7 @@ impl Default for TrainConfig {
             accum: 1,
             seq_len: 64,
             lr: 3e-3,
+            min_lr: None,
             warmup_steps: 30,
             weight_decay: 0.1,
             grad_clip: 1.0,
@@ -151,6 +154,11 @@ impl TrainConfig {
         if self.eval_batches == 0 {
             return bad("eval batches must be at least 1".into());
         }
+        if let Some(m) = self.min_lr {
+            if !(m.is_finite() && (0.0..=self.lr).contains(&m)) {
+                return bad(format!("min_lr must be between 0 and --lr {}, got {m}", self.lr));
+            }
+        }
         if self.resume.is_some() && self.init_from.is_some() {
             return bad("--resume and --init-from exclude each other".into());
         }
@@ -166,9 +174,9 @@ impl TrainConfig {
         }
     }
 
-    /// Learning rate at `step` (0-based): linear warmup, then cosine decay to lr/10.
+    /// Learning rate at `step` (0-based): linear warmup, then cosine decay to `min_lr`.
     pub fn lr_at(&self, step: u64) -> f32 {
-        let min_lr = self.lr / 10.0;
+        let min_lr = self.min_lr.unwrap_or(self.lr / 10.0);
         if step < self.warmup_steps {
             return self.lr * (step + 1) as f32 / self.warmup_steps as f32;
         }

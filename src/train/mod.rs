@@ -5,11 +5,15 @@ pub mod config;
 pub mod corpus;
 pub mod data;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod metrics;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
+pub mod run_file;
 pub mod tokenizer;
 pub mod trainer;
 
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
+pub use run_file::RunFile;
 pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

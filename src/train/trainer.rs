@@ -165,6 +165,8 @@ pub struct Trainer {
     /// saved for backward are all alive (a snapshot between steps shows none of them).
     pub want_forward_snapshot: bool,
     pub forward_snapshot: Option<crate::pager::Snapshot>,
+    /// The run's effective configuration (a `run.toml`), written into each checkpoint.
+    pub run_file: Option<String>,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -301,6 +303,7 @@ impl Trainer {
             print_phases: std::env::var("PAGETRAIN_PHASES").is_ok_and(|v| v != "0"),
             want_forward_snapshot: false,
             forward_snapshot: None,
+            run_file: None,
         })
     }
 
@@ -482,7 +485,12 @@ impl Trainer {
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn save(&mut self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
         self.apply_pending(ctx)?;
-        checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await
+        let saved = checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await?;
+        if let Some(text) = &self.run_file {
+            let path = saved.join("run.toml");
+            std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(saved)
     }
 
     /// Starts a thread that prepares the batches of the coming steps.
@@ -503,9 +511,22 @@ impl Trainer {
         let mut losses = Vec::new();
         let start = std::time::Instant::now();
         let first_step = self.step;
+        let mut metrics = super::metrics::MetricsLog::open(&self.cfg.out)?;
         while self.step < self.cfg.steps {
+            let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
             let loss = self.train_step(ctx).await?;
             losses.push(loss);
+            let after = ctx.pager.counters();
+            metrics.step(&super::metrics::StepLine {
+                step: self.step,
+                loss,
+                lr: self.cfg.lr_at(self.step - 1),
+                tokens_per_s: tokens_per_step / clock.elapsed().as_secs_f64().max(1e-9),
+                bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
+                bytes_written_back: after.bytes_written_back - before.bytes_written_back,
+                stall_s: after.stall_s - before.stall_s,
+                micro_batch: self.micro_batch,
+            })?;
             let elapsed = start.elapsed().as_secs_f64();
             let r = StepReport {
                 step: self.step,
@@ -518,6 +539,7 @@ impl Trainer {
             ctx.pager.publish();
             if self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
                 let v = self.evaluate(ctx).await?;
+                metrics.eval(self.step, v)?;
                 reporter.on_eval(self.step, v);
             }
             if self.cfg.checkpoint_every > 0
@@ -540,6 +562,7 @@ impl Trainer {
             ));
         }
         let val = self.evaluate(ctx).await?;
+        metrics.eval(self.step, val)?;
         reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 {
             let prompt = self.data.vocab.encode("One day").unwrap_or_else(|_| vec![0]);

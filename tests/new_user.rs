@@ -1,6 +1,7 @@
-//! GPT-2's BPE from a new user's side: `pagetrain prepare` writes an llm.c token file whose ids
-//! decode back to the text, bad text is an error naming where, and a run on the token file
-//! samples text, not ids.
+//! A new user's path: `pagetrain prepare` writes an llm.c token file of GPT-2 BPE ids that decode
+//! back to the text (bad text is an error naming where); a run configured by a TOML file trains
+//! on it, samples text (not ids), logs metrics as JSON lines and leaves its effective
+//! configuration beside the checkpoint, which `--config` reads back.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -58,7 +59,7 @@ fn bad_text_is_an_error_naming_where() {
 }
 
 #[test]
-fn a_run_on_gpt2_tokens_samples_text() {
+fn prepare_then_train_from_a_config_file() {
     let d = dir("cli");
     let (txt, bin) = (d.join("story.txt"), d.join("story.bin"));
     std::fs::write(&txt, "Once upon a time the cat sat on the mat and looked at the moon.\n".repeat(200)).unwrap();
@@ -69,27 +70,55 @@ fn a_run_on_gpt2_tokens_samples_text() {
     };
     run(&["prepare", txt.to_str().unwrap(), "-o", bin.to_str().unwrap()]);
     let out = d.join("run");
-    let json = run(&[
-        "train",
-        "--data",
-        bin.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--sample-len",
-        "12",
-        "--json",
-        "--out",
-        out.to_str().unwrap(),
-        "--store",
-        "memory",
-    ]);
+    let config = d.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data = {:?}\nout = {:?}\nsteps = 3\nbatch_size = 2\nseq_len = 16\nn_layer = 1\nn_head = 2\n\
+             n_embd = 32\nblock_size = 16\nlr = 0.002\nmin_lr = 0.0001\nwarmup_steps = 1\neval_every = 2\n\
+             eval_batches = 1\nsample_len = 12\nstore = \"memory\"\ngpu_budget = \"64MiB\"\n",
+            bin.to_str().unwrap(),
+            out.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    // A flag overrides the file: 4 steps, not 3.
+    let json = run(&["train", "--config", config.to_str().unwrap(), "--steps", "4", "--json"]);
     let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(v["steps"], 4);
+    assert_eq!(v["budget_bytes"], 64 << 20);
     let sample = v["sample"].as_str().unwrap();
     assert!(!sample.is_empty() && !sample.contains("<1") && !sample.contains("<2"), "ids, not text: {sample:?}");
+    // n_embd 32, 2 heads, 1 layer over GPT-2's vocabulary: the custom size was used.
+    let c = 32usize;
+    let want = 50257 * c + 16 * c + (4 * c + c * 3 * c + 3 * c + c * c + c + c * 4 * c + 4 * c + 4 * c * c + c) + 2 * c;
+    assert_eq!(v["params"].as_u64(), Some(want as u64));
+    // The metrics log: a line per step and per evaluation.
+    let log = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<u64> =
+        lines.iter().filter(|l| l.get("loss").is_some()).map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4]);
+    assert!(lines.iter().all(|l| l["step"].as_u64().is_some()));
+    assert_eq!(lines.iter().filter(|l| l.get("val_loss").is_some()).count(), 2, "{log}"); // step 2 and the end
+    let first = &lines[0];
+    for key in ["lr", "tokens_per_s", "bytes_uploaded", "bytes_written_back", "stall_s"] {
+        assert!(first[key].is_number(), "{key} missing: {first}");
+    }
+    // The effective configuration beside the checkpoint reproduces the run.
+    let effective = std::fs::read_to_string(out.join("latest").join("run.toml")).unwrap();
+    assert!(effective.contains("steps = 4") && effective.contains("n_embd = 32"), "{effective}");
+    let again = d.join("again");
+    let json = run(&[
+        "train",
+        "--config",
+        out.join("latest").join("run.toml").to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+        "--json",
+    ]);
+    let w: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(w["final_train_loss"], v["final_train_loss"], "the same run again");
     // The same text file trained with --tokenizer gpt2 directly.
     let json = run(&[
         "train",
@@ -113,4 +142,17 @@ fn a_run_on_gpt2_tokens_samples_text() {
     ]);
     let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert!(v["final_train_loss"].as_f64().unwrap() > 5.0, "a 50257-way model starts near ln(50257): {v}");
+}
+
+#[test]
+fn a_bad_config_file_names_the_key() {
+    let d = dir("badcfg");
+    let config = d.join("run.toml");
+    std::fs::write(&config, "steps = 3\nbatch_sise = 2\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_pagetrain"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("run.toml") && err.contains("batch_sise"), "{err}");
 }
