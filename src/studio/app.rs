@@ -216,6 +216,9 @@ impl StudioApp {
 impl eframe::App for StudioApp {
     fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
         let t0 = self.clock.seconds();
+        if std::env::var_os("PAGETRAIN_STUDIO_DEBUG").is_some() {
+            eprintln!("frame at {t0:.2} s: {:?}", ui.ctx().repaint_causes());
+        }
         self.panels(ui);
         let ctx = ui.ctx().clone();
         self.frames.record(t0, self.clock.seconds() - t0);

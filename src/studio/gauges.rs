@@ -30,19 +30,19 @@ pub fn show(ui: &mut Ui, dash: &Dashboard) {
         ui.label("GPU pool: no run yet");
         return;
     };
-    egui::Grid::new("gauges").num_columns(2).spacing([12.0, 4.0]).show(ui, |ui| {
-        ui.label("GPU pool");
+    ui.horizontal(|ui| {
+        name(ui, "GPU pool");
         ui.add(ProgressBar::new(pool_fraction(snap)).text(pool_text(snap)).desired_width(320.0));
         if snap.gpu_bytes > snap.budget {
             ui.label(RichText::new("over budget").color(Color32::RED));
         }
-        ui.end_row();
-
-        ui.label("staging");
+    });
+    ui.horizontal(|ui| {
+        name(ui, "staging");
         ui.label(format!("{} of upload and write-back rings", format_bytes(snap.staging_bytes)));
-        ui.end_row();
-
-        ui.label("host");
+    });
+    ui.horizontal(|ui| {
+        name(ui, "host");
         let rss = dash.host.rss_bytes.map_or("unknown".to_string(), format_bytes);
         let share = if dash.host.host_only_bytes > 0 {
             format!(
@@ -58,10 +58,10 @@ pub fn show(ui: &mut Ui, dash: &Dashboard) {
             format_bytes(snap.host_bytes),
             format_bytes(dash.host.host_only_bytes)
         ));
-        ui.end_row();
-
+    });
+    ui.horizontal(|ui| {
+        name(ui, "pager");
         let c = &snap.counters;
-        ui.label("pager");
         ui.label(format!(
             "{} hits, {} misses, {} evictions, {} prefetches; {} up, {} written back; {:.2} s stalled",
             c.hits,
@@ -72,6 +72,11 @@ pub fn show(ui: &mut Ui, dash: &Dashboard) {
             format_bytes(c.bytes_written_back),
             c.stall_s
         ));
-        ui.end_row();
     });
+}
+
+/// A row's name in a fixed width (rows, not a Grid: a grid whose column widens with its text
+/// asks for one more frame each time).
+fn name(ui: &mut Ui, text: &str) {
+    ui.add_sized([64.0, 18.0], egui::Label::new(text));
 }

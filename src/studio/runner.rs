@@ -19,8 +19,9 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
 /// Repaints asked for by the run: at most this often (the UI has nothing newer to draw) ...
 pub const REPAINT_EVERY: Duration = Duration::from_millis(33);
 /// ... or this often where the window is drawn in software on the CPU the run trains on
-/// (llvmpipe draws a frame of the studio in ~0.3 s on 2 cores).
-pub const REPAINT_EVERY_SOFTWARE: Duration = Duration::from_secs(2);
+/// (llvmpipe draws a frame of the studio in ~0.2 s of both of 2 cores, and egui draws one more
+/// after each change).
+pub const REPAINT_EVERY_SOFTWARE: Duration = Duration::from_secs(4);
 
 /// A run on its thread; dropping it stops the run and waits for the thread.
 pub struct NativeRun {
