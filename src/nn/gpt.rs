@@ -77,6 +77,13 @@ impl GptConfig {
         Ok(())
     }
 
+    /// [`GptConfig::num_params`] without overflow, for sizes read from files.
+    pub fn num_params_f64(&self) -> f64 {
+        let (c, l) = (self.n_embd as f64, self.n_layer as f64);
+        let block = 4.0 * c + (3.0 * c * c + 3.0 * c) + (c * c + c) + (4.0 * c * c + 4.0 * c) + (4.0 * c * c + c);
+        self.vocab_size as f64 * c + self.block_size as f64 * c + l * block + 2.0 * c
+    }
+
     /// Number of parameters (the head is tied, so it adds none).
     pub fn num_params(&self) -> usize {
         let c = self.n_embd;

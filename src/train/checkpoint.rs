@@ -91,6 +91,12 @@ pub fn hf_config_json(c: &GptConfig) -> serde_json::Value {
     })
 }
 
+/// The model a Hugging Face GPT-2 `config.json` (its `text`, read from `path`) describes.
+pub fn config_from_hf_json(path: &Path, text: &str) -> Result<GptConfig> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| ckpt_err(path, e.to_string()))?;
+    config_from_hf(path, &v)
+}
+
 fn config_from_hf(path: &Path, v: &serde_json::Value) -> Result<GptConfig> {
     let get = |key: &str| -> Result<usize> {
         v.get(key)
@@ -287,11 +293,19 @@ fn prune(dir: &Path, current: &str) {
     }
 }
 
-fn read_safetensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
+/// Tensors and metadata of a safetensors file.
+pub type SafetensorsContents = (HashMap<String, HostTensor>, HashMap<String, String>);
+
+fn read_safetensors(path: &Path) -> Result<SafetensorsContents> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_safetensors(path, &bytes)
+}
+
+/// The tensors (as f32) and metadata of safetensors `bytes` read from `path` (named in errors).
+pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<SafetensorsContents> {
     let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
+        SafeTensors::deserialize(bytes).map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
@@ -342,10 +356,19 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
         None => {
             let path = dir.join(CONFIG_FILE);
             let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ckpt_err(&path, e.to_string()))?;
-            config_from_hf(&path, &v)?
+            config_from_hf_json(&path, &text)?
         }
     };
+    // A model is built (its parameters allocated) before its weights are copied in: a config
+    // that promises more parameters than the file holds is refused first, so a hostile file
+    // cannot make us allocate more than it justifies.
+    let held: f64 = weights.values().map(|t| t.data.len() as f64).sum();
+    if config.num_params_f64() > held {
+        return Err(ckpt_err(
+            &model_path,
+            format!("the config describes {:.0} parameters, the file holds {held:.0} values", config.num_params_f64()),
+        ));
+    }
     let opt_path = dir.join(OPTIMIZER_FILE);
     let optimizer = if opt_path.exists() {
         let (moments, ometa) = read_safetensors(&opt_path)?;
