@@ -440,6 +440,24 @@ fn the_window_shows_a_failure_and_a_fixed_setup_restarts_without_restarting_the_
         h.state().dash.log.iter().any(|(l, m)| *l == Level::Error && m.contains("is empty")),
         "the log keeps the error"
     );
+    // Let it finish (it saves a checkpoint), stop it, and resume from that checkpoint.
+    let wait = |h: &mut Harness<'_, StudioApp>, what: &str, done: &dyn Fn(&StudioApp) -> bool| {
+        let t0 = Instant::now();
+        while !done(h.state()) {
+            assert!(t0.elapsed() < Duration::from_secs(120), "{what}: {:?}", h.state().dash.status);
+            h.step();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        h.run();
+    };
+    wait(&mut h, "finishing", &|a| a.dash.status == RunStatus::Finished);
+    h.get_by_label("Stop").click();
+    wait(&mut h, "stopping", &|a| a.dash.status == RunStatus::Stopped);
+    h.get_by_label("Resume from the checkpoint of step 4").click();
+    h.run();
+    assert!(h.state().setup.resume.ends_with("step-00000004"), "{}", h.state().setup.resume);
+    h.get_by_label("Start").click();
+    wait(&mut h, "resuming", &|a| a.dash.info.as_ref().is_some_and(|i| i.first_step == 4));
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use eframe::egui::{self, RichText, Ui};
 
-use super::dashboard::{Dashboard, Level, RunStatus};
+use super::dashboard::{Dashboard, Level, MarkerKind, RunStatus};
 use super::feed::{Command, Event, RunSetup};
 use super::map_panel::ResidencyMap;
 use super::sample::SamplePanel;
@@ -176,6 +176,12 @@ impl StudioApp {
             match action {
                 Action::Start(setup) => self.start(*setup, ctx),
                 Action::Send(c) => self.send(c),
+            }
+        }
+        let last_checkpoint = self.dash.markers.iter().rev().find(|m| m.kind == MarkerKind::Checkpoint);
+        if let (false, Some(m)) = (status.is_live(), last_checkpoint) {
+            if ui.button(format!("Resume from the checkpoint of step {}", m.step)).clicked() {
+                self.setup.resume = m.text.clone();
             }
         }
         ui.separator();
