@@ -156,3 +156,30 @@ fn a_bad_config_file_names_the_key() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("run.toml") && err.contains("batch_sise"), "{err}");
 }
+
+#[test]
+fn a_separate_validation_file() {
+    let d = dir("val");
+    let (train, val, odd) = (d.join("train.txt"), d.join("val.txt"), d.join("odd.txt"));
+    std::fs::write(&train, "the cat sat on the mat. ".repeat(40)).unwrap();
+    std::fs::write(&val, "the mat sat on the cat. ".repeat(10)).unwrap();
+    std::fs::write(&odd, "zebra quiz ".repeat(10)).unwrap();
+    let data = Dataset::open(&train, None).unwrap();
+    let all = data.len();
+    let val_data = Dataset::open(&val, Some(data.vocab.clone())).unwrap();
+    let data = data.with_validation(val_data).unwrap();
+    use pagetrain::train::Split;
+    assert_eq!((data.split_len(Split::Train), data.split_len(Split::Val)), (all, 240), "all of train trains");
+    let mut rng = pagetrain::rng::Rng::new(5);
+    let (x, _) = data.batch(Split::Val, &mut rng, 3, 8);
+    let text = data.vocab.decode(&x);
+    assert!(text.contains("mat sat") || text.contains("sat on the c") || text.contains("the cat. "), "{text}");
+    // Characters the training data lacks cannot be validated on.
+    let o = Command::new(env!("CARGO_BIN_EXE_pagetrain"))
+        .args(["train", "--data", train.to_str().unwrap(), "--val-data", odd.to_str().unwrap(), "--steps", "1"])
+        .args(["--out", d.join("run").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("odd.txt") && err.contains("'z'"), "{err}");
+}

@@ -153,6 +153,9 @@ struct TrainArgs {
     /// Training data: a text file (characters become tokens) or a `.bin` uint16 token file.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// A separate validation file (then all of --data trains); by default the last tenth of --data.
+    #[arg(long)]
+    val_data: Option<PathBuf>,
     /// Directory for the checkpoint.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -240,9 +243,12 @@ impl TrainArgs {
         }
         flag!(model, steps, batch_size, seq_len, lr, seed, out, eval_every, sample_len, accum);
         flag!(optimizer_on, precision, tokenizer, checkpoint_every);
-        for (flag, field) in
-            [(&self.data, &mut c.data), (&self.resume, &mut c.resume), (&self.init_from, &mut c.init_from)]
-        {
+        for (flag, field) in [
+            (&self.data, &mut c.data),
+            (&self.val_data, &mut c.val_data),
+            (&self.resume, &mut c.resume),
+            (&self.init_from, &mut c.init_from),
+        ] {
             if flag.is_some() {
                 field.clone_from(flag);
             }

@@ -74,6 +74,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Text or `.bin` token file; `None`: the built-in demo corpus.
     pub data: Option<PathBuf>,
+    /// A separate validation file (then all of `data` trains); `None`: the last tenth of `data`.
+    pub val_data: Option<PathBuf>,
     /// Where the checkpoint goes.
     pub out: PathBuf,
     /// Continue from this checkpoint directory.
@@ -113,6 +115,7 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             seed: 1337,
             data: None,
+            val_data: None,
             out: PathBuf::from("runs/default"),
             resume: None,
             init_from: None,

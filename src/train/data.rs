@@ -83,6 +83,8 @@ pub struct Dataset {
     pub vocab: Vocab,
     pub path: PathBuf,
     n_train: usize,
+    /// A separate validation set (then all of this one trains).
+    val: Option<Box<Dataset>>,
 }
 
 /// Which part of the data.
@@ -127,7 +129,7 @@ impl Dataset {
     }
 
     fn with_split(store: Store, vocab: Vocab, path: PathBuf) -> Dataset {
-        let mut d = Dataset { store, vocab, path, n_train: 0 };
+        let mut d = Dataset { store, vocab, path, n_train: 0, val: None };
         d.n_train = d.len() - d.len() / 10;
         d
     }
@@ -182,6 +184,26 @@ impl Dataset {
         }
     }
 
+    /// This data trains in full and `val` (tokenized with the same vocabulary) validates.
+    pub fn with_validation(mut self, mut val: Dataset) -> Result<Dataset> {
+        if val.vocab != self.vocab {
+            return Err(Error::Data { path: val.path, msg: "has another vocabulary than the training data".into() });
+        }
+        self.n_train = self.len();
+        val.n_train = val.len();
+        self.val = Some(Box::new(val));
+        Ok(self)
+    }
+
+    /// Where `split`'s tokens are: this data's range, or the separate validation set's.
+    fn part(&self, split: Split) -> (&Dataset, usize, usize) {
+        match (split, &self.val) {
+            (Split::Val, Some(v)) => (v, 0, v.len()),
+            (Split::Val, None) => (self, self.n_train, self.len()),
+            (Split::Train, _) => (self, 0, self.n_train),
+        }
+    }
+
     fn range(&self, split: Split) -> (usize, usize) {
         match split {
             Split::Train => (0, self.n_train),
@@ -190,7 +212,7 @@ impl Dataset {
     }
 
     pub fn split_len(&self, split: Split) -> usize {
-        let (a, b) = self.range(split);
+        let (_, a, b) = self.part(split);
         b - a
     }
 
@@ -200,7 +222,7 @@ impl Dataset {
             let n = self.split_len(split);
             if n < seq_len + 1 {
                 return Err(Error::Data {
-                    path: self.path.clone(),
+                    path: self.part(split).0.path.clone(),
                     msg: format!(
                         "too short: its {split:?} split has {n} tokens, a window of --seq-len {seq_len} needs {} ({} tokens in all)",
                         seq_len + 1,
@@ -214,13 +236,13 @@ impl Dataset {
 
     /// `b` random windows of `t + 1` tokens from `split`: inputs (B·T) and next-token targets (B·T).
     pub fn batch(&self, split: Split, rng: &mut Rng, b: usize, t: usize) -> (Vec<u32>, Vec<u32>) {
-        let (start, end) = self.range(split);
+        let (data, start, end) = self.part(split);
         let mut x = Vec::with_capacity(b * t);
         let mut y = Vec::with_capacity(b * t);
         for _ in 0..b {
             let s = start + rng.below(end - start - t);
-            x.extend((s..s + t).map(|i| self.token(i)));
-            y.extend((s + 1..s + t + 1).map(|i| self.token(i)));
+            x.extend((s..s + t).map(|i| data.token(i)));
+            y.extend((s + 1..s + t + 1).map(|i| data.token(i)));
         }
         (x, y)
     }

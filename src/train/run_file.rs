@@ -35,6 +35,7 @@ pub struct RunFile {
     pub grad_clip: Option<f32>,
     pub seed: Option<u64>,
     pub data: Option<PathBuf>,
+    pub val_data: Option<PathBuf>,
     pub out: Option<PathBuf>,
     pub resume: Option<PathBuf>,
     pub init_from: Option<PathBuf>,
@@ -81,13 +82,14 @@ impl RunFile {
         if let Some(v) = self.min_lr {
             c.min_lr = Some(v);
         }
-        for (key, v) in [("data", &self.data), ("resume", &self.resume), ("init_from", &self.init_from)] {
-            if let Some(p) = v {
-                match key {
-                    "data" => c.data = Some(p.clone()),
-                    "resume" => c.resume = Some(p.clone()),
-                    _ => c.init_from = Some(p.clone()),
-                }
+        for (v, field) in [
+            (&self.data, &mut c.data),
+            (&self.val_data, &mut c.val_data),
+            (&self.resume, &mut c.resume),
+            (&self.init_from, &mut c.init_from),
+        ] {
+            if v.is_some() {
+                field.clone_from(v);
             }
         }
         if let Some(p) = &self.freeze_int8 {
@@ -134,6 +136,7 @@ impl RunFile {
             grad_clip: Some(cfg.grad_clip),
             seed: Some(cfg.seed),
             data: cfg.data.clone(),
+            val_data: cfg.val_data.clone(),
             out: Some(cfg.out.clone()),
             resume: cfg.resume.clone(),
             init_from: cfg.init_from.clone(),

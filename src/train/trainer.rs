@@ -664,9 +664,16 @@ fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
             });
         }
     }
-    match &cfg.data {
-        Some(path) => Dataset::open(path, vocab),
-        None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab),
+    let data = match &cfg.data {
+        Some(path) => Dataset::open(path, vocab)?,
+        None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab)?,
+    };
+    match &cfg.val_data {
+        Some(path) => {
+            let val = Dataset::open(path, Some(data.vocab.clone()))?;
+            data.with_validation(val)
+        }
+        None => Ok(data),
     }
 }
 
