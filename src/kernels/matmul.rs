@@ -89,7 +89,7 @@ pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
     let mut s = 1;
-    while tiles * s < SPLIT_TARGET_TILES && s < 16 && g.k % (2 * s) == 0 && g.k / (2 * s) >= 256 {
+    while tiles * s < SPLIT_TARGET_TILES && s < 16 && g.k.is_multiple_of(2 * s) && g.k / (2 * s) >= 256 {
         s *= 2;
     }
     s
@@ -110,7 +110,7 @@ pub fn matmul_split(
     g: Gemm,
 ) -> Result<()> {
     let fits = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.offsets[2] == 0;
-    let fits = fits && splits > 0 && g.k % splits == 0;
+    let fits = fits && splits > 0 && g.k.is_multiple_of(splits);
     if !fits || g.m * g.n > super::MAX_GROUPS as usize * 256 {
         return Err(Error::invalid("matmul", format!("{g:?} cannot be split into {splits} K slices")));
     }
