@@ -468,7 +468,8 @@ fn reductions_match_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(8);
     let partials = Guarded::new(&ctx, kernels::reduce::MAX_PARTIALS, None);
-    for &n in &[1usize, 3, 17, 1000, 300_001, 5_000_000] {
+    // up to ONE_STAGE (16384) in one workgroup, longer through the partials
+    for &n in &[1usize, 3, 17, 1000, 16384, 16385, 300_001, 5_000_000] {
         let x = randn(&mut rng, n, 1.0);
         let gx = Guarded::new(&ctx, n, Some(&x));
         let out = Guarded::new(&ctx, 3, Some(&[1.0, 2.0, 3.0]));

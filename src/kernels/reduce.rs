@@ -33,8 +33,23 @@ pub struct SumSpec {
     pub accumulate: bool,
 }
 
+/// Longest x `sum` reduces in one workgroup, skipping the partials (a dispatch saved per small
+/// tensor: the gradient norm sums one per parameter, and half of GPT-2's are biases and gains).
+pub const ONE_STAGE: usize = 16384;
+
 /// out[slot] (=|+=) scale · Σ x (or Σ x²); x (n), `partials` scratch of MAX_PARTIALS floats.
 pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: SumSpec) -> Result<()> {
+    if n <= ONE_STAGE {
+        let p = Params {
+            n: n as u32,
+            squares: spec.squares as u32,
+            slot: spec.slot as u32,
+            accumulate: spec.accumulate as u32,
+            scale: spec.scale,
+            ..Default::default()
+        };
+        return k.dispatch(REDUCE, "reduce_final", &[out, x], &p, [1, 1, 1]);
+    }
     let groups = n.div_ceil(256 * 4).clamp(1, MAX_PARTIALS);
     let stage1 = Params { n: n as u32, squares: spec.squares as u32, scale: 1.0, ..Default::default() };
     k.dispatch(REDUCE, "reduce_partials", &[partials, x], &stage1, [groups as u32, 1, 1])?;
