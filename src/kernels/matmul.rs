@@ -1,4 +1,6 @@
-//! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched, transposes by strides.
+//! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched; transposes by strides
+//! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
+//! weight gradients.
 
 use super::{Kernels, MatmulVariant, Variant, MATMUL, MAX_GROUPS};
 use crate::error::{Error, Result};
@@ -129,7 +131,7 @@ pub fn pick(tuned: MatmulVariant, g: &Gemm) -> MatmulVariant {
     }
 }
 
-/// [`matmul`] with an explicit variant (tests check both on every adapter).
+/// [`matmul`] with an explicit variant (tests check every variant on every adapter).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_variant(
     k: &Kernels,
