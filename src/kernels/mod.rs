@@ -194,6 +194,9 @@ impl Tuning {
     }
 }
 
+/// A compiled pipeline and its bind group layout.
+type Compiled = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+
 /// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
 /// dispatch recording.
 pub struct Kernels {
@@ -202,7 +205,7 @@ pub struct Kernels {
     modules: RefCell<HashMap<(&'static str, Variant), wgpu::ShaderModule>>,
     /// Each pipeline with its bind group layout (fetched once: wgpu registers a new handle per
     /// `get_bind_group_layout` call, and every dispatch needs it).
-    pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>,
+    pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
@@ -276,12 +279,7 @@ impl Kernels {
         Ok(self.pipeline_and_layout(shader, entry, variant)?.0)
     }
 
-    fn pipeline_and_layout(
-        &self,
-        shader: Shader,
-        entry: &'static str,
-        variant: Variant,
-    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    fn pipeline_and_layout(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<Compiled> {
         if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
