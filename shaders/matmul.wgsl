@@ -14,8 +14,8 @@
 // 4 rows of A and 4 columns of B straight from memory. For CPU adapters (lavapipe, llvmpipe),
 // where a workgroup barrier costs more than the cache traffic it saves.
 // matmul_large: the same product for big shapes, with layout and epilogue fixed when the pipeline
-// is compiled (FLAGS: 1 A transposed, 2 B transposed, 4 bias, 8 beta != 0, 16 int8 B), so no
-// runtime strides or branches). A workgroup of 256 threads computes a 128x128 tile of C, each
+// is compiled (FLAGS: 1 A transposed, 2 B transposed, 4 bias, 8 beta != 0, 16 int8 B), so there
+// are no runtime strides or layout branches. A workgroup of 256 threads computes a 128x128 tile of C, each
 // thread 8x8 outputs in registers; K advances 8 at a time through two workgroup buffers, the
 // next slice loaded into registers while the current one is multiplied (one barrier a slice).
 // Dispatch (ceil(N/128), ceil(M/128), batch). Loads are guarded, so any shape is correct.
@@ -224,7 +224,7 @@ const LK: u32 = 8u;
 const ROW: u32 = 33u;
 // vec4s of A (and of B) each thread fetches per slice.
 const LV: u32 = LK / 8u;
-// Threads per depth-contiguous row of a slice, and the row step between a thread's fetches.
+// Row step between a thread's depth-contiguous fetches (256 threads, LK of them to a row).
 const RS: u32 = 256u / LK;
 const TRANS_A: bool = (FLAGS & 1u) != 0u;
 const TRANS_B: bool = (FLAGS & 2u) != 0u;

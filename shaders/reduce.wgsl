@@ -2,7 +2,8 @@
 //   reduce_partials: partials[g] = sum over a grid-stride slice of x (or of x^2 when squares = 1)
 //                    partials (groups)  x (n)          dispatch (groups, 1, 1), groups <= 1024
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
-//                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1)
+//                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1); with squares = 1 it
+//                    sums squares, so a short x is reduced in this one stage
 //   sum_rows:        out (C) += sum over rows of x (R,C)   one thread per column
 //   sum_row_blocks:  out (blocks,C) = sums over blocks of block_rows rows of x (R,C): stage one of
 //                    a column sum that fills the GPU (sum_rows over its output is stage two)
@@ -46,7 +47,8 @@ fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
     var s = 0.0;
     for (var i = lid; i < p.n; i += 256u) {
-        s += f32(x[i]);
+        let v = f32(x[i]);
+        s += select(v, v * v, p.squares == 1u);
     }
     let total = block_sum(s, lid) * p.scale;
     if (lid == 0u) {

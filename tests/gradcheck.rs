@@ -353,3 +353,37 @@ fn embedding_and_cross_entropy_backward_match_finite_differences() {
         );
     }
 }
+
+#[test]
+fn head_loss_chunks_fit_the_storage_binding_limit() {
+    // 2048 rows of 20000 logits (164 MB) exceed a 128 MiB storage binding (lavapipe, WebGPU's
+    // default): the head must make them in chunks that fit, forward and backward.
+    let ctx = ctx();
+    let mut rng = Rng::new(18);
+    let (n, c, v) = (2048, 4, 20000);
+    let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
+    let (xt, wt) = (ctx.from_f32("x", &[n, c], &x, true).unwrap(), ctx.from_f32("wte", &[v, c], &w, true).unwrap());
+    let loss = ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
+    let mut grads = Grads::new();
+    ctx.backward(&loss, &mut grads, 1.0).unwrap();
+    // reference, a row at a time: loss = mean(lse − logit[target]), dx[r] = Σ_j (p_j − [j = t]) w_j / n
+    let (mut want, mut dx0) = (0.0, vec![0.0; c]);
+    for r in 0..n {
+        let logits: Vec<f64> =
+            (0..v).map(|j| (0..c).map(|k| x[r * c + k] as f64 * w[j * c + k] as f64).sum()).collect();
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+        want += (m + sum.ln() - logits[targets[r] as usize]) / n as f64;
+        if r == 0 {
+            for (j, l) in logits.iter().enumerate() {
+                let g = (l - m).exp() / sum - (j == targets[0] as usize) as u8 as f64;
+                (0..c).for_each(|k| dx0[k] += g * w[j * c + k] as f64 / n as f64);
+            }
+        }
+    }
+    let got = pollster::block_on(ctx.to_f32(&loss)).unwrap();
+    assert_close("head loss over the binding limit", &got, &[want], 1e-4, 1e-5);
+    let dx = pollster::block_on(ctx.to_f32(&grads.get(&xt).unwrap())).unwrap();
+    assert_close("head dx row 0 over the binding limit", &dx[..c], &dx0, 1e-3, 1e-6);
+}

@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::context::Context;
 use crate::error::Result;
 use crate::kernels::matmul::{self, Gemm};
+use crate::kernels::MatmulVariant;
 use crate::pager::View;
 use crate::tensor::DType;
 
@@ -34,18 +35,26 @@ fn buffer(ctx: &Context, n: usize, seed: u32) -> View {
     View { buffer, offset: 0, size: (n * 4) as u64, dtype: DType::F32 }
 }
 
-/// Best of `repeats` timings of `iters` products `g` back to back, in TFLOP/s.
-pub fn time_matmul(ctx: &Context, g: Gemm, iters: usize, repeats: usize) -> Result<f64> {
+/// Best of `repeats` timings of `iters` products `g` back to back, in TFLOP/s, by the variant
+/// the adapter's tuning picks or by `variant`.
+pub fn time_matmul(
+    ctx: &Context,
+    g: Gemm,
+    variant: Option<MatmulVariant>,
+    iters: usize,
+    repeats: usize,
+) -> Result<f64> {
+    let variant = variant.unwrap_or_else(|| matmul::pick(ctx.kernels.tuning.matmul, &g));
     let (a, b, c) =
         (buffer(ctx, g.batch * g.m * g.k, 1), buffer(ctx, g.batch * g.k * g.n, 2), buffer(ctx, g.batch * g.m * g.n, 3));
     let dummy = buffer(ctx, 4, 4);
-    matmul::matmul(&ctx.kernels, &c, &a, &b, None, &dummy, g)?;
+    matmul::matmul_variant(&ctx.kernels, variant, &c, &a, &b, None, &dummy, g)?;
     ctx.sync()?;
     let mut best = f64::INFINITY;
     for _ in 0..repeats.max(1) {
         let start = Instant::now();
         for _ in 0..iters.max(1) {
-            matmul::matmul(&ctx.kernels, &c, &a, &b, None, &dummy, g)?;
+            matmul::matmul_variant(&ctx.kernels, variant, &c, &a, &b, None, &dummy, g)?;
         }
         ctx.sync()?;
         best = best.min(start.elapsed().as_secs_f64() / iters.max(1) as f64);
@@ -58,8 +67,8 @@ pub fn matmuls(ctx: &Context, iters: usize, repeats: usize) -> Result<MatmulRepo
     let n = 4096;
     let g = Gemm::new(n, n, n);
     Ok(MatmulReport {
-        matmul_f32_4096_tflops: time_matmul(ctx, g, iters, repeats)?,
-        matmul_f32_4096_nt_tflops: time_matmul(ctx, Gemm { trans_b: true, ..g }, iters, repeats)?,
-        matmul_f32_4096_tn_tflops: time_matmul(ctx, Gemm { trans_a: true, ..g }, iters, repeats)?,
+        matmul_f32_4096_tflops: time_matmul(ctx, g, None, iters, repeats)?,
+        matmul_f32_4096_nt_tflops: time_matmul(ctx, Gemm { trans_b: true, ..g }, None, iters, repeats)?,
+        matmul_f32_4096_tn_tflops: time_matmul(ctx, Gemm { trans_a: true, ..g }, None, iters, repeats)?,
     })
 }

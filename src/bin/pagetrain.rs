@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::kernels::matmul::Gemm;
+use pagetrain::kernels::MatmulVariant;
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
 use pagetrain::train::{
@@ -117,9 +118,10 @@ struct BenchArgs {
     /// Only time the resident step (no 50/25/10 % budgets).
     #[arg(long)]
     resident_only: bool,
-    /// Also time one f32 product, `MxNxK` with an optional layout `:nn|nt|tn|tt` (repeatable).
+    /// Also time one f32 product, `MxNxK` with an optional layout `:nn|nt|tn|tt` and variant
+    /// `:tiled|direct|large` (repeatable).
     #[arg(long, value_parser = parse_gemm)]
-    gemm: Vec<Gemm>,
+    gemm: Vec<(Gemm, Option<MatmulVariant>)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -407,13 +409,23 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// `MxNxK[:nn|nt|tn|tt]` → a product (letters: A, B transposed or not).
-fn parse_gemm(s: &str) -> Result<Gemm, String> {
-    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt]");
-    let (dims, layout) = s.split_once(':').unwrap_or((s, "nn"));
+/// `MxNxK[:nn|nt|tn|tt[:tiled|direct|large]]` → a product (letters: A, B transposed or
+/// not) and the variant to time it with (default: the one picked).
+fn parse_gemm(s: &str) -> Result<(Gemm, Option<MatmulVariant>), String> {
+    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt[:tiled|direct|large]]");
+    let mut parts = s.split(':');
+    let dims = parts.next().unwrap_or_default();
+    let layout = parts.next().unwrap_or("nn");
+    let variant = match parts.next() {
+        None => None,
+        Some("tiled") => Some(MatmulVariant::Tiled),
+        Some("direct") => Some(MatmulVariant::Direct),
+        Some("large") => Some(MatmulVariant::Large),
+        Some(_) => return Err(want()),
+    };
     let d: Vec<usize> = dims.split('x').map(|v| v.parse().ok()).collect::<Option<_>>().ok_or_else(want)?;
     let (&[m, n, k], &[ta, tb]) = (d.as_slice(), layout.as_bytes()) else { return Err(want()) };
-    Ok(Gemm { trans_a: ta == b't', trans_b: tb == b't', ..Gemm::new(m, n, k) })
+    Ok((Gemm { trans_a: ta == b't', trans_b: tb == b't', ..Gemm::new(m, n, k) }, variant))
 }
 
 async fn bench(args: BenchArgs) -> Result<(), Error> {
@@ -427,9 +439,9 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         Toggle::Auto => !on_cpu,
     };
     let mm = if mm { Some(pagetrain::bench::kernels::matmuls(&ctx, 20, args.repeats)?) } else { None };
-    for &g in &args.gemm {
-        let variant = pagetrain::kernels::matmul::pick(ctx.kernels.tuning.matmul, &g);
-        let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, 10, args.repeats)?;
+    for &(g, forced) in &args.gemm {
+        let variant = forced.unwrap_or_else(|| pagetrain::kernels::matmul::pick(ctx.kernels.tuning.matmul, &g));
+        let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, Some(variant), 10, args.repeats)?;
         let layout = format!("{}{}", if g.trans_a { 't' } else { 'n' }, if g.trans_b { 't' } else { 'n' });
         eprintln!("gemm {}x{}x{}:{layout}: {tflops:.1} TFLOP/s ({variant:?})", g.m, g.n, g.k);
     }

@@ -194,13 +194,18 @@ impl Tuning {
     }
 }
 
+/// A compiled pipeline and its bind group layout.
+type Compiled = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+
 /// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
 /// dispatch recording.
 pub struct Kernels {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
     modules: RefCell<HashMap<(&'static str, Variant), wgpu::ShaderModule>>,
-    pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), wgpu::ComputePipeline>>,
+    /// Each pipeline with its bind group layout (fetched once: wgpu registers a new handle per
+    /// `get_bind_group_layout` call, and every dispatch needs it).
+    pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
@@ -271,6 +276,10 @@ impl Kernels {
 
     /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
     pub fn pipeline(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<wgpu::ComputePipeline> {
+        Ok(self.pipeline_and_layout(shader, entry, variant)?.0)
+    }
+
+    fn pipeline_and_layout(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<Compiled> {
         if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
@@ -289,8 +298,9 @@ impl Kernels {
         self.gpu
             .check(entry)
             .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
-        self.pipelines.borrow_mut().insert((shader.name, entry, variant), pipeline.clone());
-        Ok(pipeline)
+        let both = (pipeline.clone(), pipeline.get_bind_group_layout(0));
+        self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
+        Ok(both)
     }
 
     /// Records one dispatch of `entry`: `buffers` bind to 0..n in order, `params` to binding n.
@@ -335,7 +345,7 @@ impl Kernels {
             .enumerate()
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
-        let pipeline = self.pipeline(shader, entry, Variant { f16_bindings, ..variant })?;
+        let (pipeline, layout) = self.pipeline_and_layout(shader, entry, Variant { f16_bindings, ..variant })?;
         let bytes = bytemuck::bytes_of(params);
         let (arena, offset) = self.recorder.uniform(bytes);
         let mut entries: Vec<wgpu::BindGroupEntry> = buffers
@@ -360,7 +370,7 @@ impl Kernels {
         });
         let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &layout,
             entries: &entries,
         });
         self.recorder.record(|encoder| {

@@ -33,8 +33,23 @@ pub struct SumSpec {
     pub accumulate: bool,
 }
 
+/// Longest x `sum` reduces in one workgroup, skipping the partials (a dispatch saved per small
+/// tensor: the gradient norm sums one per parameter, and half of GPT-2's are biases and gains).
+pub const ONE_STAGE: usize = 16384;
+
 /// out[slot] (=|+=) scale · Σ x (or Σ x²); x (n), `partials` scratch of MAX_PARTIALS floats.
 pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: SumSpec) -> Result<()> {
+    if n <= ONE_STAGE {
+        let p = Params {
+            n: n as u32,
+            squares: spec.squares as u32,
+            slot: spec.slot as u32,
+            accumulate: spec.accumulate as u32,
+            scale: spec.scale,
+            ..Default::default()
+        };
+        return k.dispatch(REDUCE, "reduce_final", &[out, x], &p, [1, 1, 1]);
+    }
     let groups = n.div_ceil(256 * 4).clamp(1, MAX_PARTIALS);
     let stage1 = Params { n: n as u32, squares: spec.squares as u32, scale: 1.0, ..Default::default() };
     k.dispatch(REDUCE, "reduce_partials", &[partials, x], &stage1, [groups as u32, 1, 1])?;
@@ -48,13 +63,19 @@ pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: S
     k.dispatch(REDUCE, "reduce_final", &[out, partials], &stage2, [1, 1, 1])
 }
 
+/// Fewest rows a column sum splits into blocks.
+pub const TWO_STAGE_ROWS: usize = 1024;
+
 /// Row blocks of a column sum over (rows, cols) done in two stages: a thread per column walking
 /// every row leaves a GPU idle when there are few columns (768 threads for GPT-2's biases), so
 /// blocks of rows are summed side by side first (~512 workgroups in all), then the block sums.
-/// 1: one stage. Blocks and their order depend on the shape only, so results are deterministic.
+/// 1: one stage, also under TWO_STAGE_ROWS rows, where the walk is short and a second dispatch
+/// costs more (and sums keep the rounding they had: tests/memory.rs compares micro-batched
+/// losses with whole-batch ones to 1e-6). Blocks and their order depend on the shape only, so
+/// results are deterministic.
 pub fn column_blocks(rows: usize, cols: usize) -> usize {
     let col_groups = cols.div_ceil(256).max(1);
-    if col_groups >= 256 || rows < 64 {
+    if col_groups >= 256 || rows < TWO_STAGE_ROWS {
         return 1;
     }
     let block_rows = rows.div_ceil((512 / col_groups).clamp(1, rows.div_ceil(32)));

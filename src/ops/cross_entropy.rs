@@ -92,12 +92,12 @@ impl Backward for CrossEntropyBackward {
     }
 }
 
-/// Rows of logits computed at once: at most 1 GiB of them and an eighth of the GPU budget,
-/// split evenly. Chunks must be tall: backward's dx[chunk] = dlogits · wte has only
-/// rows/128 × C/128 output tiles over a K of V, so short chunks leave most of a GPU idle
-/// (GPT-2, 8 × 1024 rows: 64 MiB chunks of 333 rows gave 18 tiles, 1 GiB gives two of 4096).
+/// Rows of logits computed at once: at most 1 GiB of them, an eighth of the GPU budget and
+/// one storage binding, split evenly. Chunks must be tall: backward's dx[chunk] = dlogits · wte
+/// has only rows/128 × C/128 output tiles over a K of V, so short chunks leave most of a GPU
+/// idle (GPT-2, 8 × 1024 rows: 64 MiB chunks of 333 rows gave 18 tiles, 1 GiB gives two of 4096).
 fn chunk_rows(ctx: &Context, rows: usize, v: usize) -> usize {
-    let target = (1u64 << 30).min(ctx.pager.budget() / 8);
+    let target = (1u64 << 30).min(ctx.pager.budget() / 8).min(ctx.gpu.max_binding_bytes());
     let most = ((target / (v as u64 * 4)) as usize).clamp(1, rows.max(1));
     rows.max(1).div_ceil(rows.max(1).div_ceil(most))
 }

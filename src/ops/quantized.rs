@@ -54,7 +54,8 @@ fn product(ctx: &Context, out: &Tensor, x: &Tensor, w: &QWeight, bias: Option<&T
     let qb = QuantB { q: &q, scales: &scales, row_len: w.cols };
     let bias = bias.map(|b| ctx.read(b)).transpose()?;
     let cv = if g.beta == 0.0 { ctx.write(out)? } else { ctx.modify(out)? };
-    mm::matmul_q8(&ctx.kernels, ctx.kernels.tuning.matmul, &cv, &ctx.read(x)?, qb, bias.as_ref(), &ctx.dummy()?, g)
+    let variant = mm::pick(ctx.kernels.tuning.matmul, &g);
+    mm::matmul_q8(&ctx.kernels, variant, &cv, &ctx.read(x)?, qb, bias.as_ref(), &ctx.dummy()?, g)
 }
 
 /// `x · W + bias` with W frozen in int8: x (..., in), W (in, out), bias (out) → (..., out).
