@@ -55,7 +55,7 @@ fn cases() -> usize {
 /// Random bytes, or `seed` mutated: bytes flipped, overwritten with edge values, cut, spliced.
 fn input(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     if rng.below(8) == 0 || seed.is_empty() {
-        let n = rng.below(512) as usize;
+        let n = rng.below(512);
         return (0..n).map(|_| rng.below(256) as u8).collect();
     }
     let mut v = seed.to_vec();
@@ -63,7 +63,7 @@ fn input(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
         let at = rng.below(v.len().max(1));
         match rng.below(6) {
             0 if !v.is_empty() => v[at] ^= 1 << rng.below(8),
-            1 if !v.is_empty() => v[at] = [0x00, 0xff, 0x7f, 0x80, b'9', b'"'][rng.below(6) as usize],
+            1 if !v.is_empty() => v[at] = [0x00, 0xff, 0x7f, 0x80, b'9', b'"'][rng.below(6)],
             2 => v.truncate(at),
             3 if at + 8 <= v.len() => v[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes()),
             4 => {
