@@ -9,6 +9,7 @@ pub mod metrics;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
 pub mod run_file;
+mod run_setup;
 pub mod tokenizer;
 pub mod trainer;
 

@@ -1,0 +1,96 @@
+//! What a run is set up with before its first step: its data (opened with the tokenizer and
+//! the checkpoint's vocabulary in mind) and where its optimizer runs.
+
+use super::config::{OptimizerOn, TrainConfig};
+use super::data::{Dataset, Vocab};
+#[cfg(not(target_arch = "wasm32"))]
+use super::tokenizer::Tokenizer;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::nn::GptConfig;
+use crate::optim::HostAdamW;
+
+/// Where the optimizer should run, and why. `auto` keeps it on the GPU when parameters,
+/// gradients and both moments (16 bytes per parameter) fit in half the budget, so they stay
+/// resident. Otherwise it compares per-step estimates from what it measures here: the GPU
+/// optimizer pages ~28 bytes per parameter across the bus (parameter, gradient, both moments in;
+/// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time.
+pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
+    let params = model.num_params() as f64;
+    match cfg.optimizer_on {
+        OptimizerOn::Gpu => (OptimizerOn::Gpu, "--optimizer-on gpu".into()),
+        OptimizerOn::Host => (OptimizerOn::Host, "--optimizer-on host".into()),
+        OptimizerOn::Auto => {
+            let states = 16.0 * params;
+            let budget = ctx.pager.budget() as f64;
+            if states * 2.0 <= budget {
+                let why = format!(
+                    "auto: optimizer state {:.0} MiB stays resident in the {:.0} MiB budget",
+                    states / 1048576.0,
+                    budget / 1048576.0
+                );
+                return (OptimizerOn::Gpu, why);
+            }
+            // The fused GPU update needs a parameter, its gradient and both moments on the GPU at once.
+            let c = model.n_embd as f64;
+            let largest = 4.0 * (model.vocab_size as f64 * c).max(4.0 * c * c).max(model.block_size as f64 * c);
+            if 4.0 * largest > budget * 0.9 {
+                let why = format!(
+                    "auto: the GPU update of the largest parameter needs {:.0} MiB at once, over the {:.0} MiB budget",
+                    4.0 * largest / 1048576.0,
+                    budget / 1048576.0
+                );
+                return (OptimizerOn::Host, why);
+            }
+            let bus = ctx.pager.probe_upload_gbps(16 << 20).unwrap_or(1.0).max(0.01) * 1e9;
+            let cpu = HostAdamW::measure_rate(1 << 21).max(1.0);
+            let gpu_s = 28.0 * params / bus;
+            let host_s = 8.0 * params / bus + params / cpu;
+            let figures = format!(
+                "bus {:.1} GB/s, host AdamW {:.0} M params/s: ~{:.0} ms per step on the GPU vs ~{:.0} ms on the host",
+                bus / 1e9,
+                cpu / 1e6,
+                gpu_s * 1e3,
+                host_s * 1e3
+            );
+            if host_s < gpu_s {
+                (OptimizerOn::Host, format!("auto: {figures}"))
+            } else {
+                (OptimizerOn::Gpu, format!("auto: {figures}"))
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
+    if let (Tokenizer::Chars, Some(path)) = (cfg.tokenizer, &cfg.data) {
+        if path.extension().is_some_and(|e| e == "bin") {
+            return Err(Error::Data {
+                path: path.clone(),
+                msg: "holds token ids: --tokenizer chars reads text files".into(),
+            });
+        }
+    }
+    let data = match &cfg.data {
+        Some(path) => Dataset::open(path, vocab)?,
+        None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab)?,
+    };
+    match &cfg.val_data {
+        Some(path) => {
+            let val = Dataset::open(path, Some(data.vocab.clone()))?;
+            data.with_validation(val)
+        }
+        None => Ok(data),
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+pub(super) fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Dataset> {
+    match &cfg.data {
+        Some(path) => {
+            Err(Error::Data { path: path.clone(), msg: "files cannot be opened in the browser; pass a Dataset".into() })
+        }
+        None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab),
+    }
+}
