@@ -153,19 +153,9 @@ pub fn round_f16(v: &[f32]) -> Vec<f32> {
 }
 
 /// Central finite differences of a scalar function of `x`, in f64.
-pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
-    let mut x = x.to_vec();
-    (0..x.len())
-        .map(|i| {
-            let orig = x[i];
-            x[i] = orig + h;
-            let up = f(&x);
-            x[i] = orig - h;
-            let down = f(&x);
-            x[i] = orig;
-            (up - down) / (2.0 * h)
-        })
-        .collect()
+pub fn finite_diff(x: &[f64], h: f64, f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
+    let every: Vec<usize> = (0..x.len()).collect();
+    finite_diff_at(x, &every, h, f)
 }
 
 /// [`finite_diff`] at the coordinates `at` only (for inputs too large to perturb every one).
