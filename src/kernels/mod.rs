@@ -8,6 +8,7 @@
 pub mod activation;
 pub mod attention;
 pub mod cross_entropy;
+pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod layernorm;
@@ -57,6 +58,7 @@ macro_rules! shader {
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
+pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const LAYERNORM: Shader = shader!("layernorm");
@@ -101,7 +103,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
 
 /// Every shader family, for validation and warm-up.
 pub const ALL: &[Shader] =
-    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
+    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, DECODE, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
 pub const WG: u32 = 256;

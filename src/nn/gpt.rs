@@ -154,6 +154,11 @@ impl Gpt {
         Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations: DType::F16 })
     }
 
+    /// Element type of the activations between the embedding and the head.
+    pub fn activation_dtype(&self) -> DType {
+        self.activations
+    }
+
     /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
     pub fn set_recompute(&self, on: bool) {
         self.recompute.set(on);

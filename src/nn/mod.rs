@@ -1,9 +1,11 @@
 //! Layers with parameters, and the GPT-2 model built from them.
 
 mod gpt;
+mod kv_cache;
 mod layers;
 
 pub use gpt::{Gpt, GptConfig, ModelShape, Prepare};
+pub use kv_cache::KvCache;
 pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp, Weight};
 
 use crate::autograd::Grads;

@@ -4,6 +4,7 @@
 mod activation;
 mod attention;
 mod cross_entropy;
+mod decode;
 mod elementwise;
 mod embedding;
 mod layernorm;
@@ -15,6 +16,7 @@ mod softmax;
 pub use activation::{gelu, relu};
 pub use attention::causal_self_attention;
 pub use cross_entropy::{cross_entropy, lm_head_loss};
+pub use decode::{decode_attention, decode_embed, kv_append};
 pub use elementwise::{add, cast, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::layernorm;

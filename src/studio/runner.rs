@@ -10,7 +10,7 @@ use eframe::egui;
 
 use super::feed::{Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
 use crate::context::{Context, ContextOptions, StoreKind};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pager::{size_class, PagerOptions};
 use crate::train::{format_bytes, Trainer};
 
@@ -270,9 +270,7 @@ async fn sample(
     temperature: f32,
     seed: u64,
 ) -> Result<String> {
-    let ids = trainer.data.vocab.encode(if prompt.is_empty() { " " } else { prompt })?;
-    if ids.is_empty() {
-        return Err(Error::invalid("prompt", "encodes to no tokens"));
-    }
-    trainer.sample(ctx, &ids, tokens, temperature, seed).await
+    let ids = trainer.data.vocab.encode(prompt)?;
+    let sampling = crate::train::Sampling { temperature, ..trainer.cfg.sampling };
+    trainer.sample(ctx, &ids, tokens, sampling, seed).await
 }

@@ -86,8 +86,12 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
-    /// Characters to sample at the end (0: none).
+    /// Tokens to sample at the end (0: none).
     pub sample_len: usize,
+    /// What the end-of-run sample continues (`None`: the vocabulary's start token).
+    pub sample_prompt: Option<String>,
+    /// How the end-of-run sample draws tokens.
+    pub sampling: super::generate::Sampling,
     /// Write a checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: u64,
     pub optimizer_on: OptimizerOn,
@@ -122,6 +126,8 @@ impl Default for TrainConfig {
             eval_batches: 8,
             eval_every: 0,
             sample_len: 300,
+            sample_prompt: None,
+            sampling: super::generate::Sampling::default(),
             checkpoint_every: 0,
             optimizer_on: OptimizerOn::Gpu,
             recompute: false,
@@ -162,6 +168,7 @@ impl TrainConfig {
                 return bad(format!("min_lr must be between 0 and --lr {}, got {m}", self.lr));
             }
         }
+        self.sampling.validate()?;
         if self.resume.is_some() && self.init_from.is_some() {
             return bad("--resume and --init-from exclude each other".into());
         }

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod corpus;
 pub mod data;
+pub mod generate;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
 #[cfg(not(target_arch = "wasm32"))]
@@ -15,6 +16,7 @@ pub mod trainer;
 
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
+pub use generate::Sampling;
 pub use run_file::RunFile;
 pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

@@ -42,6 +42,10 @@ pub struct RunFile {
     pub eval_batches: Option<usize>,
     pub eval_every: Option<u64>,
     pub sample_len: Option<usize>,
+    pub sample_prompt: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
     pub checkpoint_every: Option<u64>,
     pub optimizer_on: Option<String>,
     pub recompute: Option<bool>,
@@ -79,6 +83,12 @@ impl RunFile {
         }
         set!(model, steps, batch_size, accum, seq_len, lr, warmup_steps, weight_decay, grad_clip, seed);
         set!(out, eval_batches, eval_every, sample_len, checkpoint_every, recompute, tokenizer);
+        if let Some(v) = &self.sample_prompt {
+            c.sample_prompt = Some(v.clone());
+        }
+        c.sampling.temperature = self.temperature.unwrap_or(c.sampling.temperature);
+        c.sampling.top_k = self.top_k.unwrap_or(c.sampling.top_k);
+        c.sampling.top_p = self.top_p.unwrap_or(c.sampling.top_p);
         if let Some(v) = self.min_lr {
             c.min_lr = Some(v);
         }
@@ -143,6 +153,10 @@ impl RunFile {
             eval_batches: Some(cfg.eval_batches),
             eval_every: Some(cfg.eval_every),
             sample_len: Some(cfg.sample_len),
+            sample_prompt: cfg.sample_prompt.clone(),
+            temperature: Some(cfg.sampling.temperature),
+            top_k: Some(cfg.sampling.top_k),
+            top_p: Some(cfg.sampling.top_p),
             checkpoint_every: Some(cfg.checkpoint_every),
             optimizer_on: Some(format!("{:?}", cfg.optimizer_on).to_lowercase()),
             recompute: Some(cfg.recompute),
@@ -167,13 +181,16 @@ mod tests {
     fn a_file_sets_what_it_names_and_round_trips() {
         let f = RunFile::parse(
             "steps = 7\nbatch_size = 3\nseq_len = 32\nlr = 0.001\nmin_lr = 1e-5\nprecision = \"f16\"\n\
-             n_layer = 3\nn_head = 2\nn_embd = 48\nblock_size = 40\ntokenizer = \"gpt2\"\ngpu_budget = \"64MiB\"\n",
+             n_layer = 3\nn_head = 2\nn_embd = 48\nblock_size = 40\ntokenizer = \"gpt2\"\ngpu_budget = \"64MiB\"\n\
+             sample_prompt = \"Once\"\ntemperature = 0.5\ntop_k = 40\ntop_p = 0.9\n",
         )
         .unwrap();
         let c = f.apply(TrainConfig::default()).unwrap();
         assert_eq!((c.steps, c.batch_size, c.seq_len, c.lr, c.min_lr), (7, 3, 32, 0.001, Some(1e-5)));
         assert_eq!(c.precision, Precision::F16);
         assert_eq!(c.tokenizer, Tokenizer::Gpt2);
+        assert_eq!(c.sample_prompt.as_deref(), Some("Once"));
+        assert_eq!((c.sampling.temperature, c.sampling.top_k, c.sampling.top_p), (0.5, 40, 0.9));
         assert_eq!(c.custom_model, Some(ModelShape { n_layer: 3, n_head: 2, n_embd: 48, block_size: 40 }));
         assert_eq!(c.warmup_steps, TrainConfig::default().warmup_steps, "unnamed keys keep their defaults");
         let again = RunFile::parse(&RunFile::from_config(&c, f.gpu_budget.clone(), None).to_toml()).unwrap();

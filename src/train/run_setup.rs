@@ -3,8 +3,8 @@
 
 use super::config::{OptimizerOn, TrainConfig};
 use super::data::{Dataset, Vocab};
-#[cfg(not(target_arch = "wasm32"))]
-use super::tokenizer::Tokenizer;
+use super::checkpoint::Checkpoint;
+use super::tokenizer::{Tokenizer, GPT2_VOCAB};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::GptConfig;
@@ -59,6 +59,19 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
                 (OptimizerOn::Gpu, format!("auto: {figures}"))
             }
         }
+    }
+}
+
+/// The vocabulary a checkpoint implies under `tokenizer`: its own characters, or GPT-2's BPE
+/// (asked for, or auto for a checkpoint without characters whose vocabulary is GPT-2's); `None`
+/// leaves the choice to the data.
+pub(super) fn checkpoint_vocab(tokenizer: Tokenizer, ckpt: &Checkpoint) -> Option<Vocab> {
+    let chars = ckpt.state.as_ref().and_then(|s| s.vocab.clone()).map(Vocab::Chars);
+    let is_gpt2 = chars.is_none() && ckpt.config.vocab_size == GPT2_VOCAB;
+    match tokenizer {
+        Tokenizer::Gpt2 => Some(Vocab::Gpt2),
+        Tokenizer::Chars => chars,
+        Tokenizer::Auto => chars.or(is_gpt2.then_some(Vocab::Gpt2)),
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::checkpoint::{self, LossScale, Moments, TrainState};
 use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab, GPT2_VOCAB};
-use super::run_setup::{choose_optimizer, open_data};
+use super::generate::{generate, start_token, Sampling};
+use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -197,11 +198,10 @@ impl Trainer {
             None
         };
         let ckpt_vocab = ckpt.as_ref().and_then(|c| c.state.as_ref()).and_then(|s| s.vocab.clone()).map(Vocab::Chars);
-        let ckpt_is_gpt2 = ckpt.as_ref().is_some_and(|c| c.config.vocab_size == GPT2_VOCAB) && ckpt_vocab.is_none();
-        let vocab = match cfg.tokenizer {
-            Tokenizer::Gpt2 => Some(Vocab::Gpt2),
-            Tokenizer::Chars => ckpt_vocab.clone(),
-            Tokenizer::Auto => ckpt_vocab.clone().or(ckpt_is_gpt2.then_some(Vocab::Gpt2)),
+        let vocab = match (&ckpt, cfg.tokenizer) {
+            (Some(c), tokenizer) => checkpoint_vocab(tokenizer, c),
+            (None, Tokenizer::Gpt2) => Some(Vocab::Gpt2),
+            (None, _) => None,
         };
         let data = match data {
             Some(d) => d,
@@ -286,7 +286,7 @@ impl Trainer {
             }
         }
         let micro_batch = cfg.batch_size;
-        Ok(Trainer {
+        let trainer = Trainer {
             cfg,
             model,
             opt,
@@ -305,7 +305,10 @@ impl Trainer {
             want_forward_snapshot: false,
             forward_snapshot: None,
             run_file: None,
-        })
+        };
+        // A prompt the vocabulary cannot encode fails now, not after the training.
+        trainer.sample_prompt()?;
+        Ok(trainer)
     }
 
     /// Sequences per optimizer step: micro-batch × accumulation, fixed for the run.
@@ -437,31 +440,22 @@ impl Trainer {
         Ok(total / parts.max(1) as f32)
     }
 
-    /// `n` tokens sampled after `prompt` at `temperature`, decoded.
-    pub async fn sample(
-        &mut self,
-        ctx: &Context,
-        prompt: &[u32],
-        n: usize,
-        temperature: f32,
-        seed: u64,
-    ) -> Result<String> {
+    /// `n` tokens generated after `prompt` (the vocabulary's start token when empty), decoded.
+    pub async fn sample(&mut self, ctx: &Context, prompt: &[u32], n: usize, sampling: Sampling, seed: u64) -> Result<String> {
         self.apply_pending(ctx)?;
-        let mut rng = Rng::new(seed);
-        let mut tokens = prompt.to_vec();
-        let block = self.model.config.block_size.min(self.cfg.seq_len.max(1));
-        for _ in 0..n {
-            let window = &tokens[tokens.len().saturating_sub(block)..];
-            let logits = ctx.no_grad(|| -> Result<_> {
-                let x = ctx.from_u32("prompt", &[1, window.len()], window)?;
-                self.model.forward(ctx, &x)
-            })?;
-            let all = ctx.to_f32(&logits).await?;
-            let v = self.model.config.vocab_size;
-            let last = &all[all.len() - v..];
-            tokens.push(sample_logits(&last[..self.data.vocab.size()], temperature, &mut rng));
+        let start = [start_token(&self.data.vocab)];
+        let prompt = if prompt.is_empty() { &start[..] } else { prompt };
+        let vocab = self.data.vocab.size();
+        let tokens = generate(ctx, &self.model, prompt, n, vocab, sampling, seed, &mut |_| Ok(())).await?;
+        Ok(self.data.vocab.decode(&tokens))
+    }
+
+    /// The end-of-run sample's prompt as tokens (empty: none given).
+    fn sample_prompt(&self) -> Result<Vec<u32>> {
+        match &self.cfg.sample_prompt {
+            Some(text) => self.data.vocab.encode(text).map_err(|e| Error::invalid("sample_prompt", e.to_string())),
+            None => Ok(Vec::new()),
         }
-        Ok(self.data.vocab.decode(&tokens[prompt.len()..]))
     }
 
     pub fn state(&self) -> TrainState {
@@ -566,8 +560,8 @@ impl Trainer {
         metrics.eval(self.step, val)?;
         reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 {
-            let prompt = self.data.vocab.encode("One day").unwrap_or_else(|_| vec![0]);
-            self.sample(ctx, &prompt, self.cfg.sample_len, 0.8, self.cfg.seed).await?
+            let prompt = self.sample_prompt()?;
+            self.sample(ctx, &prompt, self.cfg.sample_len, self.cfg.sampling, self.cfg.seed).await?
         } else {
             String::new()
         };
@@ -601,22 +595,4 @@ impl Trainer {
             skipped_steps: self.skipped_steps,
         })
     }
-}
-
-/// Samples an index from softmax(logits / temperature); temperature 0 takes the argmax.
-pub fn sample_logits(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
-    if temperature <= 0.0 {
-        return logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap_or(0);
-    }
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let w: Vec<f64> = logits.iter().map(|&l| (((l - m) / temperature) as f64).exp()).collect();
-    let total: f64 = w.iter().sum();
-    let mut u = rng.uniform() as f64 * total;
-    for (i, wi) in w.iter().enumerate() {
-        u -= wi;
-        if u <= 0.0 {
-            return i as u32;
-        }
-    }
-    (w.len() - 1) as u32
 }
