@@ -1,7 +1,8 @@
 //! A new user's path: `pagetrain prepare` writes an llm.c token file of GPT-2 BPE ids that decode
 //! back to the text (bad text is an error naming where); a run configured by a TOML file trains
 //! on it, samples text (not ids), logs metrics as JSON lines and leaves its effective
-//! configuration beside the checkpoint, which `--config` reads back.
+//! configuration beside the checkpoint, which `--config` reads back; `generate` continues a
+//! prompt from the checkpoint.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -76,7 +77,8 @@ fn prepare_then_train_from_a_config_file() {
         format!(
             "data = {:?}\nout = {:?}\nsteps = 3\nbatch_size = 2\nseq_len = 16\nn_layer = 1\nn_head = 2\n\
              n_embd = 32\nblock_size = 16\nlr = 0.002\nmin_lr = 0.0001\nwarmup_steps = 1\neval_every = 2\n\
-             eval_batches = 1\nsample_len = 12\nstore = \"memory\"\ngpu_budget = \"64MiB\"\n",
+             eval_batches = 1\nsample_len = 12\nsample_prompt = \"Once upon\"\nstore = \"memory\"\n\
+             gpu_budget = \"64MiB\"\n",
             bin.to_str().unwrap(),
             out.to_str().unwrap()
         ),
@@ -88,7 +90,15 @@ fn prepare_then_train_from_a_config_file() {
     assert_eq!(v["steps"], 4);
     assert_eq!(v["budget_bytes"], 64 << 20);
     let sample = v["sample"].as_str().unwrap();
-    assert!(!sample.is_empty() && !sample.contains("<1") && !sample.contains("<2"), "ids, not text: {sample:?}");
+    assert!(sample.starts_with("Once upon") && sample.len() > 9, "{sample:?}");
+    assert!(!sample.contains("<1") && !sample.contains("<2"), "ids, not text: {sample:?}");
+    // `generate` from the checkpoint draws the same 12 tokens (same seed, same sampling).
+    let gen = run(&["generate", out.to_str().unwrap(), "--prompt", "Once upon", "--max-tokens", "12", "--json"]);
+    let g: serde_json::Value = serde_json::from_str(gen.trim()).unwrap();
+    assert_eq!(g["tokens"].as_array().map(|t| t.len()), Some(12), "{g}");
+    assert_eq!(format!("Once upon{}", g["text"].as_str().unwrap()), sample, "{g}");
+    let streamed = run(&["generate", out.to_str().unwrap(), "--prompt", "Once upon", "--max-tokens", "12"]);
+    assert_eq!(streamed.trim_end_matches('\n'), sample, "streamed text");
     // n_embd 32, 2 heads, 1 layer over GPT-2's vocabulary: the custom size was used.
     let c = 32usize;
     let want = 50257 * c + 16 * c + (4 * c + c * 3 * c + 3 * c + c * c + c + c * 4 * c + 4 * c + 4 * c * c + c) + 2 * c;

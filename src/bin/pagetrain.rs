@@ -1,4 +1,5 @@
-//! The `pagetrain` command line: `train` (the default), `info`, `bench`, `prepare`, `studio`.
+//! The `pagetrain` command line: `train` (the default), `generate`, `info`, `bench`, `prepare`,
+//! `studio`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use pagetrain::kernels::MatmulVariant;
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
 use pagetrain::train::{
-    parse_bytes, OptimizerOn, Precision, Reporter, RunFile, StepReport, Tokenizer, TrainConfig, Trainer,
+    parse_bytes, OptimizerOn, Precision, Reporter, RunFile, Sampling, StepReport, Tokenizer, TrainConfig, Trainer,
 };
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
@@ -25,6 +26,8 @@ struct Cli {
 enum Command {
     /// Train a GPT (the default when no subcommand is given).
     Train(TrainArgs),
+    /// Generate text from a checkpoint (a key/value cache: each new token costs one position).
+    Generate(GenerateArgs),
     /// List the GPU adapters wgpu sees, the one pagetrain picks, its limits and features.
     Info,
     /// Measure transfers: upload through the staging ring vs queue.write_buffer, write-back.
@@ -54,6 +57,55 @@ struct StudioArgs {
     /// Repaint every frame (to measure the frame rate the UI sustains).
     #[arg(long)]
     continuous: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// A checkpoint directory (a run's --out, a `step-N` directory, or a Hugging Face GPT-2 one).
+    checkpoint: PathBuf,
+    /// Text the generation continues (empty: the vocabulary's start token).
+    #[arg(long, default_value = "")]
+    prompt: String,
+    #[arg(long, default_value_t = 200)]
+    max_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// How text becomes tokens: auto (the checkpoint's characters, or GPT-2's BPE for GPT-2's
+    /// vocabulary), chars or gpt2.
+    #[arg(long, default_value = "auto")]
+    tokenizer: Tokenizer,
+    /// Print one JSON line (prompt, text, tokens, tokens/s) instead of streaming the text.
+    #[arg(long)]
+    json: bool,
+    /// GPU byte budget, e.g. 512MiB, or auto.
+    #[arg(long, value_parser = parse_budget)]
+    gpu_budget: Option<Budget>,
+}
+
+/// How tokens are drawn (generation, and the sample at the end of a run).
+#[derive(Args, Default)]
+struct SamplingArgs {
+    /// Divides the logits; 0 takes the most likely token.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Draw only among the K most likely tokens (0: all).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Draw only among the most likely tokens holding P of the probability (1: all).
+    #[arg(long)]
+    top_p: Option<f32>,
+}
+
+impl SamplingArgs {
+    fn apply(&self, base: Sampling) -> Sampling {
+        Sampling {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -197,9 +249,14 @@ struct TrainArgs {
     /// Evaluate on the validation split every N steps.
     #[arg(long)]
     eval_every: Option<u64>,
-    /// Characters to sample at the end (0: none).
+    /// Tokens to sample at the end (0: none).
     #[arg(long)]
     sample_len: Option<usize>,
+    /// Text the end-of-run sample continues (default: the vocabulary's start token).
+    #[arg(long)]
+    sample_prompt: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Print one JSON line with the results at the end.
     #[arg(long)]
     json: bool,
@@ -258,6 +315,10 @@ impl TrainArgs {
         if self.freeze_int8.is_some() {
             c.freeze_int8.clone_from(&self.freeze_int8);
         }
+        if self.sample_prompt.is_some() {
+            c.sample_prompt.clone_from(&self.sample_prompt);
+        }
+        c.sampling = self.sampling.apply(c.sampling);
         c.recompute |= self.recompute;
         let budget_text = match (&self.gpu_budget, &file.gpu_budget) {
             (Some(b), _) => b.text.clone(),
@@ -539,6 +600,50 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
+async fn generate(args: GenerateArgs) -> Result<(), Error> {
+    use pagetrain::train::generate::{generate, load_model, start_token, TextStream};
+    use std::io::Write;
+    let sampling = args.sampling.apply(Sampling::default());
+    sampling.validate()?;
+    let pager = PagerOptions { budget: args.gpu_budget.and_then(|b| b.bytes), ..Default::default() };
+    let ctx = Context::new(&ContextOptions { pager, store: StoreKind::Memory, ..Default::default() }).await?;
+    let (model, vocab) = load_model(&ctx, &args.checkpoint, args.tokenizer)?;
+    let mut prompt = vocab.encode(&args.prompt)?;
+    if prompt.is_empty() {
+        prompt.push(start_token(&vocab));
+    }
+    if !args.json {
+        eprintln!("adapter: {}", ctx.gpu.describe());
+        print!("{}", args.prompt);
+    }
+    let mut stream = TextStream::new(&vocab);
+    let start = std::time::Instant::now();
+    let json = args.json;
+    let tokens = generate(&ctx, &model, &prompt, args.max_tokens, vocab.size(), sampling, args.seed, &mut |t| {
+        let piece = stream.push(t);
+        if !json {
+            // A closed stdout (`| head`) ends the printing, not the generation.
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(piece.as_bytes()).and_then(|()| out.flush());
+        }
+        Ok(())
+    })
+    .await?;
+    let secs = start.elapsed().as_secs_f64();
+    let rest = stream.finish();
+    let text = vocab.decode(&tokens);
+    if json {
+        let v = serde_json::json!({
+            "prompt": args.prompt, "text": text, "tokens": tokens, "tokens_per_s": tokens.len() as f64 / secs,
+        });
+        println!("{v}");
+    } else {
+        println!("{rest}");
+        eprintln!("{} tokens in {secs:.2} s ({:.1} tokens/s)", tokens.len(), tokens.len() as f64 / secs);
+    }
+    Ok(())
+}
+
 fn prepare(args: PrepareArgs) -> Result<(), Error> {
     if args.tokenizer != Tokenizer::Gpt2 {
         return Err(Error::Invalid {
@@ -637,6 +742,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => pollster::block_on(train(TrainArgs::default())),
         Some(Command::Train(args)) => pollster::block_on(train(args)),
+        Some(Command::Generate(args)) => pollster::block_on(generate(args)),
         Some(Command::Info) => pollster::block_on(info()),
         Some(Command::Bench(args)) => pollster::block_on(bench(args)),
         Some(Command::Prepare(args)) => prepare(args),

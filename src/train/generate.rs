@@ -173,6 +173,12 @@ impl<'a> TextStream<'a> {
         self.shown = text.len();
         new
     }
+
+    /// What is still held back at the end (an incomplete character shows as U+FFFD).
+    pub fn finish(self) -> String {
+        let text = self.vocab.decode(&self.tokens);
+        text.get(self.shown..).unwrap_or_default().to_string()
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::checkpoint::{self, LossScale, Moments, TrainState};
 use super::config::{OptimizerOn, Precision, TrainConfig};
-use super::data::{Dataset, Prefetcher, Split, Vocab, GPT2_VOCAB};
+use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
@@ -561,7 +561,8 @@ impl Trainer {
         reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 {
             let prompt = self.sample_prompt()?;
-            self.sample(ctx, &prompt, self.cfg.sample_len, self.cfg.sampling, self.cfg.seed).await?
+            let text = self.sample(ctx, &prompt, self.cfg.sample_len, self.cfg.sampling, self.cfg.seed).await?;
+            format!("{}{text}", self.cfg.sample_prompt.as_deref().unwrap_or_default())
         } else {
             String::new()
         };
