@@ -12,7 +12,7 @@ fn main() -> pagetrain::Result<()> {
     let ctx = pollster::block_on(Context::new(&ContextOptions::default()))?;
     let ck = checkpoint::load(&dir)?;
     let model = Gpt::new(&ctx, ck.config, 0)?;
-    checkpoint::load_weights(&ctx, &dir, &model, &ck.weights)?;
+    checkpoint::load_weights(&ctx, &model, &ck.weights)?;
     let (b, t) = (2, ck.config.block_size.min(32));
     let tokens: Vec<u32> = (0..b * t).map(|i| ((i * 7 + 3) % ck.config.vocab_size) as u32).collect();
     let x = ctx.from_u32("tokens", &[b, t], &tokens)?;

@@ -244,7 +244,7 @@ fn int8_frozen_layers_stay_fixed_train_the_rest_and_resume() {
     // The checkpoint holds every GPT-2 tensor (frozen ones dequantized) and resuming freezes again.
     pollster::block_on(t.save(&ctx, &out)).unwrap();
     let ck = pagetrain::train::checkpoint::load(&out).unwrap();
-    assert!(ck.weights.contains_key("transformer.h.1.mlp.c_proj.weight"));
+    assert!(ck.weights.contains("transformer.h.1.mlp.c_proj.weight"));
     let resumed = Trainer::new(&ctx, TrainConfig { resume: Some(out.clone()), ..cfg(&out) }, None).unwrap();
     assert_eq!(resumed.cfg.freeze_int8.as_deref(), Some("mlp"));
     assert_eq!(resumed.model.num_params(), t.model.num_params());

@@ -127,7 +127,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
     }
     assert_eq!(ck.weights.len(), want.len(), "tensor count");
     for (name, shape) in &want {
-        assert_eq!(&ck.weights.get(name).unwrap_or_else(|| panic!("missing {name}")).shape, shape, "{name}");
+        assert_eq!(ck.weights.shape(name).unwrap_or_else(|| panic!("missing {name}")), shape, "{name}");
     }
     let hf: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("latest/config.json")).unwrap()).unwrap();
@@ -150,7 +150,7 @@ fn checkpoint_is_hugging_face_gpt2_layout_and_gives_the_same_logits() {
     // logits from the file, computed the way transformers does, equal the GPU's
     let (b, tt) = (2, 5);
     let tokens: Vec<u32> = (0..b * tt).map(|i| (i * 3 % 11) as u32).collect();
-    let w = |name: &str| common::to64(&ck.weights[name].data);
+    let w = |name: &str| common::to64(&ck.weights.read_f32(name).unwrap());
     let want_logits = r::gpt2_forward(&w, 2, 2, c, 11, &tokens, b, tt);
     let x = ctx.from_u32("tokens", &[b, tt], &tokens).unwrap();
     let logits = ctx.no_grad(|| t.model.forward(&ctx, &x)).unwrap();
@@ -329,7 +329,7 @@ fn corrupt_truncated_and_mismatched_checkpoints_are_clear_errors() {
     pollster::block_on(tr.save(&ctx, &other)).unwrap();
     let model = Gpt::new(&ctx, t.model.config, 1).unwrap();
     let ck = checkpoint::load(&other).unwrap();
-    expect_err(checkpoint::load_weights(&ctx, &other, &model, &ck.weights), &["model.safetensors", "shape"]);
+    expect_err(checkpoint::load_weights(&ctx, &model, &ck.weights), &["model.safetensors", "shape"]);
     // resuming it on the demo corpus fails on the vocabulary, before touching the GPU model
     expect_err(resume(&other), &["vocabulary"]);
 }

@@ -1,15 +1,16 @@
 //! Checkpoints in safetensors with Hugging Face GPT-2 names and layouts: `model.safetensors` +
 //! `config.json` load unchanged into transformers' `GPT2LMHeadModel`; `optimizer.safetensors`
 //! holds the AdamW moments. Files are written atomically (temp file, fsync, rename) and carry the
-//! step in their metadata, so a reader can tell a torn pair.
+//! step in their metadata, so a reader can tell a torn pair. Both are written and read a tensor
+//! at a time (see [`super::tensor_file`]): a checkpoint never needs all weights and moments in
+//! RAM at once.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
+use super::tensor_file::{TensorFile, TensorFileWriter};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, GptConfig, Module, Param, Stored};
@@ -46,21 +47,15 @@ pub struct LossScale {
     pub skipped_steps: u64,
 }
 
-/// A tensor read from a checkpoint, converted to f32.
-#[derive(Clone, Debug)]
-pub struct HostTensor {
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
-
-/// What `load` finds in a checkpoint directory.
+/// What `load` finds in a checkpoint directory: the headers of its files, read and checked;
+/// tensors are read one at a time when they are copied into a model.
 pub struct Checkpoint {
     pub config: GptConfig,
     /// Present in checkpoints written by pagetrain.
     pub state: Option<TrainState>,
-    pub weights: HashMap<String, HostTensor>,
+    pub weights: TensorFile,
     /// AdamW moments by `<param>.exp_avg` / `<param>.exp_avg_sq`, and the step count `t`.
-    pub optimizer: Option<(HashMap<String, HostTensor>, u64)>,
+    pub optimizer: Option<(TensorFile, u64)>,
 }
 
 fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
@@ -124,37 +119,9 @@ fn config_from_hf(path: &Path, v: &serde_json::Value) -> Result<GptConfig> {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    if let Some(dir) = path.parent() {
-        // Make the rename itself durable.
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
-}
-
-async fn host_tensors(ctx: &Context, named: Vec<(String, &Tensor)>) -> Result<Vec<(String, Vec<usize>, Vec<u8>)>> {
-    let mut out = Vec::with_capacity(named.len());
-    for (name, t) in named {
-        let data = ctx.to_f32(t).await?;
-        out.push((name, t.shape().to_vec(), bytemuck::cast_slice(&data).to_vec()));
-    }
-    Ok(out)
-}
-
-fn serialize(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], meta: HashMap<String, String>) -> Result<Vec<u8>> {
-    let views = tensors
-        .iter()
-        .map(|(n, s, d)| TensorView::new(Dtype::F32, s.clone(), d).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| ckpt_err(path, e.to_string()))?;
-    safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(path, e.to_string()))
+    let (staged, mut w) = Staged::create(path)?;
+    w.write_all(bytes).map_err(|e| Error::io(&staged.tmp, e))?;
+    staged.commit(w)
 }
 
 /// The three files of a checkpoint, as bytes (the browser offers them as downloads).
@@ -171,44 +138,110 @@ pub struct Moments<'a> {
     pub t: u64,
 }
 
-/// Reads model and optimizer state back from the GPU and serializes the checkpoint files.
-pub async fn encode(ctx: &Context, model: &Gpt, opt: Moments<'_>, state: &TrainState) -> Result<CheckpointFiles> {
-    let here = Path::new(MODEL_FILE);
-    let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(here, e.to_string()))?;
-    let meta = |extra: &[(&str, String)]| {
-        let mut m: HashMap<String, String> = HashMap::from([
-            ("format".into(), "pt".into()),
-            ("pagetrain_format_version".into(), FORMAT_VERSION.to_string()),
-            ("step".into(), state.step.to_string()),
-            ("train_state".into(), state_json.clone()),
-        ]);
-        m.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        m
-    };
-    // Everything that must come back from the GPU comes back in one round trip.
-    let mut ids: Vec<_> = model.params().iter().map(|p| p.value.id()).collect();
-    ids.extend(opt.m.iter().chain(opt.v.iter()).map(|t| t.id()));
-    ctx.pager.sync_to_host(&ids)?;
-    let mut weights = Vec::new();
-    for (name, stored) in model.stored() {
-        let (shape, data) = match stored {
-            Stored::F32(t) => (t.shape().to_vec(), ctx.to_f32(t).await?),
-            Stored::Int8(q) => (vec![q.rows, q.cols], q.dequantize(ctx).await?),
+/// The metadata both files carry; `extra` adds to it.
+fn file_meta(state: &TrainState, extra: &[(&str, String)]) -> Result<HashMap<String, String>> {
+    let state_json = serde_json::to_string(state).map_err(|e| ckpt_err(Path::new(MODEL_FILE), e.to_string()))?;
+    let mut m: HashMap<String, String> = HashMap::from([
+        ("format".into(), "pt".into()),
+        ("pagetrain_format_version".into(), FORMAT_VERSION.to_string()),
+        ("step".into(), state.step.to_string()),
+        ("train_state".into(), state_json),
+    ]);
+    m.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    Ok(m)
+}
+
+/// Writes the model's weights (int8-frozen ones dequantized) to `out` as safetensors, a tensor
+/// at a time from the pager.
+async fn write_model<W: std::io::Write>(ctx: &Context, path: &Path, out: W, model: &Gpt, state: &TrainState) -> Result<W> {
+    let stored = model.stored();
+    let shapes: Vec<(String, Vec<usize>)> = stored
+        .iter()
+        .map(|(name, s)| match s {
+            Stored::F32(t) => (name.clone(), t.shape().to_vec()),
+            Stored::Int8(q) => (name.clone(), vec![q.rows, q.cols]),
+        })
+        .collect();
+    let mut w = TensorFileWriter::new(path, out, &shapes, file_meta(state, &[])?)?;
+    for (name, s) in &stored {
+        let data = match s {
+            Stored::F32(t) => ctx.to_f32(t).await?,
+            Stored::Int8(q) => q.dequantize(ctx).await?,
         };
-        weights.push((name, shape, bytemuck::cast_slice(&data).to_vec()));
+        w.write(name, &data)?;
     }
+    w.finish()
+}
+
+/// Writes AdamW's moments to `out` as safetensors, a tensor at a time.
+async fn write_moments<W: std::io::Write>(
+    ctx: &Context,
+    path: &Path,
+    out: W,
+    model: &Gpt,
+    opt: &Moments<'_>,
+    state: &TrainState,
+) -> Result<W> {
     let params = model.params();
     let moments: Vec<(String, &Tensor)> = params
         .iter()
         .zip(opt.m.iter().zip(opt.v.iter()))
         .flat_map(|(p, (m, v))| [(format!("{}.exp_avg", p.name), m), (format!("{}.exp_avg_sq", p.name), v)])
         .collect();
-    let moments = host_tensors(ctx, moments).await?;
+    let shapes: Vec<(String, Vec<usize>)> = moments.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+    let mut w = TensorFileWriter::new(path, out, &shapes, file_meta(state, &[("adam_t", opt.t.to_string())])?)?;
+    for (name, t) in &moments {
+        w.write(name, &ctx.to_f32(t).await?)?;
+    }
+    w.finish()
+}
+
+/// Brings every weight and moment the GPU changed back to the host store in one round trip.
+fn sync_state(ctx: &Context, model: &Gpt, opt: &Moments<'_>) -> Result<()> {
+    let mut ids: Vec<_> = model.params().iter().map(|p| p.value.id()).collect();
+    ids.extend(opt.m.iter().chain(opt.v.iter()).map(|t| t.id()));
+    ctx.pager.sync_to_host(&ids)
+}
+
+/// The checkpoint files as bytes (where there is no file system to stream them to).
+pub async fn encode(ctx: &Context, model: &Gpt, opt: Moments<'_>, state: &TrainState) -> Result<CheckpointFiles> {
+    sync_state(ctx, model, &opt)?;
+    let here = Path::new(MODEL_FILE);
     Ok(CheckpointFiles {
-        model: serialize(here, &weights, meta(&[]))?,
-        optimizer: serialize(Path::new(OPTIMIZER_FILE), &moments, meta(&[("adam_t", opt.t.to_string())]))?,
+        model: write_model(ctx, here, Vec::new(), model, state).await?,
+        optimizer: write_moments(ctx, Path::new(OPTIMIZER_FILE), Vec::new(), model, &opt, state).await?,
         config: serde_json::to_vec_pretty(&hf_config_json(&model.config)).map_err(|e| ckpt_err(here, e.to_string()))?,
     })
+}
+
+/// A file written under a temporary name, renamed into place by [`Staged::commit`].
+#[cfg(not(target_arch = "wasm32"))]
+struct Staged {
+    path: PathBuf,
+    tmp: PathBuf,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Staged {
+    fn create(path: &Path) -> Result<(Staged, std::io::BufWriter<std::fs::File>)> {
+        let tmp = path.with_extension("tmp");
+        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        Ok((Staged { path: path.to_path_buf(), tmp }, std::io::BufWriter::with_capacity(1 << 20, f)))
+    }
+
+    /// fsync, rename over `path`, and make the rename durable.
+    fn commit(self, w: std::io::BufWriter<std::fs::File>) -> Result<()> {
+        let f = w.into_inner().map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        drop(f);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        if let Some(dir) = self.path.parent() {
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where the newest complete checkpoint under `dir` is: `dir/latest` (a link to a `step-N`
@@ -234,13 +267,18 @@ pub const LATEST: &str = "latest";
 /// place and no torn files. Older step directories beyond `KEEP` are removed.
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn save(ctx: &Context, dir: &Path, model: &Gpt, opt: Moments<'_>, state: &TrainState) -> Result<PathBuf> {
-    let files = encode(ctx, model, opt, state).await?;
+    sync_state(ctx, model, &opt)?;
     let name = format!("step-{:08}", state.step);
     let step_dir = dir.join(&name);
     std::fs::create_dir_all(&step_dir).map_err(|e| Error::io(&step_dir, e))?;
-    write_atomic(&step_dir.join(OPTIMIZER_FILE), &files.optimizer)?;
-    write_atomic(&step_dir.join(CONFIG_FILE), &files.config)?;
-    write_atomic(&step_dir.join(MODEL_FILE), &files.model)?;
+    let path = step_dir.join(OPTIMIZER_FILE);
+    let (staged, w) = Staged::create(&path)?;
+    staged.commit(write_moments(ctx, &path, w, model, &opt, state).await?)?;
+    let config = serde_json::to_vec_pretty(&hf_config_json(&model.config)).map_err(|e| ckpt_err(dir, e.to_string()))?;
+    write_atomic(&step_dir.join(CONFIG_FILE), &config)?;
+    let path = step_dir.join(MODEL_FILE);
+    let (staged, w) = Staged::create(&path)?;
+    staged.commit(write_model(ctx, &path, w, model, state).await?)?;
     point_latest(dir, &name)?;
     prune(dir, &name);
     Ok(step_dir)
@@ -293,45 +331,6 @@ fn prune(dir: &Path, current: &str) {
     }
 }
 
-/// Tensors and metadata of a safetensors file.
-pub type SafetensorsContents = (HashMap<String, HostTensor>, HashMap<String, String>);
-
-fn read_safetensors(path: &Path) -> Result<SafetensorsContents> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    parse_safetensors(path, &bytes)
-}
-
-/// The tensors (as f32) and metadata of safetensors `bytes` read from `path` (named in errors).
-pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<SafetensorsContents> {
-    let st =
-        SafeTensors::deserialize(bytes).map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
-    let meta = header.metadata().clone().unwrap_or_default();
-    let mut tensors = HashMap::new();
-    for (name, view) in st.tensors() {
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytemuck::pod_collect_to_vec(view.data()),
-            Dtype::F16 => {
-                view.data().chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            Dtype::BF16 => {
-                view.data().chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            other => {
-                return Err(ckpt_err(
-                    path,
-                    format!("tensor `{name}` has dtype {other:?}; f32, f16 and bf16 are supported"),
-                ))
-            }
-        };
-        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
-            return Err(ckpt_err(path, format!("tensor `{name}` holds a non-finite value at {i}")));
-        }
-        tensors.insert(name, HostTensor { shape: view.shape().to_vec(), data });
-    }
-    Ok((tensors, meta))
-}
-
 /// Reads a checkpoint directory written by pagetrain, or any GPT-2-layout one (`config.json` +
 /// `model.safetensors`, as Hugging Face saves them).
 pub fn load(dir: &Path) -> Result<Checkpoint> {
@@ -340,10 +339,11 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     }
     let dir = &resolve(dir);
     let model_path = dir.join(MODEL_FILE);
-    let (mut weights, meta) = read_safetensors(&model_path)?;
+    let mut weights = TensorFile::open(&model_path)?;
+    let meta = weights.metadata();
     // GPT2Model checkpoints name tensors without the `transformer.` prefix.
-    if weights.keys().any(|k| k.starts_with("h.") || k == "wte.weight") {
-        weights = weights.into_iter().map(|(k, v)| (format!("transformer.{k}"), v)).collect();
+    if weights.names().any(|k| k.starts_with("h.") || k == "wte.weight") {
+        weights.add_prefix("transformer.");
     }
     let state: Option<TrainState> = match meta.get("train_state") {
         Some(s) => {
@@ -362,7 +362,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     // A model is built (its parameters allocated) before its weights are copied in: a config
     // that promises more parameters than the file holds is refused first, so a hostile file
     // cannot make us allocate more than it justifies.
-    let held: f64 = weights.values().map(|t| t.data.len() as f64).sum();
+    let held = weights.elements();
     if config.num_params_f64() > held {
         return Err(ckpt_err(
             &model_path,
@@ -371,7 +371,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     }
     let opt_path = dir.join(OPTIMIZER_FILE);
     let optimizer = if opt_path.exists() {
-        let (moments, ometa) = read_safetensors(&opt_path)?;
+        let moments = TensorFile::open(&opt_path)?;
+        let ometa = moments.metadata();
         if ometa.get("step") != meta.get("step") {
             return Err(ckpt_err(
                 dir,
@@ -391,45 +392,43 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     Ok(Checkpoint { config, state, weights, optimizer })
 }
 
-fn take<'a>(path: &Path, map: &'a HashMap<String, HostTensor>, name: &str, want: &[usize]) -> Result<&'a HostTensor> {
-    let t = map.get(name).ok_or_else(|| ckpt_err(path, format!("missing tensor `{name}`")))?;
-    if t.shape != want {
-        return Err(ckpt_err(path, format!("tensor `{name}` has shape {:?}, the model needs {want:?}", t.shape)));
+/// Checks that `file` holds `name` with shape `want`.
+fn check_shape(file: &TensorFile, name: &str, want: &[usize]) -> Result<()> {
+    match file.shape(name) {
+        None => Err(ckpt_err(file.path(), format!("missing tensor `{name}`"))),
+        Some(s) if s != want => {
+            Err(ckpt_err(file.path(), format!("tensor `{name}` has shape {s:?}, the model needs {want:?}")))
+        }
+        Some(_) => Ok(()),
     }
-    Ok(t)
 }
 
-/// Copies the checkpoint's weights into `model` (every parameter must be present, shapes equal).
-pub fn load_weights(ctx: &Context, dir: &Path, model: &Gpt, weights: &HashMap<String, HostTensor>) -> Result<()> {
+/// Copies the checkpoint's weights into `model`, one tensor at a time (every parameter must be
+/// present, shapes equal — checked from the header before anything is read).
+pub fn load_weights(ctx: &Context, model: &Gpt, weights: &TensorFile) -> Result<()> {
     let params: Vec<&Param> = model.params();
-    // Check everything before writing anything.
-    let path = resolve(dir).join(MODEL_FILE);
     for p in &params {
-        take(&path, weights, &p.name, p.value.shape())?;
+        check_shape(weights, &p.name, p.value.shape())?;
     }
     for p in params {
-        ctx.write_f32(&p.value, &weights[&p.name].data)?;
+        ctx.write_f32(&p.value, &weights.read_f32(&p.name)?)?;
     }
     Ok(())
 }
 
-/// Copies the AdamW moments into `opt` (the caller restores the step count).
-pub fn load_optimizer(
-    ctx: &Context,
-    dir: &Path,
-    model: &Gpt,
-    opt: Moments<'_>,
-    moments: &HashMap<String, HostTensor>,
-) -> Result<()> {
+/// Copies the AdamW moments into `opt`, one tensor at a time (the caller restores the step count).
+pub fn load_optimizer(ctx: &Context, model: &Gpt, opt: Moments<'_>, moments: &TensorFile) -> Result<()> {
     let params = model.params();
-    let path = resolve(dir).join(OPTIMIZER_FILE);
+    let names = |p: &Param| [format!("{}.exp_avg", p.name), format!("{}.exp_avg_sq", p.name)];
     for p in &params {
-        take(&path, moments, &format!("{}.exp_avg", p.name), p.value.shape())?;
-        take(&path, moments, &format!("{}.exp_avg_sq", p.name), p.value.shape())?;
+        for n in names(p) {
+            check_shape(moments, &n, p.value.shape())?;
+        }
     }
     for (i, p) in params.iter().enumerate() {
-        ctx.write_f32(&opt.m[i], &moments[&format!("{}.exp_avg", p.name)].data)?;
-        ctx.write_f32(&opt.v[i], &moments[&format!("{}.exp_avg_sq", p.name)].data)?;
+        let [m, v] = names(p);
+        ctx.write_f32(&opt.m[i], &moments.read_f32(&m)?)?;
+        ctx.write_f32(&opt.v[i], &moments.read_f32(&v)?)?;
     }
     Ok(())
 }

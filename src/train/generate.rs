@@ -146,7 +146,7 @@ pub fn load_model(ctx: &Context, dir: &std::path::Path, tokenizer: super::Tokeni
         ));
     }
     let model = Gpt::new(ctx, ckpt.config, 0)?;
-    super::checkpoint::load_weights(ctx, dir, &model, &ckpt.weights)?;
+    super::checkpoint::load_weights(ctx, &model, &ckpt.weights)?;
     Ok((model, vocab))
 }
 

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod prepare;
 pub mod run_file;
 mod run_setup;
+pub mod tensor_file;
 pub mod tokenizer;
 pub mod trainer;
 

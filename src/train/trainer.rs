@@ -233,8 +233,8 @@ impl Trainer {
         let mut model = Gpt::new(ctx, config, cfg.seed)?;
         let dir: Option<std::path::PathBuf> = cfg.resume.clone().or(cfg.init_from.clone());
         let dir = dir.as_deref();
-        if let (Some(c), Some(dir)) = (&ckpt, dir) {
-            checkpoint::load_weights(ctx, dir, &model, &c.weights)?;
+        if let Some(c) = &ckpt {
+            checkpoint::load_weights(ctx, &model, &c.weights)?;
         }
         // Freezing happens on the loaded weights and before the optimizer sees the parameters.
         let mut cfg = cfg;
@@ -277,7 +277,7 @@ impl Trainer {
                 path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
                 msg: "missing: cannot resume without the optimizer state".into(),
             })?;
-            checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?;
+            checkpoint::load_optimizer(ctx, &model, opt.moments(), moments)?;
             opt.set_t(*t);
             step = state.step;
             data_seed = state.data_seed;
