@@ -26,7 +26,7 @@ fn main() -> pagetrain::Result<()> {
     let mut rng = pagetrain::rng::Rng::new(7);
     for step in 0..30 {
         ctx.pager.begin_step(); // the last step's accesses predict this one's (Belady eviction)
-        let (x, y) = data.batch(Split::Train, &mut rng, b, t);
+        let (x, y) = data.batch(Split::Train, &mut rng, b, t)?;
         let tokens = ctx.from_u32("tokens", &[b, t], &x)?;
         let loss = model.loss(&ctx, &tokens, &y)?;
         let mut grads = model.grads();

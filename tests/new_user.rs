@@ -181,7 +181,7 @@ fn a_separate_validation_file() {
     use pagetrain::train::Split;
     assert_eq!((data.split_len(Split::Train), data.split_len(Split::Val)), (all, 240), "all of train trains");
     let mut rng = pagetrain::rng::Rng::new(5);
-    let (x, _) = data.batch(Split::Val, &mut rng, 3, 8);
+    let (x, _) = data.batch(Split::Val, &mut rng, 3, 8).unwrap();
     let text = data.vocab.decode(&x);
     assert!(text.contains("mat sat") || text.contains("sat on the c") || text.contains("the cat. "), "{text}");
     // Characters the training data lacks cannot be validated on.

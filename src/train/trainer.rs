@@ -345,8 +345,8 @@ impl Trainer {
         let clock = crate::clock::Stopwatch::start();
         let (b, t) = (self.effective_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
-            Some(p) => p.get(&self.data, self.step),
-            None => self.data.step_batch(self.data_seed, self.step, b, t),
+            Some(p) => p.get(&self.data, self.step)?,
+            None => self.data.step_batch(self.data_seed, self.step, b, t)?,
         };
         let loss = loop {
             ctx.pager.begin_step();
@@ -426,7 +426,7 @@ impl Trainer {
         let mut total = 0.0;
         let mut parts = 0;
         for _ in 0..self.cfg.eval_batches {
-            let (x, y) = self.data.batch(Split::Val, &mut rng, b, t);
+            let (x, y) = self.data.batch(Split::Val, &mut rng, b, t)?;
             for (xs, ys) in x.chunks(micro * t).zip(y.chunks(micro * t)) {
                 let loss = ctx.no_grad(|| -> Result<_> {
                     let tokens = ctx.from_u32("tokens", &[xs.len() / t, t], xs)?;
