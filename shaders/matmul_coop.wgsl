@@ -6,13 +6,15 @@
 // Bindings: c, a, b, bias, a4, b4, Params. a4 and b4 are a and b again, read 4 halves at a time
 // when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's rows are a multiple of 8 long and start
 // 8-aligned; otherwise each half is read alone (any shape), and a4/b4 go unused.
-// Tiling: a workgroup of 4 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup a
-// 64x64 quarter as 4x4 accumulators of 16x16. K advances 32 at a time through two workgroup
+// Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
+// 64x32 of it as 4x2 accumulators of 16x16. K advances 32 at a time through two workgroup
 // buffers of f16 tiles that keep the global layout (so each operand is read coalesced and each
-// 16x16 fragment loads row- or column-major from it); the next slice is fetched into registers
-// while the current one is multiplied (one barrier a slice). Accumulators go through a 16x16 f32
-// scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding). Dispatch
-// (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the launcher checks).
+// 16x16 fragment loads row- or column-major from it). Slices are fetched into registers two
+// slices before they are multiplied and stored to the free buffer one slice before (one barrier
+// a slice), so global loads have two slices' multiplies to arrive. Accumulators go through a
+// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding).
+// Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
+// launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -53,8 +55,10 @@ const CK: u32 = 32u;
 const PAD: u32 = 8u;
 // One buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
 const BUF: u32 = CT * (CK + PAD) / 4u;
-const THREADS: u32 = 128u;
-// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / 128 threads).
+// 8 subgroups: 2 down M by 4 across N, each 64x32 of the tile as 4x2 accumulators (measured on
+// the H200: 4 subgroups of 64x64 ran 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104).
+const THREADS: u32 = 256u;
+// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / THREADS).
 const CHUNKS: u32 = CT * CK / 8u / THREADS;
 const TRANS_A: bool = (FLAGS & 1u) != 0u;
 const TRANS_B: bool = (FLAGS & 2u) != 0u;
@@ -68,7 +72,7 @@ const VEC_B: bool = (FLAGS & 32u) != 0u;
 var<workgroup> As: array<vec4<f16>, 2u * BUF>;
 var<workgroup> Bs: array<vec4<f16>, 2u * BUF>;
 // One 16x16 f32 accumulator per subgroup on its way to C.
-var<workgroup> Cs: array<f32, 4u * 256u>;
+var<workgroup> Cs: array<f32, THREADS * 8u>;
 
 // Whether an operand's depth (K) is its contiguous dimension: A (M,K) and B stored (N,K).
 fn depth_inner(is_a: bool) -> bool {
@@ -171,91 +175,200 @@ fn frag_b(buf: u32, k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
     let stride = (CT + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
 }
-@compute @workgroup_size(128)
+// Writes accumulator `r` to C at (gm0, gn0) through subgroup `sg`'s scratch: lane l takes row
+// l / 2, columns 8 (l % 2) .. + 8, with alpha, bias and beta·C, in bounds only. Every subgroup
+// calls it the same number of times (the barriers stay uniform).
+fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32, lane: u32) {
+    let scratch = sg * 256u;
+    let ptr = &Cs[scratch];
+    let stride = 16u;
+    coopStoreT(r, ptr, stride);
+    workgroupBarrier();
+    let row = lane / 2u;
+    let col = (lane % 2u) * 8u;
+    let gm = gm0 + row;
+    if (gm < p.m) {
+        for (var j = 0u; j < 8u; j++) {
+            let gn = gn0 + col + j;
+            if (gn < p.n) {
+                let idx = c_base + gm * p.n + gn;
+                var v = p.alpha * Cs[scratch + row * 16u + col + j];
+                if (BIAS) {
+                    v += bias[gn];
+                }
+                if (ACCUMULATE) {
+                    v += p.beta * f32(c[idx]);
+                }
+                c[idx] = B0(v);
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(THREADS)
 fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let sg = tid / 32u;
     let lane = tid % 32u;
     let m0 = wid.y * CT;
     let n0 = wid.x * CT;
-    // this subgroup's 64x64 quarter within the tile
-    let sm = (sg / 2u) * 64u;
-    let sn = (sg % 2u) * 64u;
+    // this subgroup's 64x32 of the tile
+    let sm = (sg / 4u) * 64u;
+    let sn = (sg % 4u) * 32u;
     let a_base = p.a_off + wid.z * p.stride_a;
     let b_base = p.b_off + wid.z * p.stride_b;
     let c_base = p.c_off + wid.z * p.stride_c;
 
-    var acc: array<coop_mat16x16<f32, C>, 16>;
-    for (var j = 0u; j < CHUNKS; j++) {
-        let q = tid + THREADS * j;
-        put(true, 0u, q, fetch(true, a_base, m0, 0u, q));
-        put(false, 0u, q, fetch(false, b_base, n0, 0u, q));
+    // accumulators c{i}{j}: rows sm + 16i, columns sn + 16j (named, not an array: the
+    // compiler keeps them in registers)
+    var c00: coop_mat16x16<f32, C>;
+    var c01: coop_mat16x16<f32, C>;
+    var c10: coop_mat16x16<f32, C>;
+    var c11: coop_mat16x16<f32, C>;
+    var c20: coop_mat16x16<f32, C>;
+    var c21: coop_mat16x16<f32, C>;
+    var c30: coop_mat16x16<f32, C>;
+    var c31: coop_mat16x16<f32, C>;
+    // Slices travel global -> registers two slices ahead of the multiply, then registers ->
+    // workgroup buffer one slice ahead: set x holds even slices, set y odd ones (named sets,
+    // so the loop is unrolled by two).
+    var xa0: array<vec4<f16>, 2>;
+    var xa1: array<vec4<f16>, 2>;
+    var xb0: array<vec4<f16>, 2>;
+    var xb1: array<vec4<f16>, 2>;
+    var ya0: array<vec4<f16>, 2>;
+    var ya1: array<vec4<f16>, 2>;
+    var yb0: array<vec4<f16>, 2>;
+    var yb1: array<vec4<f16>, 2>;
+    // an even number of slices (a last one past K is zeros): the loop runs two at a time, and
+    // cooperative operations may not sit under a branch on the loop counter
+    let slices = (p.k + 2u * CK - 1u) / (2u * CK) * 2u;
+    xa0 = fetch(true, a_base, m0, 0u * CK, tid);
+    xa1 = fetch(true, a_base, m0, 0u * CK, tid + THREADS);
+    xb0 = fetch(false, b_base, n0, 0u * CK, tid);
+    xb1 = fetch(false, b_base, n0, 0u * CK, tid + THREADS);
+    put(true, 0u, tid, xa0);
+    put(true, 0u, tid + THREADS, xa1);
+    put(false, 0u, tid, xb0);
+    put(false, 0u, tid + THREADS, xb1);
+    {
+        ya0 = fetch(true, a_base, m0, 1u * CK, tid);
+        ya1 = fetch(true, a_base, m0, 1u * CK, tid + THREADS);
+        yb0 = fetch(false, b_base, n0, 1u * CK, tid);
+        yb1 = fetch(false, b_base, n0, 1u * CK, tid + THREADS);
     }
     workgroupBarrier();
-    let slices = (p.k + CK - 1u) / CK;
-    var na: array<array<vec4<f16>, 2>, CHUNKS>;
-    var nb: array<array<vec4<f16>, 2>, CHUNKS>;
-    for (var s = 0u; s < slices; s++) {
-        let cur = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {
-            for (var j = 0u; j < CHUNKS; j++) {
-                let q = tid + THREADS * j;
-                na[j] = fetch(true, a_base, m0, (s + 1u) * CK, q);
-                nb[j] = fetch(false, b_base, n0, (s + 1u) * CK, q);
+    for (var s = 0u; s < slices; s += 2u) {
+        // slice s (even) from buffer 0: fetch s + 2 into x, put s + 1 from y into buffer 1
+        {
+            let cur = 0u;
+            if (s + 2u < slices) {
+                xa0 = fetch(true, a_base, m0, (s + 2u) * CK, tid);
+                xa1 = fetch(true, a_base, m0, (s + 2u) * CK, tid + THREADS);
+                xb0 = fetch(false, b_base, n0, (s + 2u) * CK, tid);
+                xb1 = fetch(false, b_base, n0, (s + 2u) * CK, tid + THREADS);
             }
+            // depths 0..15
+            let a0_0 = frag_a(cur, sm + 0u, 0u);
+            let a1_0 = frag_a(cur, sm + 16u, 0u);
+            let a2_0 = frag_a(cur, sm + 32u, 0u);
+            let a3_0 = frag_a(cur, sm + 48u, 0u);
+            let b0_0 = frag_b(cur, 0u, sn + 0u);
+            let b1_0 = frag_b(cur, 0u, sn + 16u);
+            c00 = coopMultiplyAdd(a0_0, b0_0, c00);
+            c01 = coopMultiplyAdd(a0_0, b1_0, c01);
+            c10 = coopMultiplyAdd(a1_0, b0_0, c10);
+            c11 = coopMultiplyAdd(a1_0, b1_0, c11);
+            c20 = coopMultiplyAdd(a2_0, b0_0, c20);
+            c21 = coopMultiplyAdd(a2_0, b1_0, c21);
+            c30 = coopMultiplyAdd(a3_0, b0_0, c30);
+            c31 = coopMultiplyAdd(a3_0, b1_0, c31);
+            // depths 16..31
+            let a0_16 = frag_a(cur, sm + 0u, 16u);
+            let a1_16 = frag_a(cur, sm + 16u, 16u);
+            let a2_16 = frag_a(cur, sm + 32u, 16u);
+            let a3_16 = frag_a(cur, sm + 48u, 16u);
+            let b0_16 = frag_b(cur, 16u, sn + 0u);
+            let b1_16 = frag_b(cur, 16u, sn + 16u);
+            c00 = coopMultiplyAdd(a0_16, b0_16, c00);
+            c01 = coopMultiplyAdd(a0_16, b1_16, c01);
+            c10 = coopMultiplyAdd(a1_16, b0_16, c10);
+            c11 = coopMultiplyAdd(a1_16, b1_16, c11);
+            c20 = coopMultiplyAdd(a2_16, b0_16, c20);
+            c21 = coopMultiplyAdd(a2_16, b1_16, c21);
+            c30 = coopMultiplyAdd(a3_16, b0_16, c30);
+            c31 = coopMultiplyAdd(a3_16, b1_16, c31);
+            if (s + 1u < slices) {
+                put(true, 1u - cur, tid, ya0);
+                put(true, 1u - cur, tid + THREADS, ya1);
+                put(false, 1u - cur, tid, yb0);
+                put(false, 1u - cur, tid + THREADS, yb1);
+            }
+            workgroupBarrier();
         }
-        for (var kk = 0u; kk < CK; kk += 16u) {
-            var fa: array<coop_mat16x16<f16, A>, 4>;
-            var fb: array<coop_mat16x16<f16, B>, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                fa[i] = frag_a(cur, sm + 16u * i, kk);
-                fb[i] = frag_b(cur, kk, sn + 16u * i);
+        // slice s + 1 (odd) from buffer 1: fetch s + 3 into y, put s + 2 from x into buffer 0
+        {
+            let cur = 1u;
+            if ((s + 1u) + 2u < slices) {
+                ya0 = fetch(true, a_base, m0, ((s + 1u) + 2u) * CK, tid);
+                ya1 = fetch(true, a_base, m0, ((s + 1u) + 2u) * CK, tid + THREADS);
+                yb0 = fetch(false, b_base, n0, ((s + 1u) + 2u) * CK, tid);
+                yb1 = fetch(false, b_base, n0, ((s + 1u) + 2u) * CK, tid + THREADS);
             }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[4u * i + j] = coopMultiplyAdd(fa[i], fb[j], acc[4u * i + j]);
-                }
+            // depths 0..15
+            let a0_0 = frag_a(cur, sm + 0u, 0u);
+            let a1_0 = frag_a(cur, sm + 16u, 0u);
+            let a2_0 = frag_a(cur, sm + 32u, 0u);
+            let a3_0 = frag_a(cur, sm + 48u, 0u);
+            let b0_0 = frag_b(cur, 0u, sn + 0u);
+            let b1_0 = frag_b(cur, 0u, sn + 16u);
+            c00 = coopMultiplyAdd(a0_0, b0_0, c00);
+            c01 = coopMultiplyAdd(a0_0, b1_0, c01);
+            c10 = coopMultiplyAdd(a1_0, b0_0, c10);
+            c11 = coopMultiplyAdd(a1_0, b1_0, c11);
+            c20 = coopMultiplyAdd(a2_0, b0_0, c20);
+            c21 = coopMultiplyAdd(a2_0, b1_0, c21);
+            c30 = coopMultiplyAdd(a3_0, b0_0, c30);
+            c31 = coopMultiplyAdd(a3_0, b1_0, c31);
+            // depths 16..31
+            let a0_16 = frag_a(cur, sm + 0u, 16u);
+            let a1_16 = frag_a(cur, sm + 16u, 16u);
+            let a2_16 = frag_a(cur, sm + 32u, 16u);
+            let a3_16 = frag_a(cur, sm + 48u, 16u);
+            let b0_16 = frag_b(cur, 16u, sn + 0u);
+            let b1_16 = frag_b(cur, 16u, sn + 16u);
+            c00 = coopMultiplyAdd(a0_16, b0_16, c00);
+            c01 = coopMultiplyAdd(a0_16, b1_16, c01);
+            c10 = coopMultiplyAdd(a1_16, b0_16, c10);
+            c11 = coopMultiplyAdd(a1_16, b1_16, c11);
+            c20 = coopMultiplyAdd(a2_16, b0_16, c20);
+            c21 = coopMultiplyAdd(a2_16, b1_16, c21);
+            c30 = coopMultiplyAdd(a3_16, b0_16, c30);
+            c31 = coopMultiplyAdd(a3_16, b1_16, c31);
+            if ((s + 1u) + 1u < slices) {
+                put(true, 1u - cur, tid, xa0);
+                put(true, 1u - cur, tid + THREADS, xa1);
+                put(false, 1u - cur, tid, xb0);
+                put(false, 1u - cur, tid + THREADS, xb1);
             }
+            workgroupBarrier();
         }
-        if (more) {
-            for (var j = 0u; j < CHUNKS; j++) {
-                let q = tid + THREADS * j;
-                put(true, 1u - cur, q, na[j]);
-                put(false, 1u - cur, q, nb[j]);
-            }
-        }
-        workgroupBarrier();
     }
 
-    // Epilogue: each accumulator through this subgroup's scratch; lane l writes row l / 2,
-    // columns 8 (l % 2) .. + 8 of it.
-    let scratch = sg * 256u;
-    let row = lane / 2u;
-    let col = (lane % 2u) * 8u;
-    for (var t = 0u; t < 16u; t++) {
-        let r = acc[t];
-        let ptr = &Cs[scratch];
-        let stride = 16u;
-        coopStoreT(r, ptr, stride);
-        workgroupBarrier();
-        let gm = m0 + sm + 16u * (t / 4u) + row;
-        let gn0 = n0 + sn + 16u * (t % 4u) + col;
-        if (gm < p.m) {
-            for (var j = 0u; j < 8u; j++) {
-                let gn = gn0 + j;
-                if (gn < p.n) {
-                    let idx = c_base + gm * p.n + gn;
-                    var v = p.alpha * Cs[scratch + row * 16u + col + j];
-                    if (BIAS) {
-                        v += bias[gn];
-                    }
-                    if (ACCUMULATE) {
-                        v += p.beta * f32(c[idx]);
-                    }
-                    c[idx] = B0(v);
-                }
-            }
-        }
-        workgroupBarrier();
-    }
+    let r00 = c00;
+    store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
+    let r01 = c01;
+    store_frag(r01, m0 + sm + 0u, n0 + sn + 16u, c_base, sg, lane);
+    let r10 = c10;
+    store_frag(r10, m0 + sm + 16u, n0 + sn + 0u, c_base, sg, lane);
+    let r11 = c11;
+    store_frag(r11, m0 + sm + 16u, n0 + sn + 16u, c_base, sg, lane);
+    let r20 = c20;
+    store_frag(r20, m0 + sm + 32u, n0 + sn + 0u, c_base, sg, lane);
+    let r21 = c21;
+    store_frag(r21, m0 + sm + 32u, n0 + sn + 16u, c_base, sg, lane);
+    let r30 = c30;
+    store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
+    let r31 = c31;
+    store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
 }

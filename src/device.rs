@@ -146,8 +146,9 @@ impl Gpu {
         if matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu) {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
-        // Tensor cores from WGSL (f16 products), where the adapter has them.
-        wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        // Tensor cores from WGSL (f16 products), where the adapter has them; compiled pipelines
+        // kept on disk between runs (kernels::pipeline_cache).
+        wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PIPELINE_CACHE;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {

@@ -259,7 +259,8 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     let (vec_a, vec_b) = (vec_ok(a_row, g.offsets[0], a), vec_ok(b_row, g.offsets[1], b));
     let flags = large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
-    k.dispatch_variant(MATMUL_COOP, "matmul_coop", Variant { flags, ..Default::default() }, &[c, a, b, bias, a4, b4], p, groups)
+    let variant = Variant { flags, ..Default::default() };
+    k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4], p, groups)
 }
 
 /// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,

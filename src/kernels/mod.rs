@@ -13,6 +13,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
+pub mod pipeline_cache;
 pub mod reduce;
 pub mod softmax;
 
@@ -187,8 +188,8 @@ impl Tuning {
 /// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
 /// Workgroup memory `matmul_coop` declares: two operands, two buffers of 128 × (32 + 8) halves,
-/// and a 16×16 f32 scratch for each of its 4 subgroups.
-pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 4 * 256 * 4;
+/// and a 16×16 f32 scratch for each of its 8 subgroups.
+pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 8 * 256 * 4;
 
 /// Which matmul entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,12 +255,23 @@ pub struct Kernels {
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
     profile: Option<RefCell<HashMap<&'static str, (u64, f64)>>>,
+    /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
+    pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
+    compiled: std::cell::Cell<bool>,
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        self.save_pipeline_cache();
+    }
 }
 
 impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
+        let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         Kernels {
+            pipeline_cache,
             tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
             gpu,
             recorder,
@@ -267,6 +279,17 @@ impl Kernels {
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
+            compiled: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Writes the on-disk pipeline cache if pipelines were compiled since it was last written
+    /// (also done when the kernels are dropped).
+    pub fn save_pipeline_cache(&self) {
+        if let Some(cache) = &self.pipeline_cache {
+            if self.compiled.replace(false) {
+                cache.save();
+            }
         }
     }
 
@@ -337,8 +360,9 @@ impl Kernels {
                 zero_initialize_workgroup_memory: !shader.writes_workgroup_first,
                 ..Default::default()
             },
-            cache: None,
+            cache: self.pipeline_cache.as_ref().map(|c| &c.cache),
         });
+        self.compiled.set(true);
         self.gpu
             .check(entry)
             .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
