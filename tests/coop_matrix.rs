@@ -28,20 +28,22 @@ fn has_coop(ctx: &Context) -> bool {
     false
 }
 
-/// One product `C[b] = 0.75·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on f16 A and B, with
-/// `pre` elements of prefix before each operand (reached through `offsets`).
-fn check(ctx: &Context, rng: &mut Rng, g: Gemm, c_dtype: DType, with_bias: bool, pre: [usize; 3]) {
+/// One product `C[b] = 0.75·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
+/// types `ab` (f16, or one of them f32, which the kernel rounds to f16), with `pre` elements of
+/// prefix before each operand (reached through `offsets`).
+fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, with_bias: bool, pre: [usize; 3]) {
     let Gemm { batch, m, n, k, trans_a, trans_b, beta, .. } = g;
-    let a = round_f16(&randn(rng, pre[0] + batch * m * k, 1.0));
-    let b = round_f16(&randn(rng, pre[1] + batch * k * n, 1.0));
+    let held = |v: Vec<f32>, dt: DType| if dt == DType::F16 { round_f16(&v) } else { v };
+    let a = held(randn(rng, pre[0] + batch * m * k, 1.0), ab[0]);
+    let b = held(randn(rng, pre[1] + batch * k * n, 1.0), ab[1]);
     let bias = randn(rng, n, 1.0);
     let mut c0 = randn(rng, pre[2] + batch * m * n, 1.0);
     if c_dtype == DType::F16 {
         c0 = round_f16(&c0);
     }
     let (ga, gb, gbias) = (
-        Guarded::of(ctx, DType::F16, a.len(), Some(&a)),
-        Guarded::of(ctx, DType::F16, b.len(), Some(&b)),
+        Guarded::of(ctx, ab[0], a.len(), Some(&a)),
+        Guarded::of(ctx, ab[1], b.len(), Some(&b)),
         Guarded::new(ctx, n, Some(&bias)),
     );
     let dummy = Guarded::new(ctx, 4, Some(&[0.0; 4]));
@@ -65,9 +67,10 @@ fn check(ctx: &Context, rng: &mut Rng, g: Gemm, c_dtype: DType, with_bias: bool,
     )
     .unwrap();
     let bias64 = to64(&bias);
+    // the kernel multiplies f16 values: an f32 operand rounded
     let product = r::matmul_forward(
-        &to64(&a[pre[0]..]),
-        &to64(&b[pre[1]..]),
+        &to64(&round_f16(&a[pre[0]..])),
+        &to64(&round_f16(&b[pre[1]..])),
         with_bias.then_some(&bias64[..]),
         batch,
         m,
@@ -82,7 +85,7 @@ fn check(ctx: &Context, rng: &mut Rng, g: Gemm, c_dtype: DType, with_bias: bool,
     want.extend(product.iter().zip(&c0[pre[2]..]).map(|(p, &c)| p + beta as f64 * c as f64));
     let rtol = if c_dtype == DType::F16 { 1.5e-3 } else { 1e-4 };
     let what = format!(
-        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} bias={with_bias} beta={beta} c {c_dtype:?} pre {pre:?}"
+        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
     );
     assert_close(&what, &gc.read(ctx), &want, rtol, 1e-4 * (k as f64).sqrt());
 }
@@ -104,8 +107,14 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
             let with_bias = (i + layout) % 2 == 0;
             let beta = ((i + layout) % 3 == 0) as u8 as f32;
             let c_dtype = if (i + layout) % 4 == 1 { DType::F16 } else { DType::F32 };
+            // mostly f16 × f16; every shape also once with an f32 A and once with an f32 B
+            let ab = match layout {
+                1 => [DType::F32, DType::F16],
+                2 => [DType::F16, DType::F32],
+                _ => [DType::F16; 2],
+            };
             let g = Gemm { trans_a, trans_b, beta, ..Gemm::new(m, n, k) };
-            check(&ctx, &mut rng, g, c_dtype, with_bias, [0; 3]);
+            check(&ctx, &mut rng, g, ab, c_dtype, with_bias, [0; 3]);
             runs += 1;
         }
     }
@@ -125,7 +134,8 @@ fn coop_matmul_handles_batches_and_row_chunk_offsets() {
     {
         for layout in 0..4 {
             let g = Gemm { batch, trans_a: layout & 1 != 0, trans_b: layout & 2 != 0, beta: 1.0, ..Gemm::new(m, n, k) };
-            check(&ctx, &mut rng, g, DType::F32, layout == 3, pre);
+            let ab = if layout == 2 { [DType::F32, DType::F16] } else { [DType::F16; 2] };
+            check(&ctx, &mut rng, g, ab, DType::F32, layout == 3, pre);
         }
     }
 }
@@ -163,7 +173,9 @@ fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     let want_variant = if ctx.kernels.tuning.coop_f16 { MatmulVariant::Coop } else { MatmulVariant::Large };
     assert_eq!(picked, want_variant);
     assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()), MatmulVariant::Direct);
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()), MatmulVariant::Large);
+    // f16 with f32: the product is f16 where the adapter has cooperative matrices; f32 × f32 never
+    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()), want_variant);
+    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()), MatmulVariant::Large);
     if !ctx.kernels.tuning.coop_f16 {
         let forced = kernels::matmul::matmul_variant(
             &ctx.kernels,

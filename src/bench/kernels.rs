@@ -83,6 +83,7 @@ pub fn time_matmul(
 pub fn picked(ctx: &Context, g: &Gemm, operands: DType) -> MatmulVariant {
     let variant = matmul::pick(ctx.kernels.tuning.matmul, g);
     if operands == DType::F16 && ctx.kernels.tuning.coop_f16 && variant != MatmulVariant::Direct {
+        // (what matmul::for_operands picks for two f16 views)
         MatmulVariant::Coop
     } else {
         variant

@@ -77,15 +77,21 @@ pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, du
     matmul_variant(k, for_operands(k, pick(k.tuning.matmul, &g), a, b), c, a, b, bias, dummy, g)
 }
 
-/// `variant`, or [`MatmulVariant::Coop`] where both operands are f16 and the adapter runs
-/// cooperative matrices (CPU adapters keep `Direct`).
+/// `variant`, or [`MatmulVariant::Coop`] where an operand is f16 (the other f16 or f32, which
+/// the product then rounds to f16: the caller asked for f16 products) and the adapter runs
+/// cooperative matrices. CPU adapters keep `Direct`; f32 × f32 products stay f32.
 pub fn for_operands(k: &Kernels, variant: MatmulVariant, a: &View, b: &View) -> MatmulVariant {
-    let both_f16 = a.dtype == DType::F16 && b.dtype == DType::F16;
-    if k.tuning.coop_f16 && both_f16 && variant != MatmulVariant::Direct {
+    if k.tuning.coop_f16 && coop_operands(a, b) && variant != MatmulVariant::Direct {
         MatmulVariant::Coop
     } else {
         variant
     }
+}
+
+/// Operands `matmul_coop` takes: f16 and f16, or f16 and f32.
+fn coop_operands(a: &View, b: &View) -> bool {
+    let float = |v: &View| matches!(v.dtype, DType::F16 | DType::F32);
+    float(a) && float(b) && (a.dtype == DType::F16 || b.dtype == DType::F16)
 }
 
 /// Output tiles a split product aims for (H200, GPT-2 step: 400 ran 284–289 ms, 200 290 ms).
@@ -239,17 +245,17 @@ fn launch(
     )
 }
 
-/// `matmul_coop`: A and B must be f16 (int8 B has no cooperative path). Operands whose stored
+/// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
 /// rows are a multiple of 8 halves long and start 8-aligned are read 4 halves at a time, through
 /// a second binding of the same view (`dummy` stands in for it otherwise).
 fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
     if !k.tuning.coop_f16 {
         return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
     }
-    if a.dtype != DType::F16 || b.dtype != DType::F16 || p.quant_b != 0 {
+    if !coop_operands(a, b) || p.quant_b != 0 {
         return Err(Error::invalid(
             "matmul",
-            format!("the cooperative-matrix kernel takes f16 A and B, not {:?} and {:?}", a.dtype, b.dtype),
+            format!("the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}", a.dtype, b.dtype),
         ));
     }
     // stored row length of each operand (its contiguous dimension)
