@@ -62,7 +62,10 @@ impl DiskPipelineCache {
             if let Some(dir) = self.path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            let tmp = self.path.with_extension(format!("tmp{}", std::process::id()));
+            // a name no other writer uses (other processes, other contexts in this one)
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = self.path.with_extension(format!("tmp{}-{n}", std::process::id()));
             std::fs::write(&tmp, &data)?;
             std::fs::rename(&tmp, &self.path)
         };
