@@ -1,12 +1,13 @@
 //! Kernel throughput for `pagetrain bench`: the f32 and f16 matmuls at 4096³ in the three layouts
 //! the training step uses (NN forward, NT and TN in backward), timed over back-to-back dispatches
 //! between two syncs, so launch gaps count against us as they would in a step. f16 products run
-//! on cooperative matrices where the adapter has them.
+//! on cooperative matrices where the adapter has them; fused attention on GPT-2 small's shape.
 
 use std::time::Instant;
 
 use crate::context::Context;
 use crate::error::Result;
+use crate::kernels::attention;
 use crate::kernels::matmul::{self, Gemm};
 use crate::kernels::MatmulVariant;
 use crate::pager::View;
@@ -28,9 +29,42 @@ pub struct MatmulReport {
     pub matmul_f16_4096_tn_tflops: Option<f64>,
     /// The kernel the f16 products ran on (`Coop`: cooperative matrices).
     pub matmul_f16_kernel: Option<String>,
+    /// Fused causal attention on GPT-2 small's shape (8 × 1024, 12 heads of 64), f32: the
+    /// useful FLOPs (the causal half of QKᵀ and P·V, 2·B·H·T²·D) per second, forward and
+    /// backward (5 products of the same size: 2.5× the forward's FLOPs).
+    pub attention_tflops: f64,
+    pub attention_backward_tflops: f64,
 }
 
-fn buffer(ctx: &Context, n: usize, seed: u32, dtype: DType) -> View {
+/// (forward, backward) TFLOP/s of fused attention at B=8, T=1024, H=12, D=64 (see the report).
+pub fn attention(ctx: &Context, iters: usize, repeats: usize) -> Result<(f64, f64)> {
+    let (b, t, h, d) = (8, 1024, 12, 64);
+    let dims = attention::Dims { b, t, h, d, scale: 0.125 };
+    let f32v = |n, seed| buffer(ctx, n, seed, DType::F32);
+    let (qkv, out, dout, dqkv) = (f32v(b * t * 3 * h * d, 1), f32v(b * t * h * d, 2), f32v(b * t * h * d, 3), f32v(b * t * 3 * h * d, 4));
+    let (lse, delta) = (f32v(b * h * t, 5), f32v(b * h * t, 6));
+    let flop = 2.0 * (b * h * t * t * d) as f64;
+    let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+        f()?;
+        ctx.sync()?;
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats.max(1) {
+            let start = Instant::now();
+            for _ in 0..iters.max(1) {
+                f()?;
+            }
+            ctx.sync()?;
+            best = best.min(start.elapsed().as_secs_f64() / iters.max(1) as f64);
+        }
+        Ok(best)
+    };
+    let fwd = time(&|| attention::forward(&ctx.kernels, &out, &lse, &qkv, dims))?;
+    let bwd = time(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims))?;
+    Ok((flop / fwd / 1e12, 2.5 * flop / bwd / 1e12))
+}
+
+/// A storage buffer of `n` deterministic values in [-0.5, 0.5) as `dtype` (f32 or f16).
+pub fn buffer(ctx: &Context, n: usize, seed: u32, dtype: DType) -> View {
     let data: Vec<f32> =
         (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 20) as f32 / 4096.0 - 0.5).collect();
     let bytes: Vec<u8> = match dtype {
@@ -107,7 +141,10 @@ pub fn matmuls(ctx: &Context, iters: usize, repeats: usize) -> Result<MatmulRepo
             *t = Some(time_matmul(ctx, g, None, DType::F16, iters, repeats)?);
         }
     }
+    let (attention_tflops, attention_backward_tflops) = attention(ctx, iters / 4, repeats)?;
     Ok(MatmulReport {
+        attention_tflops,
+        attention_backward_tflops,
         matmul_f32_4096_tflops: f32s[0],
         matmul_f32_4096_nt_tflops: f32s[1],
         matmul_f32_4096_tn_tflops: f32s[2],
