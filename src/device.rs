@@ -146,14 +146,24 @@ impl Gpu {
         if matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu) {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
+        // Tensor cores from WGSL (f16 products), where the adapter has them; compiled pipelines
+        // kept on disk between runs (kernels::pipeline_cache).
+        wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PIPELINE_CACHE;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
+        let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: wgpu marks cooperative matrices experimental (its validation of them may be
+            // incomplete); only `matmul_coop` uses them, on shapes its tests check against the CPU.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagetrain"),
                 required_features: features,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features,
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })

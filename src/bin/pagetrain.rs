@@ -10,6 +10,7 @@ use pagetrain::kernels::matmul::Gemm;
 use pagetrain::kernels::MatmulVariant;
 use pagetrain::nn::Module;
 use pagetrain::pager::PagerOptions;
+use pagetrain::tensor::DType;
 use pagetrain::train::{
     parse_bytes, OptimizerOn, Precision, Reporter, RunFile, Sampling, StepReport, Tokenizer, TrainConfig, Trainer,
 };
@@ -170,10 +171,10 @@ struct BenchArgs {
     /// Only time the resident step (no 50/25/10 % budgets).
     #[arg(long)]
     resident_only: bool,
-    /// Also time one f32 product, `MxNxK` with an optional layout `:nn|nt|tn|tt` and variant
-    /// `:tiled|direct|large` (repeatable).
+    /// Also time one product, `MxNxK` with an optional layout `:nn|nt|tn|tt`, variant
+    /// `:auto|tiled|direct|large|coop` and operand type `:f32|f16` (repeatable).
     #[arg(long, value_parser = parse_gemm)]
-    gemm: Vec<(Gemm, Option<MatmulVariant>)>,
+    gemm: Vec<(Gemm, Option<MatmulVariant>, DType)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -470,23 +471,30 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// `MxNxK[:nn|nt|tn|tt[:tiled|direct|large]]` → a product (letters: A, B transposed or
-/// not) and the variant to time it with (default: the one picked).
-fn parse_gemm(s: &str) -> Result<(Gemm, Option<MatmulVariant>), String> {
-    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt[:tiled|direct|large]]");
+/// `MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|coop[:f32|f16]]]` → a product (letters: A, B
+/// transposed or not), the variant to time it with (default: the one picked) and the operands'
+/// element type (default f32).
+fn parse_gemm(s: &str) -> Result<(Gemm, Option<MatmulVariant>, DType), String> {
+    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|coop[:f32|f16]]]");
     let mut parts = s.split(':');
     let dims = parts.next().unwrap_or_default();
     let layout = parts.next().unwrap_or("nn");
     let variant = match parts.next() {
-        None => None,
+        None | Some("auto") => None,
         Some("tiled") => Some(MatmulVariant::Tiled),
         Some("direct") => Some(MatmulVariant::Direct),
         Some("large") => Some(MatmulVariant::Large),
+        Some("coop") => Some(MatmulVariant::Coop),
+        Some(_) => return Err(want()),
+    };
+    let dtype = match parts.next() {
+        None | Some("f32") => DType::F32,
+        Some("f16") => DType::F16,
         Some(_) => return Err(want()),
     };
     let d: Vec<usize> = dims.split('x').map(|v| v.parse().ok()).collect::<Option<_>>().ok_or_else(want)?;
     let (&[m, n, k], &[ta, tb]) = (d.as_slice(), layout.as_bytes()) else { return Err(want()) };
-    Ok((Gemm { trans_a: ta == b't', trans_b: tb == b't', ..Gemm::new(m, n, k) }, variant))
+    Ok((Gemm { trans_a: ta == b't', trans_b: tb == b't', ..Gemm::new(m, n, k) }, variant, dtype))
 }
 
 async fn bench(args: BenchArgs) -> Result<(), Error> {
@@ -500,11 +508,11 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         Toggle::Auto => !on_cpu,
     };
     let mm = if mm { Some(pagetrain::bench::kernels::matmuls(&ctx, 20, args.repeats)?) } else { None };
-    for &(g, forced) in &args.gemm {
-        let variant = forced.unwrap_or_else(|| pagetrain::kernels::matmul::pick(ctx.kernels.tuning.matmul, &g));
-        let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, Some(variant), 10, args.repeats)?;
+    for &(g, forced, dtype) in &args.gemm {
+        let variant = forced.unwrap_or_else(|| pagetrain::bench::kernels::picked(&ctx, &g, dtype));
+        let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, Some(variant), dtype, 10, args.repeats)?;
         let layout = format!("{}{}", if g.trans_a { 't' } else { 'n' }, if g.trans_b { 't' } else { 'n' });
-        eprintln!("gemm {}x{}x{}:{layout}: {tflops:.1} TFLOP/s ({variant:?})", g.m, g.n, g.k);
+        eprintln!("gemm {}x{}x{}:{layout} {dtype:?}: {tflops:.1} TFLOP/s ({variant:?})", g.m, g.n, g.k);
     }
     drop(ctx);
     let steps = match &args.steps_model {
@@ -572,6 +580,12 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 "matmul f32 4096³: {:.1} TFLOP/s (A·B), {:.1} (A·Bᵀ), {:.1} (Aᵀ·B)",
                 m.matmul_f32_4096_tflops, m.matmul_f32_4096_nt_tflops, m.matmul_f32_4096_tn_tflops
             );
+            if let (Some(nn), Some(nt), Some(tn)) =
+                (m.matmul_f16_4096_tflops, m.matmul_f16_4096_nt_tflops, m.matmul_f16_4096_tn_tflops)
+            {
+                let kernel = m.matmul_f16_kernel.as_deref().unwrap_or("?");
+                println!("matmul f16 4096³: {nn:.1} TFLOP/s (A·B), {nt:.1} (A·Bᵀ), {tn:.1} (Aᵀ·B) ({kernel})");
+            }
         }
         if let Some(s) = &steps {
             let ms = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:9.1} ms"));

@@ -2,7 +2,8 @@
 //! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
 //! weight gradients.
 
-use super::{Kernels, MatmulVariant, Variant, MATMUL, MAX_GROUPS};
+use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MAX_GROUPS};
+use crate::tensor::DType;
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -73,7 +74,24 @@ const LARGE_MIN_TILES: usize = 64;
 /// is any small buffer that stands in for it otherwise. The variant follows the adapter's tuning
 /// and the shape (see [`pick`]).
 pub fn matmul(k: &Kernels, c: &View, a: &View, b: &View, bias: Option<&View>, dummy: &View, g: Gemm) -> Result<()> {
-    matmul_variant(k, pick(k.tuning.matmul, &g), c, a, b, bias, dummy, g)
+    matmul_variant(k, for_operands(k, pick(k.tuning.matmul, &g), a, b), c, a, b, bias, dummy, g)
+}
+
+/// `variant`, or [`MatmulVariant::Coop`] where an operand is f16 (the other f16 or f32, which
+/// the product then rounds to f16: the caller asked for f16 products) and the adapter runs
+/// cooperative matrices. CPU adapters keep `Direct`; f32 × f32 products stay f32.
+pub fn for_operands(k: &Kernels, variant: MatmulVariant, a: &View, b: &View) -> MatmulVariant {
+    if k.tuning.coop_f16 && coop_operands(a, b) && variant != MatmulVariant::Direct {
+        MatmulVariant::Coop
+    } else {
+        variant
+    }
+}
+
+/// Operands `matmul_coop` takes: f16 and f16, or f16 and f32.
+fn coop_operands(a: &View, b: &View) -> bool {
+    let float = |v: &View| matches!(v.dtype, DType::F16 | DType::F32);
+    float(a) && float(b) && (a.dtype == DType::F16 || b.dtype == DType::F16)
 }
 
 /// Output tiles a split product aims for (H200, GPT-2 step: 400 ran 284–289 ms, 200 290 ms).
@@ -86,7 +104,7 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
-    if tuned != MatmulVariant::Large || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop) || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
         return 1;
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
@@ -173,7 +191,7 @@ fn launch(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
-    let tile = if variant == MatmulVariant::Large { LARGE_TILE } else { TILE };
+    let tile = if matches!(variant, MatmulVariant::Large | MatmulVariant::Coop) { LARGE_TILE } else { TILE };
     let tiles_n = g.n.div_ceil(tile);
     let tiles_m = g.m.div_ceil(tile);
     if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
@@ -212,6 +230,10 @@ fn launch(
         MatmulVariant::Tiled => ("matmul", 0),
         MatmulVariant::Direct => ("matmul_direct", 0),
         MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
+        MatmulVariant::Coop => {
+            let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
+            return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups);
+        }
     };
     k.dispatch_variant(
         MATMUL,
@@ -221,6 +243,30 @@ fn launch(
         &p,
         [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],
     )
+}
+
+/// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
+/// rows are a multiple of 8 halves long and start 8-aligned are read 4 halves at a time, through
+/// a second binding of the same view (`dummy` stands in for it otherwise).
+fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
+    if !k.tuning.coop_f16 {
+        return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
+    }
+    if !coop_operands(a, b) || p.quant_b != 0 {
+        return Err(Error::invalid(
+            "matmul",
+            format!("the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}", a.dtype, b.dtype),
+        ));
+    }
+    // stored row length of each operand (its contiguous dimension)
+    let a_row = if g.trans_a { g.m } else { g.k };
+    let b_row = if g.trans_b { g.k } else { g.n };
+    let vec_ok = |row: usize, off: usize, v: &View| row % 8 == 0 && off % 8 == 0 && v.offset % 16 == 0 && v.size >= 16;
+    let (vec_a, vec_b) = (vec_ok(a_row, g.offsets[0], a), vec_ok(b_row, g.offsets[1], b));
+    let flags = large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5;
+    let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
+    let variant = Variant { flags, ..Default::default() };
+    k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4], p, groups)
 }
 
 /// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,

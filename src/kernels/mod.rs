@@ -14,6 +14,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
+pub mod pipeline_cache;
 pub mod reduce;
 pub mod softmax;
 
@@ -34,6 +35,8 @@ pub struct Shader {
     /// Every entry writes its workgroup memory before reading it, so the zero fill wgpu adds by
     /// default at the start of each workgroup is wasted work.
     pub writes_workgroup_first: bool,
+    /// WGSL extensions the family always needs (`enable …;` lines), put in front of everything.
+    pub enables: &'static str,
 }
 
 /// Helpers every family uses (`flat`, `block_sum`, `block_max`), prepended to each source.
@@ -44,6 +47,9 @@ macro_rules! shader {
         shader!($name, false)
     };
     ($name:literal, $writes_first:literal) => {
+        shader!($name, $writes_first, "")
+    };
+    ($name:literal, $writes_first:literal, $enables:literal) => {
         Shader {
             name: $name,
             source: concat!(
@@ -51,6 +57,7 @@ macro_rules! shader {
                 include_str!(concat!("../../shaders/", $name, ".wgsl"))
             ),
             writes_workgroup_first: $writes_first,
+            enables: $enables,
         }
     };
 }
@@ -63,6 +70,8 @@ pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
+/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices.
+pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
@@ -86,8 +95,8 @@ pub const TYPED_BINDINGS: u32 = 8;
 
 /// The WGSL source of `shader` compiled as `variant`.
 pub fn specialize(shader: Shader, variant: Variant) -> String {
-    let mut src = String::new();
-    if variant.f16_bindings != 0 {
+    let mut src = String::from(shader.enables);
+    if variant.f16_bindings != 0 && !shader.enables.contains("enable f16;") {
         src.push_str("enable f16;\n");
     }
     for i in 0..TYPED_BINDINGS {
@@ -102,8 +111,20 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
 }
 
 /// Every shader family, for validation and warm-up.
-pub const ALL: &[Shader] =
-    &[ACTIVATION, ATTENTION, CROSS_ENTROPY, DECODE, ELEMENTWISE, EMBEDDING, LAYERNORM, MATMUL, OPTIM, REDUCE, SOFTMAX];
+pub const ALL: &[Shader] = &[
+    ACTIVATION,
+    ATTENTION,
+    CROSS_ENTROPY,
+    DECODE,
+    ELEMENTWISE,
+    EMBEDDING,
+    LAYERNORM,
+    MATMUL,
+    MATMUL_COOP,
+    OPTIM,
+    REDUCE,
+    SOFTMAX,
+];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
 pub const WG: u32 = 256;
@@ -154,6 +175,9 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
+    /// Products of two f16 operands run on cooperative matrices (`matmul_coop`): the device has
+    /// them in 16×16×16 f16 → f32, 32-lane subgroups and the workgroup memory the kernel takes.
+    pub coop_f16: bool,
 }
 
 impl Tuning {
@@ -166,6 +190,9 @@ impl Tuning {
 
 /// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
+/// Workgroup memory `matmul_coop` declares: two operands, two buffers of 128 × (32 + 8) halves,
+/// and a 16×16 f32 scratch for each of its 8 subgroups.
+pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 8 * 256 * 4;
 
 /// Which matmul entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +204,9 @@ pub enum MatmulVariant {
     /// 128×128 tiles, 8×8 outputs a thread, double-buffered, one pipeline per layout and epilogue
     /// (GPUs: products with enough such tiles to fill the device).
     Large,
+    /// Cooperative matrices (tensor cores), 128×128 tiles, for products of two f16 operands where
+    /// the adapter has them ([`Tuning::coop_f16`]).
+    Coop,
 }
 
 impl Tuning {
@@ -192,7 +222,23 @@ impl Tuning {
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        Tuning { matmul, attention_tile }
+        Tuning { matmul, attention_tile, coop_f16: false }
+    }
+
+    /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
+    pub fn coop_f16_on(gpu: &Gpu) -> bool {
+        let wanted = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+        let f16_to_f32 = gpu.adapter.cooperative_matrix_properties().iter().any(|c| {
+            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                && c.ab_type == wgpu::CooperativeScalarType::F16
+                && c.cr_type == wgpu::CooperativeScalarType::F32
+        });
+        std::env::var("PAGETRAIN_COOP").map_or(true, |v| v != "0")
+            && gpu.features.contains(wanted)
+            && f16_to_f32
+            && gpu.info.subgroup_min_size == 32
+            && gpu.info.subgroup_max_size == 32
+            && gpu.limits.max_compute_workgroup_storage_size >= COOP_WORKGROUP_BYTES
     }
 }
 
@@ -212,19 +258,41 @@ pub struct Kernels {
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
     profile: Option<RefCell<HashMap<&'static str, (u64, f64)>>>,
+    /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
+    pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
+    compiled: std::cell::Cell<bool>,
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        self.save_pipeline_cache();
+    }
 }
 
 impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
+        let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         Kernels {
-            tuning: Tuning::for_adapter(&gpu.info, &gpu.limits),
+            pipeline_cache,
+            tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
             gpu,
             recorder,
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
+            compiled: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Writes the on-disk pipeline cache if pipelines were compiled since it was last written
+    /// (also done when the kernels are dropped).
+    pub fn save_pipeline_cache(&self) {
+        if let Some(cache) = &self.pipeline_cache {
+            if self.compiled.replace(false) {
+                cache.save();
+            }
         }
     }
 
@@ -246,7 +314,7 @@ impl Kernels {
             return Ok(m.clone());
         }
         for i in 0..TYPED_BINDINGS {
-            if variant.f16_bindings & (1 << i) != 0 && !shader.source.contains(&format!("array<B{i}>")) {
+            if variant.f16_bindings & (1 << i) != 0 && !shader.source.contains(&format!("<B{i}>")) {
                 return Err(Error::invalid(shader.name, format!("binding {i} does not take f16 tensors")));
             }
         }
@@ -295,8 +363,9 @@ impl Kernels {
                 zero_initialize_workgroup_memory: !shader.writes_workgroup_first,
                 ..Default::default()
             },
-            cache: None,
+            cache: self.pipeline_cache.as_ref().map(|c| &c.cache),
         });
+        self.compiled.set(true);
         self.gpu
             .check(entry)
             .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;

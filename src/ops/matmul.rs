@@ -178,6 +178,7 @@ impl Backward for MatmulBackward {
                 if splits > 1 {
                     let parts = ctx.empty("matmul split-k partials", &[splits, gg.m * gg.n], DType::F32, false)?;
                     let variant = k::pick(ctx.kernels.tuning.matmul, &Gemm { batch: splits, ..gg });
+                    let variant = k::for_operands(&ctx.kernels, variant, &av, &dcv);
                     k::matmul_split(&ctx.kernels, variant, &dbv, &av, &dcv, &ctx.write(&parts)?, &dummy, splits, gg)?;
                 } else {
                     k::matmul(&ctx.kernels, &dbv, &av, &dcv, None, &dummy, gg)?;

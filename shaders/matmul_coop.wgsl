@@ -1,0 +1,312 @@
+// matmul_coop: C[b] = alpha * op(A[b]) . op(B[b]) + beta * C[b] (+ bias), for b < batch, with A and
+// B in f16 on cooperative matrices (tensor cores), products accumulated in f32. One of A, B may
+// be f32 (B1, B2): it is rounded to f16 as its tiles are staged (mixed-precision products). The same product,
+// Params and layouts as `matmul_large` (shaders/matmul.wgsl); C may be f32 or f16 (B0).
+//   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
+//   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
+// Bindings: c, a, b, bias, a4, b4, Params. a4 and b4 are a and b again, read 4 halves at a time
+// when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's rows are a multiple of 8 long and start
+// 8-aligned; otherwise each half is read alone (any shape), and a4/b4 go unused.
+// Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
+// 64x32 of it as 4x2 accumulators of 16x16. K advances 32 at a time through two workgroup
+// buffers of f16 tiles that keep the global layout (so each operand is read coalesced and each
+// 16x16 fragment loads row- or column-major from it); the next slice is fetched into registers
+// while the current one is multiplied (one barrier a slice; fetching two slices ahead measured
+// slower on the H200: NT 4096^3 32 vs 80 TFLOP/s). Accumulators go through a
+// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding).
+// Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
+// launcher checks).
+// CPU reference: tests/common/reference.rs `matmul_forward`.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    has_bias: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    alpha: f32,
+    beta: f32,
+    a_off: u32,
+    b_off: u32,
+    c_off: u32,
+    quant_b: u32,
+    q_row_len: u32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> c: array<B0>;
+// (a4 and b4 are a and b again or a stand-in: B4 = B1 and B5 = B2 where they are read.)
+@group(0) @binding(1) var<storage, read> a: array<B1>;
+@group(0) @binding(2) var<storage, read> b: array<B2>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> a4: array<vec4<B4>>;
+@group(0) @binding(5) var<storage, read> b4: array<vec4<B5>>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+const CT: u32 = 128u;
+const CK: u32 = 32u;
+// Halves of padding after each stored row: 16-byte fragment rows then fall in distinct banks.
+const PAD: u32 = 8u;
+// One buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
+const BUF: u32 = CT * (CK + PAD) / 4u;
+// 8 subgroups: 2 down M by 4 across N, each 64x32 of the tile as 4x2 accumulators (measured on
+// the H200: 4 subgroups of 64x64 ran 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104).
+const THREADS: u32 = 256u;
+// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / THREADS).
+const CHUNKS: u32 = CT * CK / 8u / THREADS;
+const TRANS_A: bool = (FLAGS & 1u) != 0u;
+const TRANS_B: bool = (FLAGS & 2u) != 0u;
+const BIAS: bool = (FLAGS & 4u) != 0u;
+const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
+const VEC_A: bool = (FLAGS & 16u) != 0u;
+const VEC_B: bool = (FLAGS & 32u) != 0u;
+
+// [buffer][stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
+// (cooperative loads count strides in vec4s).
+var<workgroup> As: array<vec4<f16>, 2u * BUF>;
+var<workgroup> Bs: array<vec4<f16>, 2u * BUF>;
+// One 16x16 f32 accumulator per subgroup on its way to C.
+var<workgroup> Cs: array<f32, THREADS * 8u>;
+
+// Whether an operand's depth (K) is its contiguous dimension: A (M,K) and B stored (N,K).
+fn depth_inner(is_a: bool) -> bool {
+    return select(TRANS_B, !TRANS_A, is_a);
+}
+
+// Halves in a stored row of an operand's tile: CK where depth is contiguous, else 128.
+fn tile_inner(is_a: bool) -> u32 {
+    return select(CT, CK, depth_inner(is_a));
+}
+
+// Global bounds of an operand as stored: (rows, row length).
+fn operand_dims(is_a: bool) -> vec2<u32> {
+    if (is_a) {
+        return select(vec2<u32>(p.m, p.k), vec2<u32>(p.k, p.m), TRANS_A);
+    }
+    return select(vec2<u32>(p.k, p.n), vec2<u32>(p.n, p.k), TRANS_B);
+}
+
+// 4 halves of an operand from element `at` (in row `gr`, column `gc` of the stored layout), zero
+// outside the matrix.
+fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
+    let dims = operand_dims(is_a);
+    if (gr >= dims.x) {
+        return vec4<f16>(0.0);
+    }
+    if ((is_a && VEC_A) || (!is_a && VEC_B)) {
+        // rows a multiple of 8 long: a chunk is wholly inside or outside the row
+        if (gc >= dims.y) {
+            return vec4<f16>(0.0);
+        }
+        if (is_a) {
+            return vec4<f16>(a4[at / 4u]);
+        }
+        return vec4<f16>(b4[at / 4u]);
+    }
+    var h = vec4<f16>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (gc + i < dims.y) {
+            if (is_a) {
+                h[i] = f16(a[at + i]);
+            } else {
+                h[i] = f16(b[at + i]);
+            }
+        }
+    }
+    return h;
+}
+
+// Chunk q (< 512) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
+fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2> {
+    let per_row = tile_inner(is_a) / 8u;
+    let r = q / per_row;
+    let c8 = (q % per_row) * 8u;
+    // stored (row, column) of the chunk's first half
+    var gr = k0 + r;
+    var gc = t0 + c8;
+    if (depth_inner(is_a)) {
+        gr = t0 + r;
+        gc = k0 + c8;
+    }
+    let at = base + gr * operand_dims(is_a).y + gc;
+    return array<vec4<f16>, 2>(fetch4(is_a, at, gr, gc), fetch4(is_a, at + 4u, gr, gc + 4u));
+}
+
+// Writes chunk q into buffer `buf` of an operand, at its place in the padded stored layout.
+fn put(is_a: bool, buf: u32, q: u32, v: array<vec4<f16>, 2>) {
+    let inner = tile_inner(is_a);
+    let per_row = inner / 8u;
+    let at = buf * BUF + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
+    if (is_a) {
+        As[at] = v[0];
+        As[at + 1u] = v[1];
+    } else {
+        Bs[at] = v[0];
+        Bs[at + 1u] = v[1];
+    }
+}
+
+// Fragment (rows r0.., depths k0..) of op(A) from buffer `buf`.
+fn frag_a(buf: u32, r0: u32, k0: u32) -> coop_mat16x16<f16, A> {
+    if (TRANS_A) {
+        let ptr = &As[buf * BUF + (k0 * (CT + PAD) + r0) / 4u];
+        let stride = (CT + PAD) / 4u;
+        return coopLoad<coop_mat16x16<f16, A>>(ptr, stride);
+    }
+    let ptr = &As[buf * BUF + (r0 * (CK + PAD) + k0) / 4u];
+    let stride = (CK + PAD) / 4u;
+    return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
+}
+
+// Fragment (depths k0.., columns n0..) of op(B) from buffer `buf`.
+fn frag_b(buf: u32, k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
+    if (TRANS_B) {
+        let ptr = &Bs[buf * BUF + (n0 * (CK + PAD) + k0) / 4u];
+        let stride = (CK + PAD) / 4u;
+        return coopLoad<coop_mat16x16<f16, B>>(ptr, stride);
+    }
+    let ptr = &Bs[buf * BUF + (k0 * (CT + PAD) + n0) / 4u];
+    let stride = (CT + PAD) / 4u;
+    return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
+}
+// Writes accumulator `r` to C at (gm0, gn0) through subgroup `sg`'s scratch: lane l takes row
+// l / 2, columns 8 (l % 2) .. + 8, with alpha, bias and beta·C, in bounds only. Every subgroup
+// calls it the same number of times (the barriers stay uniform).
+fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32, lane: u32) {
+    let scratch = sg * 256u;
+    let ptr = &Cs[scratch];
+    let stride = 16u;
+    coopStoreT(r, ptr, stride);
+    workgroupBarrier();
+    let row = lane / 2u;
+    let col = (lane % 2u) * 8u;
+    let gm = gm0 + row;
+    if (gm < p.m) {
+        for (var j = 0u; j < 8u; j++) {
+            let gn = gn0 + col + j;
+            if (gn < p.n) {
+                let idx = c_base + gm * p.n + gn;
+                var v = p.alpha * Cs[scratch + row * 16u + col + j];
+                if (BIAS) {
+                    v += bias[gn];
+                }
+                if (ACCUMULATE) {
+                    v += p.beta * f32(c[idx]);
+                }
+                c[idx] = B0(v);
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(THREADS)
+fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let sg = tid / 32u;
+    let lane = tid % 32u;
+    let m0 = wid.y * CT;
+    let n0 = wid.x * CT;
+    // this subgroup's 64x32 of the tile
+    let sm = (sg / 4u) * 64u;
+    let sn = (sg % 4u) * 32u;
+    let a_base = p.a_off + wid.z * p.stride_a;
+    let b_base = p.b_off + wid.z * p.stride_b;
+    let c_base = p.c_off + wid.z * p.stride_c;
+
+    // accumulators c{i}{j}: rows sm + 16i, columns sn + 16j (named, not an array: the
+    // compiler keeps them in registers)
+    var c00: coop_mat16x16<f32, C>;
+    var c01: coop_mat16x16<f32, C>;
+    var c10: coop_mat16x16<f32, C>;
+    var c11: coop_mat16x16<f32, C>;
+    var c20: coop_mat16x16<f32, C>;
+    var c21: coop_mat16x16<f32, C>;
+    var c30: coop_mat16x16<f32, C>;
+    var c31: coop_mat16x16<f32, C>;
+    // The next slice travels global -> registers while the current one is multiplied, then
+    // registers -> the free workgroup buffer.
+    var xa0: array<vec4<f16>, 2>;
+    var xa1: array<vec4<f16>, 2>;
+    var xb0: array<vec4<f16>, 2>;
+    var xb1: array<vec4<f16>, 2>;
+    let slices = (p.k + CK - 1u) / CK;
+    xa0 = fetch(true, a_base, m0, 0u, tid);
+    xa1 = fetch(true, a_base, m0, 0u, tid + THREADS);
+    xb0 = fetch(false, b_base, n0, 0u, tid);
+    xb1 = fetch(false, b_base, n0, 0u, tid + THREADS);
+    put(true, 0u, tid, xa0);
+    put(true, 0u, tid + THREADS, xa1);
+    put(false, 0u, tid, xb0);
+    put(false, 0u, tid + THREADS, xb1);
+    workgroupBarrier();
+    for (var s = 0u; s < slices; s++) {
+        let cur = s % 2u;
+        if (s + 1u < slices) {
+            xa0 = fetch(true, a_base, m0, (s + 1u) * CK, tid);
+            xa1 = fetch(true, a_base, m0, (s + 1u) * CK, tid + THREADS);
+            xb0 = fetch(false, b_base, n0, (s + 1u) * CK, tid);
+            xb1 = fetch(false, b_base, n0, (s + 1u) * CK, tid + THREADS);
+        }
+        // depths 0..15
+        let a0_0 = frag_a(cur, sm + 0u, 0u);
+        let a1_0 = frag_a(cur, sm + 16u, 0u);
+        let a2_0 = frag_a(cur, sm + 32u, 0u);
+        let a3_0 = frag_a(cur, sm + 48u, 0u);
+        let b0_0 = frag_b(cur, 0u, sn + 0u);
+        let b1_0 = frag_b(cur, 0u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_0, b0_0, c00);
+        c01 = coopMultiplyAdd(a0_0, b1_0, c01);
+        c10 = coopMultiplyAdd(a1_0, b0_0, c10);
+        c11 = coopMultiplyAdd(a1_0, b1_0, c11);
+        c20 = coopMultiplyAdd(a2_0, b0_0, c20);
+        c21 = coopMultiplyAdd(a2_0, b1_0, c21);
+        c30 = coopMultiplyAdd(a3_0, b0_0, c30);
+        c31 = coopMultiplyAdd(a3_0, b1_0, c31);
+        // depths 16..31
+        let a0_16 = frag_a(cur, sm + 0u, 16u);
+        let a1_16 = frag_a(cur, sm + 16u, 16u);
+        let a2_16 = frag_a(cur, sm + 32u, 16u);
+        let a3_16 = frag_a(cur, sm + 48u, 16u);
+        let b0_16 = frag_b(cur, 16u, sn + 0u);
+        let b1_16 = frag_b(cur, 16u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_16, b0_16, c00);
+        c01 = coopMultiplyAdd(a0_16, b1_16, c01);
+        c10 = coopMultiplyAdd(a1_16, b0_16, c10);
+        c11 = coopMultiplyAdd(a1_16, b1_16, c11);
+        c20 = coopMultiplyAdd(a2_16, b0_16, c20);
+        c21 = coopMultiplyAdd(a2_16, b1_16, c21);
+        c30 = coopMultiplyAdd(a3_16, b0_16, c30);
+        c31 = coopMultiplyAdd(a3_16, b1_16, c31);
+        if (s + 1u < slices) {
+            put(true, 1u - cur, tid, xa0);
+            put(true, 1u - cur, tid + THREADS, xa1);
+            put(false, 1u - cur, tid, xb0);
+            put(false, 1u - cur, tid + THREADS, xb1);
+        }
+        workgroupBarrier();
+    }
+
+    let r00 = c00;
+    store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
+    let r01 = c01;
+    store_frag(r01, m0 + sm + 0u, n0 + sn + 16u, c_base, sg, lane);
+    let r10 = c10;
+    store_frag(r10, m0 + sm + 16u, n0 + sn + 0u, c_base, sg, lane);
+    let r11 = c11;
+    store_frag(r11, m0 + sm + 16u, n0 + sn + 16u, c_base, sg, lane);
+    let r20 = c20;
+    store_frag(r20, m0 + sm + 32u, n0 + sn + 0u, c_base, sg, lane);
+    let r21 = c21;
+    store_frag(r21, m0 + sm + 32u, n0 + sn + 16u, c_base, sg, lane);
+    let r30 = c30;
+    store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
+    let r31 = c31;
+    store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
+}

@@ -1,0 +1,196 @@
+//! The cooperative-matrix (tensor-core) matmul against the CPU f64 reference on f16-rounded
+//! operands: every layout and epilogue, f32 and f16 C, awkward shapes (odd M, N, K; K below one
+//! slice; shapes that take the 4-halves loads and shapes that cannot), batches and row-chunk
+//! offsets. Outputs are NaN-poisoned and canary-guarded.
+//!
+//! Lavapipe, llvmpipe and browsers have no cooperative matrices: there the kernel tests print
+//! `skipped` and pass, unless `PAGETRAIN_REQUIRE_COOP=1` (set it on a GPU that has them, e.g.
+//! NVIDIA on Vulkan) makes that a failure; the fallback test runs everywhere.
+
+mod common;
+
+use common::reference as r;
+use common::{assert_close, ctx, randn, round_f16, to64, Guarded};
+use pagetrain::kernels::{self, matmul::Gemm, MatmulVariant};
+use pagetrain::rng::Rng;
+use pagetrain::{Context, DType};
+
+/// Whether this adapter runs `matmul_coop`; says so when it does not (see the module docs).
+fn has_coop(ctx: &Context) -> bool {
+    if ctx.kernels.tuning.coop_f16 {
+        return true;
+    }
+    let adapter = ctx.gpu.describe();
+    if std::env::var("PAGETRAIN_REQUIRE_COOP").is_ok_and(|v| v == "1") {
+        panic!("PAGETRAIN_REQUIRE_COOP=1, but {adapter} has no cooperative matrices the kernel can use");
+    }
+    eprintln!("skipped: {adapter} has no cooperative matrices");
+    false
+}
+
+/// One product `C[b] = 0.75·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
+/// types `ab` (f16, or one of them f32, which the kernel rounds to f16), with `pre` elements of
+/// prefix before each operand (reached through `offsets`).
+fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, with_bias: bool, pre: [usize; 3]) {
+    let Gemm { batch, m, n, k, trans_a, trans_b, beta, .. } = g;
+    let held = |v: Vec<f32>, dt: DType| if dt == DType::F16 { round_f16(&v) } else { v };
+    let a = held(randn(rng, pre[0] + batch * m * k, 1.0), ab[0]);
+    let b = held(randn(rng, pre[1] + batch * k * n, 1.0), ab[1]);
+    let bias = randn(rng, n, 1.0);
+    let mut c0 = randn(rng, pre[2] + batch * m * n, 1.0);
+    if c_dtype == DType::F16 {
+        c0 = round_f16(&c0);
+    }
+    let (ga, gb, gbias) = (
+        Guarded::of(ctx, ab[0], a.len(), Some(&a)),
+        Guarded::of(ctx, ab[1], b.len(), Some(&b)),
+        Guarded::new(ctx, n, Some(&bias)),
+    );
+    let dummy = Guarded::new(ctx, 4, Some(&[0.0; 4]));
+    // the prefix of C must survive; the product part is poisoned unless it accumulates
+    let mut init = c0.clone();
+    if beta == 0.0 {
+        init[pre[2]..].iter_mut().for_each(|v| *v = f32::NAN);
+    }
+    let gc = Guarded::of(ctx, c_dtype, init.len(), Some(&init));
+    let g = Gemm { alpha: 0.75, offsets: pre, ..g };
+    let bias_view = with_bias.then(|| gbias.view());
+    kernels::matmul::matmul_variant(
+        &ctx.kernels,
+        MatmulVariant::Coop,
+        &gc.view(),
+        &ga.view(),
+        &gb.view(),
+        bias_view.as_ref(),
+        &dummy.view(),
+        g,
+    )
+    .unwrap();
+    let bias64 = to64(&bias);
+    // the kernel multiplies f16 values: an f32 operand rounded
+    let product = r::matmul_forward(
+        &to64(&round_f16(&a[pre[0]..])),
+        &to64(&round_f16(&b[pre[1]..])),
+        with_bias.then_some(&bias64[..]),
+        batch,
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+        false,
+        0.75,
+    );
+    let mut want = to64(&c0[..pre[2]]);
+    want.extend(product.iter().zip(&c0[pre[2]..]).map(|(p, &c)| p + beta as f64 * c as f64));
+    let rtol = if c_dtype == DType::F16 { 1.5e-3 } else { 1e-4 };
+    let what = format!(
+        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
+    );
+    assert_close(&what, &gc.read(ctx), &want, rtol, 1e-4 * (k as f64).sqrt());
+}
+
+#[test]
+fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
+    let ctx = ctx();
+    if !has_coop(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(41);
+    // (m, n, k): single elements, K below one 32-deep slice, odd sizes across tile edges, and
+    // multiples of 8 (4-halves loads) with partial tiles and several slices
+    let shapes = [(1, 1, 1), (3, 65, 17), (17, 129, 8), (130, 3, 40), (65, 200, 1000), (136, 264, 72), (256, 128, 64)];
+    let mut runs = 0;
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for layout in 0..4 {
+            let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
+            let with_bias = (i + layout) % 2 == 0;
+            let beta = ((i + layout) % 3 == 0) as u8 as f32;
+            let c_dtype = if (i + layout) % 4 == 1 { DType::F16 } else { DType::F32 };
+            // mostly f16 × f16; every shape also once with an f32 A and once with an f32 B
+            let ab = match layout {
+                1 => [DType::F32, DType::F16],
+                2 => [DType::F16, DType::F32],
+                _ => [DType::F16; 2],
+            };
+            let g = Gemm { trans_a, trans_b, beta, ..Gemm::new(m, n, k) };
+            check(&ctx, &mut rng, g, ab, c_dtype, with_bias, [0; 3]);
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, shapes.len() * 4);
+}
+
+#[test]
+fn coop_matmul_handles_batches_and_row_chunk_offsets() {
+    let ctx = ctx();
+    if !has_coop(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(43);
+    // batch entries 8-aligned (4-halves loads) and not; prefixes aligned and not
+    for &(batch, m, n, k, pre) in
+        &[(3, 40, 24, 16, [8, 16, 5]), (2, 33, 17, 9, [3, 5, 2]), (2, 64, 136, 48, [5, 8, 0]), (1, 129, 128, 256, [16, 3, 7])]
+    {
+        for layout in 0..4 {
+            let g = Gemm { batch, trans_a: layout & 1 != 0, trans_b: layout & 2 != 0, beta: 1.0, ..Gemm::new(m, n, k) };
+            let ab = if layout == 2 { [DType::F32, DType::F16] } else { [DType::F16; 2] };
+            check(&ctx, &mut rng, g, ab, DType::F32, layout == 3, pre);
+        }
+    }
+}
+
+#[test]
+fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
+    // Runs everywhere: the automatic choice follows the adapter, and the kernel forced on an
+    // adapter without cooperative matrices (or on f32 operands) is an error, not a wrong result.
+    let ctx = ctx();
+    let mut rng = Rng::new(47);
+    let (m, n, k) = (33, 17, 24);
+    let a = round_f16(&randn(&mut rng, m * k, 1.0));
+    let b = round_f16(&randn(&mut rng, k * n, 1.0));
+    let f32_a = Guarded::new(&ctx, a.len(), Some(&a));
+    let gc = Guarded::new(&ctx, m * n, None);
+    let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
+    let g = Gemm::new(m, n, k);
+    let forced_f32 = kernels::matmul::matmul_variant(
+        &ctx.kernels,
+        MatmulVariant::Coop,
+        &gc.view(),
+        &f32_a.view(),
+        &f32_a.view(),
+        None,
+        &dummy.view(),
+        g,
+    );
+    assert!(forced_f32.is_err(), "the cooperative kernel took f32 operands");
+    if !ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
+        eprintln!("skipped the f16 half: {} has no shader-f16", ctx.gpu.describe());
+        return;
+    }
+    let (ga, gb) = (Guarded::of(&ctx, DType::F16, a.len(), Some(&a)), Guarded::of(&ctx, DType::F16, b.len(), Some(&b)));
+    let picked = kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &ga.view(), &gb.view());
+    let want_variant = if ctx.kernels.tuning.coop_f16 { MatmulVariant::Coop } else { MatmulVariant::Large };
+    assert_eq!(picked, want_variant);
+    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()), MatmulVariant::Direct);
+    // f16 with f32: the product is f16 where the adapter has cooperative matrices; f32 × f32 never
+    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()), want_variant);
+    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()), MatmulVariant::Large);
+    if !ctx.kernels.tuning.coop_f16 {
+        let forced = kernels::matmul::matmul_variant(
+            &ctx.kernels,
+            MatmulVariant::Coop,
+            &gc.view(),
+            &ga.view(),
+            &gb.view(),
+            None,
+            &dummy.view(),
+            g,
+        );
+        assert!(forced.is_err(), "the cooperative kernel ran on {} without cooperative matrices", ctx.gpu.describe());
+    }
+    // the automatic path gives the product either way
+    kernels::matmul::matmul(&ctx.kernels, &gc.view(), &ga.view(), &gb.view(), None, &dummy.view(), g).unwrap();
+    let want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, false, false, false, 1.0);
+    assert_close("automatic f16 product", &gc.read(&ctx), &want, 1e-4, 1e-3);
+}
