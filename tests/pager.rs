@@ -282,15 +282,15 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
         let last = ctx.pager.last_step().expect("steps were marked");
         (steps, ctx.pager.stats(), ctx.pager.counters(), last)
     };
+    // Resident, a step uploads only its tokens and writes back only the gradients read.
     let (resident, full, _, quiet) = run(None, UploadPath::Ring);
-    assert_eq!((quiet.bytes_up, quiet.bytes_down), (0, 0), "a resident step moves nothing: {quiet:?}");
     let footprint = full.peak_bytes;
     let budget = footprint / 4;
     // Every upload path (those the adapter lacks fall back to the ring: checked above).
     for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
         let (paged, stats, counters, last) = run(Some(budget), path);
         // The per-step telemetry sees the paging: one step's share of the run's traffic.
-        assert!(last.bytes_up > 0 && last.bytes_up <= counters.bytes_uploaded, "{path:?}: {last:?} {counters:?}");
+        assert!(last.bytes_up > quiet.bytes_up && last.bytes_up <= counters.bytes_uploaded, "{path:?}: {last:?} {quiet:?}");
         assert!(last.bytes_down <= counters.bytes_written_back && last.seconds > 0.0, "{path:?}: {last:?}");
         println!("{path:?}: footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}", stats.peak_bytes);
         assert!(stats.peak_bytes <= budget, "{path:?}: peak {} over budget {budget}", stats.peak_bytes);
@@ -708,6 +708,7 @@ fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
     let small = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions {
         budget: Some(1 << 20),
         slot_bytes: 64 << 10,
+        upload: UploadPath::Ring,
         ..Default::default()
     });
     let t = small.from_f32("big", &[60_000], &vec![1.5; 60_000], false).unwrap();
