@@ -102,6 +102,9 @@ pub struct TransferReport {
     pub upload_path: String,
     /// The measured bandwidth of that path here.
     pub upload_chosen_gbps: f64,
+    /// The budget `--gpu-budget auto` gives on this adapter, and how it was found.
+    pub budget_auto_bytes: u64,
+    pub budget_auto_source: String,
     pub writeback_gbps: f64,
     pub upload_ring_vs_write_buffer: f64,
 }
@@ -143,6 +146,8 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         upload_zero_copy_gbps: zero_copy,
         upload_write_buffer_gbps: wb,
         upload_path: chosen,
+        budget_auto_bytes: ctx.pager.budget(),
+        budget_auto_source: ctx.pager.budget_source().to_string(),
         upload_chosen_gbps: match kind {
             UploadPath::Pinned => pinned.unwrap_or(ring),
             UploadPath::ZeroCopy => zero_copy.unwrap_or(ring),

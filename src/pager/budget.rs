@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 const MARGIN_FRACTION: u64 = 16;
 const MARGIN_MIN: u64 = 512 << 20;
 /// Each staging ring grows to at most this share of the budget (and at least `RING_MIN_SLOTS`).
-const RING_SHARE: u64 = 8;
+const RING_SHARE: u64 = 4;
 const RING_MIN_SLOTS: usize = 4;
 
 /// The budget `auto` gives on this GPU, and how it was found.
@@ -57,8 +57,10 @@ pub fn check_budget(gpu: &Gpu, budget: u64) -> Result<()> {
     Ok(())
 }
 
-/// How many staging slots of `slot_bytes` a ring may grow to under `budget`: the caller's
-/// `max`, but no more than an eighth of the budget (and never fewer than 4).
+/// How many staging slots of `slot_bytes` a ring in GPU memory (the mapped upload ring of a
+/// discrete GPU: VRAM behind the BAR) may grow to under `budget`: the caller's `max`, but no
+/// more than a quarter of the budget (and never fewer than 4). Rings in host memory (the
+/// readback ring, a pinned upload ring) take no GPU memory and are not bounded by it.
 pub fn ring_slots(budget: u64, slot_bytes: u64, max: usize) -> usize {
     let share = (budget / RING_SHARE / slot_bytes.max(1)) as usize;
     max.min(share.max(RING_MIN_SLOTS)).max(1)
@@ -77,15 +79,15 @@ mod tests {
     use super::ring_slots;
 
     #[test]
-    fn rings_stay_within_an_eighth_of_the_budget_but_keep_a_few_slots() {
+    fn rings_stay_within_a_quarter_of_the_budget_but_keep_a_few_slots() {
         let slot = 8 << 20;
         assert_eq!(ring_slots(64 << 30, slot, 128), 128, "a large budget keeps the asked-for ring");
-        assert_eq!(ring_slots(2 << 30, slot, 128), 32, "2 GiB: 256 MiB of slots");
+        assert_eq!(ring_slots(2 << 30, slot, 128), 64, "2 GiB: 512 MiB of slots");
         assert_eq!(ring_slots(64 << 20, slot, 128), 4, "tiny budgets still get a few slots");
         assert_eq!(ring_slots(64 << 20, slot, 2), 2, "never more than asked");
         for budget in [1u64 << 20, 100 << 20, 3 << 30, 7 << 30] {
             let n = ring_slots(budget, slot, 128);
-            assert!(n as u64 * slot <= (budget / 8).max(4 * slot), "{budget}: {n} slots");
+            assert!(n as u64 * slot <= (budget / 4).max(4 * slot), "{budget}: {n} slots");
         }
     }
 }

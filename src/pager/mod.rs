@@ -146,8 +146,9 @@ pub struct PagerOptions {
     /// GPU byte budget; `None`: from the device's memory ([`budget::auto_budget`]).
     pub budget: Option<u64>,
     pub policy: Policy,
-    /// Most staging buffers for uploads and for write-backs, each `slot_bytes`; made as needed,
-    /// and no more than an eighth of the budget each ([`budget::ring_slots`]).
+    /// Most staging buffers for uploads and for write-backs, each `slot_bytes`; made as needed.
+    /// A mapped upload ring on a discrete GPU (VRAM) stays within a quarter of the budget
+    /// ([`budget::ring_slots`]).
     /// A tensor takes whole slots, so many small slots keep more tensors in flight: on an H200,
     /// GPT-2 (f16) at a quarter budget stepped in 1113 ms with 128 + 128 slots of 8 MiB, 1335 ms
     /// with 16 + 32 of 32 MiB, 1415 ms with 512 + 512 of 2 MiB.
@@ -193,6 +194,8 @@ pub struct Pager {
     state: RefCell<State>,
     /// The upload path in use and why it was chosen.
     upload_choice: RefCell<(UploadPath, String)>,
+    /// Upload slots asked for, and as many as a ring in GPU memory may take of the budget.
+    upload_slots: (usize, usize),
     /// How the budget was set.
     budget_source: String,
     /// Pinned host memory for the upload ring (Vulkan), or why there is none.
@@ -552,16 +555,15 @@ impl Pager {
             None => budget::auto_budget(&gpu),
         };
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
-        let upload_slots = budget::ring_slots(budget, slot_bytes, opts.upload_slots.max(1));
-        let readback_slots = budget::ring_slots(budget, slot_bytes, opts.readback_slots.max(1));
+        let upload_slots = (opts.upload_slots.max(1), budget::ring_slots(budget, slot_bytes, opts.upload_slots.max(1)));
         let copier = Arc::new(Copier::new());
         let state = State {
             store,
             entries: HashMap::new(),
             next_id: 1,
             pool: Pool::new(budget),
-            upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots, slot_bytes),
-            readback: ReadbackRing::new(&gpu.device, copier.clone(), readback_slots, slot_bytes),
+            upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes),
+            readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes),
             copier,
             pinned: Vec::new(),
             policy: opts.policy,
@@ -592,6 +594,7 @@ impl Pager {
             recorder,
             state: RefCell::new(state),
             upload_choice: RefCell::new((UploadPath::Ring, String::new())),
+            upload_slots,
             budget_source,
             #[cfg(vulkan_hal)]
             pinned,

@@ -178,6 +178,17 @@ impl UploadRing {
         self.pinned = alloc;
     }
 
+    /// Lets the ring grow to `max` slots (fewer: the extra ones are let go; the caller has
+    /// submitted and waited for their copies).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() > self.max {
+            slots.truncate(self.max);
+            self.next.set(0);
+        }
+    }
+
     /// Whether the ring's slots are pinned host memory.
     pub fn is_pinned(&self) -> bool {
         #[cfg(vulkan_hal)]

@@ -22,8 +22,15 @@ pub enum UploadPath {
     Auto,
 }
 
-/// Bytes each path moves in the start-up measurement (best of two).
-const PROBE_BYTES: usize = 32 << 20;
+/// Bytes each path moves in the start-up measurement (best of two): enough on a GPU for the
+/// copies to stream as paging does (the pinned ring overlaps memcpy and DMA only over many
+/// slots), little on CPU adapters where every context pays for it.
+fn probe_bytes(gpu: &crate::device::Gpu) -> usize {
+    match gpu.info.device_type {
+        wgpu::DeviceType::Cpu => 32 << 20,
+        _ => 256 << 20,
+    }
+}
 
 impl Pager {
     /// Switches to `want` (or, for `Auto`, the fastest measured path) and records why.
@@ -48,14 +55,14 @@ impl Pager {
     fn measure_and_pick(&self, pinned: bool, unified: bool, pinned_why: Option<&str>) -> (UploadPath, String) {
         let mut tried: Vec<(UploadPath, &str, Result<f64>)> = Vec::new();
         self.use_path(UploadPath::Ring);
-        tried.push((UploadPath::Ring, "staging ring", self.probe_upload_gbps(PROBE_BYTES)));
+        tried.push((UploadPath::Ring, "staging ring", self.probe_upload_gbps(probe_bytes(&self.gpu))));
         if pinned {
             self.use_path(UploadPath::Pinned);
-            tried.push((UploadPath::Pinned, "pinned host memory", self.probe_upload_gbps(PROBE_BYTES)));
+            tried.push((UploadPath::Pinned, "pinned host memory", self.probe_upload_gbps(probe_bytes(&self.gpu))));
         }
         if unified {
             self.use_path(UploadPath::Ring);
-            tried.push((UploadPath::ZeroCopy, "zero-copy", self.probe_zero_copy_gbps(PROBE_BYTES)));
+            tried.push((UploadPath::ZeroCopy, "zero-copy", self.probe_zero_copy_gbps(probe_bytes(&self.gpu))));
         }
         let best = tried
             .iter()
@@ -85,6 +92,9 @@ impl Pager {
         let _ = self.recorder.wait(None);
         let mut st = self.state();
         st.pool.set_zero_copy(path == UploadPath::ZeroCopy);
+        // Mapped staging buffers are GPU memory on a discrete GPU: bounded by the budget there.
+        let in_vram = path != UploadPath::Pinned && !self.gpu.unified_memory();
+        st.upload.set_max(if in_vram { self.upload_slots.1 } else { self.upload_slots.0 });
         #[cfg(vulkan_hal)]
         {
             let alloc = if path == UploadPath::Pinned { self.pinned.clone() } else { None };
