@@ -93,11 +93,18 @@ pub struct TransferReport {
     pub tensor_bytes: u64,
     pub tensors: usize,
     pub upload_ring_gbps: f64,
+    /// Through the ring in pinned host memory, copied by DMA (Vulkan; else None).
+    pub upload_pinned_gbps: Option<f64>,
     /// Straight into host-visible GPU buffers, where memory is unified (else None).
     pub upload_zero_copy_gbps: Option<f64>,
     pub upload_write_buffer_gbps: f64,
     /// The path the pager picked on this adapter, and why.
     pub upload_path: String,
+    /// The measured bandwidth of that path here.
+    pub upload_chosen_gbps: f64,
+    /// The budget `--gpu-budget auto` gives on this adapter, and how it was found.
+    pub budget_auto_bytes: u64,
+    pub budget_auto_source: String,
     pub writeback_gbps: f64,
     pub upload_ring_vs_write_buffer: f64,
 }
@@ -112,17 +119,22 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         }
         Ok(best)
     };
+    use crate::pager::UploadPath;
     let chosen = ctx.pager.upload_path();
-    ctx.pager.set_upload_path(crate::pager::UploadPath::Ring);
+    let kind = ctx.pager.upload_path_kind();
+    ctx.pager.set_upload_path(UploadPath::Ring);
     let ring = best(&mut || upload_ring(ctx, &tensors))?;
-    let zero_copy = if ctx.gpu.unified_memory() {
-        ctx.pager.set_upload_path(crate::pager::UploadPath::ZeroCopy);
-        let z = best(&mut || upload_ring(ctx, &tensors))?;
-        ctx.pager.set_upload_path(crate::pager::UploadPath::Ring);
-        Some(z)
-    } else {
-        None
+    // Each other path where the adapter offers it (the pager falls back to the ring otherwise).
+    let on = |path: UploadPath| -> Result<Option<f64>> {
+        ctx.pager.set_upload_path(path);
+        if ctx.pager.upload_path_kind() != path {
+            return Ok(None);
+        }
+        best(&mut || upload_ring(ctx, &tensors)).map(Some)
     };
+    let pinned = on(UploadPath::Pinned)?;
+    let zero_copy = on(UploadPath::ZeroCopy)?;
+    ctx.pager.set_upload_path(kind);
     let wb = best(&mut || upload_write_buffer(ctx, count, bytes))?;
     let back = best(&mut || writeback(ctx, &tensors))?;
     Ok(TransferReport {
@@ -130,9 +142,17 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         tensor_bytes: bytes as u64,
         tensors: count,
         upload_ring_gbps: ring,
+        upload_pinned_gbps: pinned,
         upload_zero_copy_gbps: zero_copy,
         upload_write_buffer_gbps: wb,
         upload_path: chosen,
+        budget_auto_bytes: ctx.pager.budget(),
+        budget_auto_source: ctx.pager.budget_source().to_string(),
+        upload_chosen_gbps: match kind {
+            UploadPath::Pinned => pinned.unwrap_or(ring),
+            UploadPath::ZeroCopy => zero_copy.unwrap_or(ring),
+            _ => ring,
+        },
         writeback_gbps: back,
         upload_ring_vs_write_buffer: ring / wb,
     })
@@ -153,6 +173,18 @@ pub struct StepReport {
     pub bytes_per_step_budget50: Option<u64>,
     pub bytes_per_step_budget25: Option<u64>,
     pub bytes_per_step_budget10: Option<u64>,
+    /// Of those, host → GPU.
+    pub bytes_up_per_step_budget50: Option<u64>,
+    pub bytes_up_per_step_budget25: Option<u64>,
+    pub bytes_up_per_step_budget10: Option<u64>,
+    /// Written back and then freed unread (traffic a better plan would save).
+    pub bytes_unread_writeback_per_step_budget50: Option<u64>,
+    pub bytes_unread_writeback_per_step_budget25: Option<u64>,
+    pub bytes_unread_writeback_per_step_budget10: Option<u64>,
+    /// Seconds a step the host waited for transfers at 25 % (transfer time not hidden).
+    pub exposed_ms_budget25: Option<f64>,
+    /// The upload path the paged runs used.
+    pub upload_path: String,
     /// Share of the transfer time (bytes / measured ring bandwidth) that did not add to the
     /// step time, at 25 % budget.
     pub hidden_fraction_budget25: Option<f64>,
@@ -166,10 +198,39 @@ pub struct StepReport {
     /// Budgets (percent) where the GPU optimizer's working set did not fit and AdamW ran on the
     /// host instead (as `--optimizer-on auto` would choose).
     pub host_optimizer_at: Vec<u64>,
+    /// Steps at budgets given in bytes (`pagetrain bench --budget 2GiB`).
+    pub at_budgets: Vec<AtBudget>,
 }
 
-/// Runs `warmup + steps` training steps under `budget` and returns (ms per step, bytes moved per
-/// step, footprint bytes, seconds from opening the context to the end of the first step).
+/// A step timed at a budget given in bytes.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AtBudget {
+    pub budget_bytes: u64,
+    /// None where one op's working set does not fit even at a micro-batch of 1.
+    pub step_ms: Option<f64>,
+    pub bytes_up_per_step: Option<u64>,
+    pub bytes_down_per_step: Option<u64>,
+    pub tokens_per_s: Option<f64>,
+    pub vs_resident: Option<f64>,
+}
+
+/// Timed steps under one budget.
+#[derive(Clone, Debug)]
+pub struct StepTiming {
+    pub ms: f64,
+    /// Per step: bytes up and back, bytes written back and freed unread, seconds stalled.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub unread_writeback: u64,
+    pub exposed_s: f64,
+    /// Bytes of all live tensors at most (what a resident run needs).
+    pub footprint: u64,
+    pub upload_path: String,
+    /// Seconds from opening the context to the end of the first step.
+    pub first_step_s: f64,
+}
+
+/// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
 pub fn time_steps(
     make_ctx: &dyn Fn(Option<u64>) -> Result<Context>,
     cfg: &crate::train::TrainConfig,
@@ -177,7 +238,7 @@ pub fn time_steps(
     budget: Option<u64>,
     warmup: usize,
     steps: usize,
-) -> Result<(f64, u64, u64, f64)> {
+) -> Result<StepTiming> {
     let opened = Instant::now();
     let ctx = make_ctx(budget)?;
     let mut t = crate::train::Trainer::new(&ctx, cfg.clone(), Some(data()?))?;
@@ -203,9 +264,17 @@ pub fn time_steps(
         eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
     }
     let after = ctx.pager.counters();
-    let moved = (after.bytes_uploaded - before.bytes_uploaded + after.bytes_written_back - before.bytes_written_back)
-        / steps as u64;
-    Ok((ms, moved, ctx.pager.live_bytes().1, first_step_s.unwrap_or_default()))
+    let n = steps.max(1) as u64;
+    Ok(StepTiming {
+        ms,
+        bytes_up: (after.bytes_uploaded - before.bytes_uploaded) / n,
+        bytes_down: (after.bytes_written_back - before.bytes_written_back) / n,
+        unread_writeback: (after.writeback_unread_bytes - before.writeback_unread_bytes) / n,
+        exposed_s: (after.stall_s - before.stall_s) / n as f64,
+        footprint: ctx.pager.live_bytes().1,
+        upload_path: ctx.pager.upload_path(),
+        first_step_s: first_step_s.unwrap_or_default(),
+    })
 }
 
 /// Step time resident and at those of 50 %, 25 %, 10 % of the footprint listed in `budgets`
@@ -216,11 +285,13 @@ pub fn step_times(
     data: &dyn Fn() -> Result<crate::train::Dataset>,
     ring_gbps: f64,
     budgets: &[u64],
+    budget_bytes: &[u64],
     warmup: usize,
     steps: usize,
 ) -> Result<StepReport> {
-    let (resident, _, footprint, first_step_s) = time_steps(make_ctx, cfg, data, None, warmup, steps)?;
-    let mut at: Vec<Option<(f64, u64, u64, f64)>> = Vec::new();
+    let full = time_steps(make_ctx, cfg, data, None, warmup, steps)?;
+    let (resident, footprint) = (full.ms, full.footprint);
+    let mut at: Vec<Option<StepTiming>> = Vec::new();
     let mut host_optimizer_at = Vec::new();
     let on_host = crate::train::TrainConfig { optimizer_on: crate::train::OptimizerOn::Host, ..cfg.clone() };
     for pct in [50u64, 25, 10] {
@@ -242,7 +313,8 @@ pub fn step_times(
             Err(e) => return Err(e),
         }
     }
-    let hidden = at[1].map(|(ms, bytes, _, _)| {
+    let hidden = at[1].as_ref().map(|t| {
+        let (ms, bytes) = (t.ms, t.bytes_up + t.bytes_down);
         let transfer_ms = bytes as f64 / (ring_gbps * 1e9) * 1e3;
         let exposed = (ms - resident).max(0.0);
         if transfer_ms > 0.0 {
@@ -252,22 +324,47 @@ pub fn step_times(
         }
     });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
+    let mut at_budgets = Vec::new();
+    for &b in budget_bytes {
+        let t = match time_steps(make_ctx, cfg, data, Some(b), warmup, steps) {
+            Ok(t) => Some(t),
+            Err(e) if crate::train::trainer::is_out_of_memory(&e) => None,
+            Err(e) => return Err(e),
+        };
+        at_budgets.push(AtBudget {
+            budget_bytes: b,
+            step_ms: t.as_ref().map(|t| t.ms),
+            bytes_up_per_step: t.as_ref().map(|t| t.bytes_up),
+            bytes_down_per_step: t.as_ref().map(|t| t.bytes_down),
+            tokens_per_s: t.as_ref().map(|t| tokens as f64 / (t.ms / 1e3)),
+            vs_resident: t.as_ref().map(|t| resident / t.ms),
+        });
+    }
     Ok(StepReport {
+        at_budgets,
         model: cfg.model.clone(),
         tokens_per_step: tokens,
         footprint_bytes: footprint,
         step_ms_resident: resident,
-        step_ms_budget50: at[0].map(|r| r.0),
-        step_ms_budget25: at[1].map(|r| r.0),
-        step_ms_budget10: at[2].map(|r| r.0),
-        bytes_per_step_budget50: at[0].map(|r| r.1),
-        bytes_per_step_budget25: at[1].map(|r| r.1),
-        bytes_per_step_budget10: at[2].map(|r| r.1),
+        step_ms_budget50: at[0].as_ref().map(|r| r.ms),
+        step_ms_budget25: at[1].as_ref().map(|r| r.ms),
+        step_ms_budget10: at[2].as_ref().map(|r| r.ms),
+        bytes_per_step_budget50: at[0].as_ref().map(|r| r.bytes_up + r.bytes_down),
+        bytes_per_step_budget25: at[1].as_ref().map(|r| r.bytes_up + r.bytes_down),
+        bytes_per_step_budget10: at[2].as_ref().map(|r| r.bytes_up + r.bytes_down),
+        bytes_up_per_step_budget50: at[0].as_ref().map(|r| r.bytes_up),
+        bytes_up_per_step_budget25: at[1].as_ref().map(|r| r.bytes_up),
+        bytes_up_per_step_budget10: at[2].as_ref().map(|r| r.bytes_up),
+        bytes_unread_writeback_per_step_budget50: at[0].as_ref().map(|r| r.unread_writeback),
+        bytes_unread_writeback_per_step_budget25: at[1].as_ref().map(|r| r.unread_writeback),
+        bytes_unread_writeback_per_step_budget10: at[2].as_ref().map(|r| r.unread_writeback),
+        exposed_ms_budget25: at[1].as_ref().map(|r| r.exposed_s * 1e3),
+        upload_path: at.iter().flatten().next().unwrap_or(&full).upload_path.clone(),
         hidden_fraction_budget25: hidden,
         resident_tokens_per_s: tokens as f64 / (resident / 1e3),
         train_tokens_per_s: tokens as f64 / (resident / 1e3),
-        first_step_s,
-        budget25_vs_resident: at[1].map(|r| resident / r.0),
+        first_step_s: full.first_step_s,
+        budget25_vs_resident: at[1].as_ref().map(|r| resident / r.ms),
         host_optimizer_at,
     })
 }

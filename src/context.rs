@@ -78,6 +78,9 @@ impl Context {
     }
 
     pub fn from_gpu(gpu: Gpu, opts: &ContextOptions) -> Result<Context> {
+        if let Some(budget) = opts.pager.budget {
+            crate::pager::budget::check_budget(&gpu, budget)?;
+        }
         let store: Box<dyn HostStore> = match &opts.store {
             StoreKind::Memory => Box::new(MemStore::new()),
             #[cfg(not(target_arch = "wasm32"))]

@@ -30,6 +30,17 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
 }
 
+/// The GPU's memory as the driver reports it (Vulkan only: wgpu has no portable query).
+#[derive(Clone, Copy, Debug)]
+pub struct HeapSizes {
+    /// Bytes of the largest device-local heap.
+    pub device_local: u64,
+    /// What the driver lets this process use of that heap now (`VK_EXT_memory_budget`).
+    pub budget: Option<u64>,
+    /// Every memory type that is device-local is also host-visible (CPU drivers, unified memory).
+    pub unified: bool,
+}
+
 /// One line per adapter wgpu can see, for `pagetrain info`.
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {
@@ -217,6 +228,14 @@ impl Gpu {
     /// silicon, CPU drivers), and the pager can fill tensors without a staging copy.
     pub fn unified_memory(&self) -> bool {
         self.features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+    }
+
+    /// The device-local heap (and the driver's budget for this process), where the backend says.
+    pub fn heap_sizes(&self) -> Option<HeapSizes> {
+        #[cfg(vulkan_hal)]
+        return crate::vulkan_hal::heap_sizes(&self.adapter);
+        #[cfg(not(vulkan_hal))]
+        None
     }
 
     /// Largest tensor one storage binding can see.

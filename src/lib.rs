@@ -45,6 +45,8 @@ pub mod rng;
 pub mod studio;
 pub mod tensor;
 pub mod train;
+#[cfg(vulkan_hal)]
+pub mod vulkan_hal;
 
 pub use context::{Context, ContextOptions, StoreKind};
 pub use error::{Error, Result};

@@ -38,6 +38,29 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         slot_bytes: 8192,
         prefetch_window: 8,
         upload: UploadPath::Ring,
+        drop_dead_writebacks: true,
+    }
+}
+
+/// Whether this adapter offers `path`: pinned memory on every Vulkan adapter, zero-copy where
+/// memory is unified, the ring everywhere.
+fn offers(ctx: &Context, path: UploadPath) -> bool {
+    match path {
+        UploadPath::Pinned => ctx.gpu.info.backend == wgpu::Backend::Vulkan,
+        UploadPath::ZeroCopy => ctx.gpu.unified_memory(),
+        _ => true,
+    }
+}
+
+/// A path the adapter offers is the one taken (so its test cannot pass on the ring instead);
+/// one it does not offer falls back to the ring and says why.
+fn assert_offered_path_taken(ctx: &Context, path: UploadPath) {
+    let why = ctx.pager.upload_path();
+    if offers(ctx, path) {
+        assert_eq!(ctx.pager.upload_path_kind(), path, "{} offers {path:?}, but: {why}", ctx.gpu.describe());
+    } else {
+        assert_eq!(ctx.pager.upload_path_kind(), UploadPath::Ring, "{why}");
+        assert!(why.starts_with("staging ring (no "), "the fallback says why: {why}");
     }
 }
 
@@ -186,6 +209,17 @@ proptest! {
         // as the CPU drivers CI runs on; elsewhere the pager keeps the staging ring).
         let budget = budget_kib * 1024;
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::ZeroCopy, ..opts(budget, Policy::Belady) });
+        assert_offered_path_taken(&ctx, UploadPath::ZeroCopy);
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn pinned_uploads_match_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        // The upload ring in pinned host memory, copied by DMA (every Vulkan adapter, lavapipe
+        // included; elsewhere the pager falls back to the mapped ring and says so).
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::Pinned, ..opts(budget, Policy::Belady) });
+        assert_offered_path_taken(&ctx, UploadPath::Pinned);
         run_against_model(&ctx, &ops, budget, None);
     }
 
@@ -237,26 +271,36 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
     let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 23 };
     let tokens: Vec<u32> = (0..32).map(|i| (i * 5 % 23) as u32).collect();
     let targets: Vec<u32> = (0..32).map(|i| (i * 5 % 23 + 1) as u32 % 23).collect();
-    let run = |budget: Option<u64>| {
-        let o = PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
+    let run = |budget: Option<u64>, upload: UploadPath| {
+        let o = PagerOptions { budget, slot_bytes: 16 << 10, upload, ..Default::default() };
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        assert_offered_path_taken(&ctx, upload);
         let model = Gpt::new(&ctx, cfg, 9).unwrap();
         let mut opt = AdamW::new(&ctx, &model, AdamWConfig::default()).unwrap();
         let steps: Vec<(f32, Vec<Vec<f32>>)> =
             (0..3).map(|_| tiny_gpt_step(&ctx, &model, &mut opt, &tokens, &targets)).collect();
-        (steps, ctx.pager.stats(), ctx.pager.counters())
+        let last = ctx.pager.last_step().expect("steps were marked");
+        (steps, ctx.pager.stats(), ctx.pager.counters(), last)
     };
-    let (resident, full, _) = run(None);
+    // Resident, a step uploads only its tokens and writes back only the gradients read.
+    let (resident, full, _, quiet) = run(None, UploadPath::Ring);
     let footprint = full.peak_bytes;
     let budget = footprint / 4;
-    let (paged, stats, counters) = run(Some(budget));
-    println!("footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}", stats.peak_bytes);
-    assert!(stats.peak_bytes <= budget, "peak {} over budget {budget}", stats.peak_bytes);
-    assert!(counters.evictions > 0 && counters.writebacks > 0, "a quarter budget must page: {counters:?}");
-    for (step, ((l1, g1), (l2, g2))) in resident.iter().zip(&paged).enumerate() {
-        assert_eq!(l1, l2, "loss at step {step}");
-        for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
-            assert_same(&format!("gradient of parameter {i} at step {step}"), b, a);
+    // Every upload path (those the adapter lacks fall back to the ring: checked above).
+    for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
+        let (paged, stats, counters, last) = run(Some(budget), path);
+        // The per-step telemetry sees the paging: one step's share of the run's traffic.
+        assert!(last.bytes_up > quiet.bytes_up && last.bytes_up <= counters.bytes_uploaded, "{path:?}: {last:?} {quiet:?}");
+        assert!(last.bytes_down <= counters.bytes_written_back && last.seconds > 0.0, "{path:?}: {last:?}");
+        println!("{path:?}: footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}", stats.peak_bytes);
+        assert!(stats.peak_bytes <= budget, "{path:?}: peak {} over budget {budget}", stats.peak_bytes);
+        assert!(counters.evictions > 0 && counters.writebacks > 0, "a quarter budget must page: {counters:?}");
+        assert!(counters.uploads > 0, "{path:?}: evicted tensors come back by upload: {counters:?}");
+        for (step, ((l1, g1), (l2, g2))) in resident.iter().zip(&paged).enumerate() {
+            assert_eq!(l1, l2, "{path:?}: loss at step {step}");
+            for (i, (a, b)) in g1.iter().zip(g2).enumerate() {
+                assert_same(&format!("{path:?}: gradient of parameter {i} at step {step}"), b, a);
+            }
         }
     }
 }
@@ -633,4 +677,110 @@ fn planning_works_without_begin_step() {
     // run planned one step earlier), so allow a little either way.
     let (a, e) = (auto[3].1 as f64, explicit[3].1 as f64);
     assert!(a <= 1.02 * e, "a steady step uploads {a} B without begin_step, {e} B with it");
+}
+
+#[test]
+fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions::default());
+    let budget = ctx.pager.budget();
+    let source = ctx.pager.budget_source().to_string();
+    match ctx.gpu.heap_sizes() {
+        // Vulkan (lavapipe in CI): the heap is known, auto stays inside it, and more is refused.
+        Some(heap) => {
+            assert!(budget > 0 && budget <= heap.device_local, "auto {budget} B vs heap {heap:?}");
+            assert!(source.contains("device-local heap"), "{source}");
+            let over = heap.device_local + (1 << 30);
+            let opts = pagetrain::ContextOptions {
+                pager: PagerOptions { budget: Some(over), ..Default::default() },
+                ..Default::default()
+            };
+            let err = Context::from_gpu(gpu(), &opts).err().expect("a budget over the device is refused").to_string();
+            assert!(err.contains("gpu_budget") && err.contains("device-local memory"), "{err}");
+            assert!(err.contains(&ctx.gpu.info.name), "names the adapter: {err}");
+        }
+        // Elsewhere wgpu reports no memory sizes: the portable fallback, and it says so.
+        None => {
+            assert_eq!(budget, ctx.gpu.limits.max_buffer_size * 4);
+            assert!(source.contains("does not report its memory"), "{source}");
+        }
+    }
+    // A mapped upload ring in VRAM (discrete GPUs) grows within a quarter of the budget (4 slots
+    // at least); in host memory (unified memory, as on the CPU drivers in CI) it is no part of
+    // the GPU budget and grows as the copies need.
+    let (budget, slot) = (256u64 << 10, 16u64 << 10);
+    let small = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions {
+        budget: Some(budget),
+        slot_bytes: slot,
+        upload: UploadPath::Ring,
+        ..Default::default()
+    });
+    let n = 50_000; // 200 kB: 13 slots
+    let data = values(7, n);
+    let t = small.from_f32("big", &[n], &data, false).unwrap();
+    {
+        let _op = small.op();
+        small.read(&t).unwrap();
+    }
+    small.sync().unwrap();
+    assert_same("uploaded through a bounded ring", &read(&small, &t), &data);
+    let (up, _, pinned) = small.pager.staging_bytes();
+    assert!(!pinned);
+    if small.gpu.unified_memory() {
+        assert_eq!(up, 13 * slot, "host-memory ring: one slot per chunk");
+    } else {
+        assert_eq!(up, 4 * slot, "VRAM ring: a quarter of {budget} B, or 4 slots");
+    }
+}
+
+#[test]
+fn a_step_tensor_freed_unread_is_not_written_back_once_a_step_has_shown_it() {
+    // Each step: `used = 2x` is evicted dirty and read back by a kernel (its write-back is
+    // needed); `dead = x/2` is evicted dirty and freed unread. The first step writes both back;
+    // from the second on, the plan knows `dead` dies unread and drops it unwritten. Values stay
+    // exact; a step that does read `dead` after all gets a clear error, never stale bytes.
+    let n = 3001;
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let x0 = values(3, n);
+    let x = ctx.from_f32("x", &[n], &x0, false).unwrap();
+    let acc = ctx.from_f32("acc", &[n], &vec![0.0; n], false).unwrap();
+    let mut want = vec![0.0f32; n];
+    let step = |read_dead: bool| -> pagetrain::Result<()> {
+        ctx.pager.begin_step();
+        let (used, dead) = (ctx.empty("used", &[n], pagetrain::DType::F32, false)?, ctx.empty("dead", &[n], pagetrain::DType::F32, false)?);
+        {
+            let _op = ctx.op();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&used)?, &ctx.read(&x)?, 2.0, n)?;
+        }
+        {
+            let _op = ctx.op();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&dead)?, &ctx.read(&x)?, 0.5, n)?;
+        }
+        ctx.pager.evict(used.id())?;
+        ctx.pager.evict(dead.id())?;
+        {
+            let _op = ctx.op();
+            elementwise::axpy(&ctx.kernels, &ctx.modify(&acc)?, &ctx.read(&used)?, 1.0, n)?;
+        }
+        if read_dead {
+            pollster::block_on(ctx.to_f32(&dead))?;
+        }
+        Ok(())
+    };
+    let mut skipped = Vec::new();
+    for s in 0..4 {
+        step(false).unwrap();
+        for (w, v) in want.iter_mut().zip(&x0) {
+            *w += 2.0 * v;
+        }
+        let c = ctx.pager.counters();
+        skipped.push((c.writeback_skipped_bytes, c.writeback_unread_bytes));
+        assert_same(&format!("acc after step {s}"), &read(&ctx, &acc), &want);
+    }
+    let bytes = (n * 4) as u64;
+    assert_eq!(skipped[0], (0, bytes), "step 1 has no plan yet: `dead` is written back, wasted");
+    assert_eq!(skipped[3], (3 * bytes, bytes), "later steps drop it unwritten: {skipped:?}");
+    // A step that reads `dead` after all: an error naming it and why, not stale values.
+    let err = step(true).unwrap_err().to_string();
+    assert!(err.contains("`dead`") && err.contains("not written back"), "{err}");
+    ctx.pager.flush().expect("a tensor dropped by plan is no failure of the store");
 }

@@ -47,7 +47,9 @@ fn snapshot(tensors: Vec<TensorInfo>, budget: u64) -> Snapshot {
         peak_gpu_bytes: gpu_bytes,
         host_bytes: tensors.iter().map(|t| t.bytes).sum(),
         staging_bytes: 16 << 20,
+        staging_pinned: false,
         counters: Counters::default(),
+        last_step: None,
         tensors,
     }
 }
@@ -203,6 +205,28 @@ fn the_pool_gauge_never_shows_more_than_the_budget() {
         assert!(text.contains(&pagetrain::train::format_bytes(budget)), "{text}");
         dash = h.into_state();
     }
+}
+
+#[test]
+fn the_bus_gauge_shows_the_last_steps_traffic() {
+    let mut dash = Dashboard::default();
+    let mut snap = model_snapshot(3);
+    snap.last_step = Some(pagetrain::pager::StepTransfers {
+        bytes_up: 3 << 30,
+        bytes_down: 1 << 30,
+        seconds: 0.5,
+        exposed_s: 0.125,
+        fill_s: 0.0,
+    });
+    let text = pagetrain::studio::bus_text(&snap);
+    assert!(text.contains("3.00 GiB up") && text.contains("1.00 GiB back"), "{text}");
+    assert!(text.contains("8.6 GB/s") && text.contains("125 ms"), "(4 GiB in 0.5 s) {text}");
+    dash.apply(Event::Snapshot { step: 2, snapshot: Box::new(snap), host: Default::default() });
+    let mut h = Harness::builder()
+        .with_size([800.0, 200.0])
+        .build_ui_state(|ui, d: &mut Dashboard| pagetrain::studio::show_gauges(ui, d), dash);
+    h.run();
+    assert!(h.query_by_label_contains("GiB up").is_some(), "the gauge is drawn");
 }
 
 #[test]

@@ -171,10 +171,41 @@ struct BenchArgs {
     /// Only time the resident step (no 50/25/10 % budgets).
     #[arg(long)]
     resident_only: bool,
+    /// Also time the steps at this GPU budget in bytes, e.g. 2GiB (repeatable).
+    #[arg(long, value_parser = parse_bytes)]
+    budget: Vec<u64>,
+    /// How the pager uploads in the timed steps (auto: the fastest measured).
+    #[arg(long, default_value = "auto")]
+    upload: Upload,
+    /// Write back every dirty tensor the pager evicts, even those the plan knows are freed
+    /// unread (the behaviour before the plan skipped them), for before/after figures.
+    #[arg(long)]
+    keep_dead_writebacks: bool,
     /// Also time one product, `MxNxK` with an optional layout `:nn|nt|tn|tt`, variant
     /// `:auto|tiled|direct|large|coop` and operand type `:f32|f16` (repeatable).
     #[arg(long, value_parser = parse_gemm)]
     gemm: Vec<(Gemm, Option<MatmulVariant>, DType)>,
+}
+
+/// `--upload`: the pager's upload path.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Upload {
+    Auto,
+    Ring,
+    Pinned,
+    ZeroCopy,
+}
+
+impl From<Upload> for pagetrain::pager::UploadPath {
+    fn from(u: Upload) -> Self {
+        use pagetrain::pager::UploadPath;
+        match u {
+            Upload::Auto => UploadPath::Auto,
+            Upload::Ring => UploadPath::Ring,
+            Upload::Pinned => UploadPath::Pinned,
+            Upload::ZeroCopy => UploadPath::ZeroCopy,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -191,7 +222,7 @@ struct TrainArgs {
     /// eval_batches. Flags override it; each checkpoint holds the effective one as run.toml.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Model preset: tiny, small, gpt2-124m.
+    /// Model preset: tiny, small, gpt2-124m, gpt2-medium, gpt2-large, gpt2-xl.
     #[arg(long)]
     model: Option<String>,
     #[arg(long)]
@@ -261,7 +292,8 @@ struct TrainArgs {
     /// Print one JSON line with the results at the end.
     #[arg(long)]
     json: bool,
-    /// GPU byte budget for tensors, e.g. 512MiB, 2GiB, or auto (4 × the adapter's largest buffer).
+    /// GPU byte budget for tensors, e.g. 512MiB, 2GiB, or auto (the device-local memory less a
+    /// margin, where the driver reports it; else 4 × the adapter's largest buffer).
     #[arg(long, value_parser = parse_budget)]
     gpu_budget: Option<Budget>,
     /// Where tensors live on the host: a directory of memory-mapped files (default: OUT/store),
@@ -404,9 +436,10 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     let pager = PagerOptions { budget, ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
     eprintln!(
-        "store: {}; GPU budget {} MiB; uploads by {}",
+        "store: {}; GPU budget {} MiB ({}); uploads by {}",
         ctx.pager.describe_store(),
         ctx.pager.budget() >> 20,
+        ctx.pager.budget_source(),
         ctx.pager.upload_path()
     );
     eprintln!("adapter: {}", ctx.gpu.describe());
@@ -534,6 +567,8 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                     upload_slots: args.upload_slots.unwrap_or(d.upload_slots),
                     readback_slots: args.readback_slots.unwrap_or(d.readback_slots),
                     slot_bytes: args.slot_size.unwrap_or(d.slot_bytes),
+                    upload: args.upload.into(),
+                    drop_dead_writebacks: !args.keep_dead_writebacks,
                     ..d
                 };
                 pollster::block_on(Context::new(&ContextOptions { pager, ..Default::default() }))
@@ -548,7 +583,7 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 }
             };
             let budgets: &[u64] = if args.resident_only { &[] } else { &[50, 25, 10] };
-            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_ring_gbps, budgets, 2, args.steps)?)
+            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_chosen_gbps, budgets, &args.budget, 2, args.steps)?)
         }
         None => None,
     };
@@ -566,6 +601,10 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         println!("adapter: {}", r.adapter);
         println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
         println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
+        match r.upload_pinned_gbps {
+            Some(p) => println!("  upload, pinned host memory:  {p:8.2} GB/s  (DMA)"),
+            None => println!("  upload, pinned host memory:  not offered (Vulkan only)"),
+        }
         if let Some(z) = r.upload_zero_copy_gbps {
             println!("  upload, zero-copy:           {z:8.2} GB/s");
         }
@@ -589,7 +628,10 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         }
         if let Some(s) = &steps {
             let ms = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:9.1} ms"));
-            let mib = |v: Option<u64>| v.map_or(String::new(), |v| format!("({} MiB moved per step)", v >> 20));
+            let mib = |v: Option<u64>, up: Option<u64>| match (v, up) {
+                (Some(v), Some(up)) => format!("({} MiB moved per step: {} up, {} back)", v >> 20, up >> 20, (v - up) >> 20),
+                _ => String::new(),
+            };
             println!(
                 "training step, {} ({} tokens, footprint {} MiB):",
                 s.model,
@@ -597,12 +639,25 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 s.footprint_bytes >> 20
             );
             println!("  resident:    {:9.1} ms  ({:.0} tokens/s)", s.step_ms_resident, s.resident_tokens_per_s);
-            println!("  50% budget:  {}  {}", ms(s.step_ms_budget50), mib(s.bytes_per_step_budget50));
-            println!("  25% budget:  {}  {}", ms(s.step_ms_budget25), mib(s.bytes_per_step_budget25));
+            println!("  50% budget:  {}  {}", ms(s.step_ms_budget50), mib(s.bytes_per_step_budget50, s.bytes_up_per_step_budget50));
+            println!("  25% budget:  {}  {}", ms(s.step_ms_budget25), mib(s.bytes_per_step_budget25, s.bytes_up_per_step_budget25));
             if let (Some(h), Some(r)) = (s.hidden_fraction_budget25, s.budget25_vs_resident) {
                 println!("               {:.0}% of transfer time hidden; {:.2}x resident throughput", h * 100.0, r);
             }
-            println!("  10% budget:  {}  {}", ms(s.step_ms_budget10), mib(s.bytes_per_step_budget10));
+            println!("  10% budget:  {}  {}", ms(s.step_ms_budget10), mib(s.bytes_per_step_budget10, s.bytes_up_per_step_budget10));
+            if let Some(u) = s.bytes_unread_writeback_per_step_budget25 {
+                println!("  at 25%: {} MiB a step written back and freed unread", u >> 20);
+            }
+            for b in &s.at_budgets {
+                println!(
+                    "  {} MiB budget: {}  {}{}",
+                    b.budget_bytes >> 20,
+                    ms(b.step_ms),
+                    mib(b.bytes_up_per_step.zip(b.bytes_down_per_step).map(|(u, d)| u + d), b.bytes_up_per_step),
+                    b.vs_resident.map_or(String::new(), |r| format!(" {r:.2}x resident"))
+                );
+            }
+            println!("  paged runs uploaded by: {}", s.upload_path);
             if !s.host_optimizer_at.is_empty() {
                 println!(
                     "  (AdamW on the host at {:?} % budgets: the GPU update's tensors do not fit)",

@@ -36,7 +36,7 @@ pub struct ModelShape {
 
 impl GptConfig {
     /// The names [`GptConfig::preset`] knows.
-    pub const PRESETS: [&'static str; 3] = ["tiny", "small", "gpt2-124m"];
+    pub const PRESETS: [&'static str; 6] = ["tiny", "small", "gpt2-124m", "gpt2-medium", "gpt2-large", "gpt2-xl"];
 
     /// A custom size over `vocab_size` tokens, checked.
     pub fn from_shape(s: ModelShape, vocab_size: usize) -> Result<GptConfig> {
@@ -50,15 +50,20 @@ impl GptConfig {
         ModelShape { n_layer: self.n_layer, n_head: self.n_head, n_embd: self.n_embd, block_size: self.block_size }
     }
 
-    /// Named presets: `tiny`, `small`, `gpt2-124m` (GPT-2 small). `vocab_size` comes from the data
-    /// for `tiny` and `small`.
+    /// Named presets: `tiny`, `small`, and GPT-2's four sizes — `gpt2-124m` (small), and by their
+    /// Hugging Face names `gpt2-medium` (355M), `gpt2-large` (774M), `gpt2-xl` (1.56B): the same
+    /// architecture, head size 64. `vocab_size` comes from the data for `tiny` and `small`.
     pub fn preset(name: &str, vocab_size: usize) -> Result<GptConfig> {
         let (n_layer, n_head, n_embd, block_size, vocab_size) = match name {
             "tiny" => (2, 4, 64, 64, vocab_size),
             "small" => (4, 4, 128, 128, vocab_size),
             "gpt2-124m" => (12, 12, 768, 1024, vocab_size.max(50257)),
+            "gpt2-medium" => (24, 16, 1024, 1024, vocab_size.max(50257)),
+            "gpt2-large" => (36, 20, 1280, 1024, vocab_size.max(50257)),
+            "gpt2-xl" => (48, 25, 1600, 1024, vocab_size.max(50257)),
             other => {
-                return Err(Error::invalid("model", format!("unknown preset `{other}` (try tiny, small, gpt2-124m)")));
+                let known = Self::PRESETS.join(", ");
+                return Err(Error::invalid("model", format!("unknown preset `{other}` (try {known})")));
             }
         };
         let c = GptConfig { n_layer, n_head, n_embd, block_size, vocab_size };
@@ -248,5 +253,28 @@ impl Module for Gpt {
         }
         v.extend(self.ln_f.params());
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GptConfig;
+
+    #[test]
+    fn gpt2_presets_have_the_parameter_counts_hugging_face_publishes() {
+        // `num_parameters()` of transformers' GPT2LMHeadModel for each checkpoint (tied head).
+        for (name, hf) in [
+            ("gpt2-124m", 124_439_808usize),
+            ("gpt2-medium", 354_823_168),
+            ("gpt2-large", 774_030_080),
+            ("gpt2-xl", 1_557_611_200),
+        ] {
+            let c = GptConfig::preset(name, 0).unwrap();
+            assert_eq!(c.num_params(), hf, "{name}");
+            assert_eq!(c.num_params_f64(), hf as f64, "{name}");
+            assert_eq!(c.n_embd / c.n_head, 64, "{name}: GPT-2's head size");
+        }
+        let err = GptConfig::preset("gpt2-xxl", 0).unwrap_err().to_string();
+        assert!(err.contains("gpt2-xxl") && err.contains("gpt2-xl"), "{err}");
     }
 }

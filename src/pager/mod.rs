@@ -9,15 +9,17 @@
 //! Every transfer is recorded into the same command stream as the kernels, so order is program
 //! order.
 
+pub mod budget;
 mod copier;
 mod host;
 pub mod plan;
 mod pool;
 mod staging;
 pub mod telemetry;
+mod upload_path;
 
 use std::cell::{RefCell, RefMut};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -29,7 +31,8 @@ pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::{Pool, Taken};
 use staging::{Job, ReadbackRing, UploadRing};
-pub use telemetry::{Counters, Location, Snapshot, TensorInfo};
+pub use telemetry::{Counters, Location, Snapshot, StepTransfers, TensorInfo};
+pub use upload_path::UploadPath;
 
 use crate::clock::Stopwatch;
 use crate::device::Gpu;
@@ -91,7 +94,18 @@ struct Entry {
     lost: Option<String>,
     /// Shape and element type, for telemetry (set by the context that made the tensor).
     layout: Option<(Box<[usize]>, DType)>,
+    /// Bytes written back since the host copy was last read (uploaded or read by the caller):
+    /// counted as wasted if the tensor is freed first.
+    unread_writeback: u64,
+    /// The caller has read its host copy (`read`, `sync_to_host`, ...): never dropped unwritten.
+    read_on_host: bool,
+    /// `lost` because the plan dropped it unwritten (not a failure: `flush` does not report it).
+    lost_by_plan: bool,
 }
+
+/// Why a dirty tensor was evicted without a write-back.
+const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it before reading it again, and so did \
+     this step's trace so far; a read now means the steps differ (call `begin_step` at each step)";
 
 /// What happened to a tensor whose write-back could not be delivered.
 const LOST: &str = "its values are lost: reads fail until it is overwritten";
@@ -129,10 +143,12 @@ impl Entry {
 /// Sizes and rules of a pager.
 #[derive(Clone, Debug)]
 pub struct PagerOptions {
-    /// GPU byte budget; `None`: 4 × the adapter's largest buffer.
+    /// GPU byte budget; `None`: from the device's memory ([`budget::auto_budget`]).
     pub budget: Option<u64>,
     pub policy: Policy,
     /// Most staging buffers for uploads and for write-backs, each `slot_bytes`; made as needed.
+    /// A mapped upload ring on a discrete GPU (VRAM) stays within a quarter of the budget
+    /// ([`budget::ring_slots`]).
     /// A tensor takes whole slots, so many small slots keep more tensors in flight: on an H200,
     /// GPT-2 (f16) at a quarter budget stepped in 1113 ms with 128 + 128 slots of 8 MiB, 1335 ms
     /// with 16 + 32 of 32 MiB, 1415 ms with 512 + 512 of 2 MiB.
@@ -142,17 +158,9 @@ pub struct PagerOptions {
     /// Accesses to look ahead for uploads.
     pub prefetch_window: usize,
     pub upload: UploadPath,
-}
-
-/// How host bytes reach GPU buffers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UploadPath {
-    /// Through the staging ring and a GPU copy (every adapter).
-    Ring,
-    /// Straight into host-visible GPU buffers created mapped (unified memory only).
-    ZeroCopy,
-    /// Zero-copy where memory is unified and a measurement at start-up says it is faster.
-    Auto,
+    /// Evict a dirty tensor without writing it back when the previous step freed it unread and
+    /// it has no access left in this step (off: every dirty eviction is written back).
+    pub drop_dead_writebacks: bool,
 }
 
 impl Default for PagerOptions {
@@ -165,6 +173,7 @@ impl Default for PagerOptions {
             slot_bytes: 8 << 20,
             prefetch_window: 32,
             upload: UploadPath::Auto,
+            drop_dead_writebacks: true,
         }
     }
 }
@@ -183,7 +192,17 @@ pub struct Pager {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
     state: RefCell<State>,
-    upload_choice: RefCell<String>,
+    /// The upload path in use and why it was chosen.
+    upload_choice: RefCell<(UploadPath, String)>,
+    /// Upload slots asked for, and as many as a ring in GPU memory may take of the budget.
+    upload_slots: (usize, usize),
+    /// How the budget was set.
+    budget_source: String,
+    /// Pinned host memory for the upload ring (Vulkan), or why there is none.
+    #[cfg(vulkan_hal)]
+    pinned: Option<Rc<crate::vulkan_hal::PinnedAllocator>>,
+    #[cfg(vulkan_hal)]
+    pinned_error: Option<String>,
     /// Releases and unpins that came while `state` was borrowed (a handle dropped inside an
     /// `update_host` closure or during a panic's unwind): done at the next borrow, never lost.
     deferred: RefCell<Deferred>,
@@ -206,6 +225,7 @@ struct State {
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
+    drop_dead_writebacks: bool,
     in_step: bool,
     step_ids: Vec<TensorId>,
     trace: Vec<Key>,
@@ -219,6 +239,11 @@ struct State {
     /// Bytes of all live tensors (wherever they are), and the most there ever were: the footprint.
     live_bytes: u64,
     peak_live_bytes: u64,
+    /// When the current step began, with the counters then; and the last step's traffic.
+    step_start: Option<(Stopwatch, Counters)>,
+    last_step: Option<StepTransfers>,
+    /// Tensors made in this step and freed with no read of their host copy (by key).
+    freed_unread: HashSet<Key>,
 }
 
 /// Where a write-back job's bytes go in the host store (`None`: the tensor is gone). The range
@@ -273,13 +298,21 @@ impl State {
         counters.writebacks += 1;
         counters.bytes_written_back += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
+        e.unread_writeback += bytes;
         e.dirty = false;
         e.contents = Contents::Host;
         Ok(())
     }
 
     fn evict(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
-        if self.entries[&id].dirty {
+        if self.entries[&id].dirty && self.dead_by_plan(id) {
+            let e = self.entries.get_mut(&id).expect("exists");
+            e.dirty = false;
+            e.contents = Contents::Undefined;
+            e.lost = Some(DROPPED_BY_PLAN.into());
+            e.lost_by_plan = true;
+            self.counters.writeback_skipped_bytes += e.bytes;
+        } else if self.entries[&id].dirty {
             self.write_back(recorder, id)?;
         }
         let e = self.entries.get_mut(&id).expect("exists");
@@ -288,6 +321,21 @@ impl State {
         }
         self.counters.evictions += 1;
         Ok(())
+    }
+
+    /// Whether `id`'s values will never be read again, by the plan: it was made during the step,
+    /// the previous step freed its counterpart without reading it on the host, the trace has
+    /// matched so far, and no access to it is left in the step.
+    fn dead_by_plan(&self, id: TensorId) -> bool {
+        let e = &self.entries[&id];
+        let Some(f) = self.future.as_ref().filter(|_| self.drop_dead_writebacks && !self.diverged && self.in_step)
+        else {
+            return false;
+        };
+        matches!(e.key, Key::Step(_))
+            && !e.read_on_host
+            && f.freed_unread(e.key)
+            && f.next_use(e.key, self.trace.len().saturating_sub(1)) == u32::MAX
     }
 
     fn next_use(&self, key: Key) -> Option<u32> {
@@ -351,6 +399,7 @@ impl State {
         let e = self.entries.get_mut(&id).expect("exists");
         if overwrite {
             e.lost = None;
+            e.lost_by_plan = false;
         } else if let Err(err) = e.check_lost() {
             if taken.mapped {
                 taken.buffer.unmap();
@@ -392,7 +441,9 @@ impl State {
         self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
         self.counters.bytes_uploaded += e.bytes;
-        self.entries.get_mut(&id).expect("exists").uploads += 1;
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.uploads += 1;
+        e.unread_writeback = 0;
         Ok(())
     }
 
@@ -403,6 +454,10 @@ impl State {
             self.readback.wait_deliveries_for(id);
             self.upload.wait_fills_for(&[id]);
             self.live_bytes -= e.bytes;
+            self.counters.writeback_unread_bytes += e.unread_writeback;
+            if self.in_step && matches!(e.key, Key::Step(_)) && !e.read_on_host {
+                self.freed_unread.insert(e.key);
+            }
             if let Some(buf) = e.gpu {
                 self.pool.give(buf);
             }
@@ -426,6 +481,7 @@ impl State {
         e.contents = Contents::Host;
         e.dirty = false;
         e.lost = None;
+        e.lost_by_plan = false;
         if e.pins == 0 {
             if let Some(buf) = e.gpu.take() {
                 self.pool.give(buf);
@@ -440,9 +496,14 @@ impl State {
 
     /// The accesses traced so far become the prediction for the next step.
     fn new_step(&mut self) {
+        if let Some((clock, before)) = self.step_start.take() {
+            self.last_step = Some(StepTransfers::between(&before, &self.counters, clock.seconds()));
+        }
+        self.step_start = Some((Stopwatch::start(), self.counters));
+        let freed_unread = std::mem::take(&mut self.freed_unread);
         if self.in_step && !self.trace.is_empty() {
             let trace = std::mem::take(&mut self.trace);
-            self.future = Some(plan::Future::new(trace));
+            self.future = Some(plan::Future::new(trace).with_freed_unread(freed_unread));
         }
         self.trace.clear();
         self.in_step = true;
@@ -489,20 +550,25 @@ impl State {
 
 impl Pager {
     pub fn new(gpu: Rc<Gpu>, recorder: Rc<Recorder>, store: Box<dyn HostStore>, opts: &PagerOptions) -> Self {
-        let budget = opts.budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
+        let (budget, budget_source) = match opts.budget {
+            Some(b) => (b, "asked for".to_string()),
+            None => budget::auto_budget(&gpu),
+        };
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
+        let upload_slots = (opts.upload_slots.max(1), budget::ring_slots(budget, slot_bytes, opts.upload_slots.max(1)));
         let copier = Arc::new(Copier::new());
         let state = State {
             store,
             entries: HashMap::new(),
             next_id: 1,
             pool: Pool::new(budget),
-            upload: UploadRing::new(&gpu.device, copier.clone(), opts.upload_slots.max(1), slot_bytes),
+            upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes),
             readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes),
             copier,
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,
+            drop_dead_writebacks: opts.drop_dead_writebacks,
             in_step: false,
             step_ids: Vec::new(),
             trace: Vec::new(),
@@ -514,12 +580,26 @@ impl Pager {
             channel: telemetry::Channel::default(),
             live_bytes: 0,
             peak_live_bytes: 0,
+            step_start: None,
+            last_step: None,
+            freed_unread: HashSet::new(),
+        };
+        #[cfg(vulkan_hal)]
+        let (pinned, pinned_error) = match crate::vulkan_hal::PinnedAllocator::new(&gpu.device) {
+            Ok(a) => (Some(Rc::new(a)), None),
+            Err(why) => (None, Some(why)),
         };
         let pager = Pager {
             gpu,
             recorder,
             state: RefCell::new(state),
-            upload_choice: RefCell::new(String::new()),
+            upload_choice: RefCell::new((UploadPath::Ring, String::new())),
+            upload_slots,
+            budget_source,
+            #[cfg(vulkan_hal)]
+            pinned,
+            #[cfg(vulkan_hal)]
+            pinned_error,
             deferred: RefCell::new(Deferred::default()),
         };
         pager.choose_upload_path(opts.upload);
@@ -537,84 +617,6 @@ impl Pager {
             st.release(id);
         }
         st
-    }
-
-    /// Picks the upload path: zero-copy needs unified memory; `Auto` times both on 32 MiB and
-    /// takes the faster.
-    fn choose_upload_path(&self, want: UploadPath) {
-        let (zero_copy, why) = match want {
-            UploadPath::Ring => (false, "staging ring (asked for)".to_string()),
-            _ if !self.gpu.unified_memory() => (false, "staging ring (no unified memory on this adapter)".to_string()),
-            UploadPath::ZeroCopy => (true, "zero-copy (asked for)".to_string()),
-            UploadPath::Auto => match self.measure_upload_paths(32 << 20) {
-                Ok((ring, zero)) if zero > ring => {
-                    (true, format!("zero-copy: {zero:.1} GB/s vs staging ring {ring:.1} GB/s"))
-                }
-                Ok((ring, zero)) => (false, format!("staging ring: {ring:.1} GB/s vs zero-copy {zero:.1} GB/s")),
-                Err(e) => (false, format!("staging ring (zero-copy measurement failed: {e})")),
-            },
-        };
-        self.state().pool.set_zero_copy(zero_copy);
-        *self.upload_choice.borrow_mut() = why;
-    }
-
-    /// GB/s of (staging ring + copy, mapped-at-creation buffer) for `bytes` bytes, best of two.
-    /// Zero-copy needs unified memory (host-visible storage buffers).
-    fn measure_upload_paths(&self, bytes: usize) -> Result<(f64, f64)> {
-        let ring = self.probe_upload_gbps(bytes)?;
-        let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
-        let mut zero = 0.0f64;
-        for _ in 0..2 {
-            let start = Stopwatch::start();
-            let dst = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("zero-copy probe"),
-                size: bytes as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_WRITE,
-                mapped_at_creation: true,
-            });
-            {
-                let mut view = dst
-                    .get_mapped_range_mut(..)
-                    .map_err(|e| Error::Gpu { context: "zero-copy probe".into(), msg: e.to_string() })?;
-                staging::fill_now(&self.state().copier, &mut view, &data);
-            }
-            dst.unmap();
-            zero = zero.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
-        }
-        Ok((ring, zero))
-    }
-
-    /// GB/s of host bytes into a GPU buffer through the staging ring and a copy (`bytes` of
-    /// them, best of two, waiting for the GPU).
-    pub fn probe_upload_gbps(&self, bytes: usize) -> Result<f64> {
-        let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let mut best = 0.0f64;
-        for _ in 0..2 {
-            let desc = wgpu::BufferDescriptor {
-                label: Some("upload probe"),
-                size: bytes as u64,
-                usage,
-                mapped_at_creation: false,
-            };
-            let dst = self.gpu.device.create_buffer(&desc);
-            let start = Stopwatch::start();
-            self.state().upload.upload(&self.recorder, None, &data, &dst, 0)?;
-            let index = self.recorder.flush();
-            self.recorder.wait(index)?;
-            best = best.max(bytes as f64 / start.seconds().max(1e-9) / 1e9);
-        }
-        Ok(best)
-    }
-
-    /// Which upload path the pager uses, and why.
-    pub fn upload_path(&self) -> String {
-        self.upload_choice.borrow().clone()
-    }
-
-    /// Switches between the staging ring and zero-copy uploads (zero-copy needs unified memory).
-    pub fn set_upload_path(&self, path: UploadPath) {
-        self.choose_upload_path(path);
     }
 
     fn create(&self, name: &str, bytes: u64, contents: Contents) -> Result<TensorId> {
@@ -652,6 +654,9 @@ impl Pager {
             pins: 0,
             lost: None,
             layout: None,
+            unread_writeback: 0,
+            read_on_host: false,
+            lost_by_plan: false,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;
@@ -783,6 +788,7 @@ impl Pager {
         e.contents = Contents::Zero;
         e.dirty = false;
         e.lost = None;
+        e.lost_by_plan = false;
         Ok(())
     }
 
@@ -827,6 +833,8 @@ impl Pager {
         for id in ids {
             let e = st.entries.get_mut(id).expect("checked");
             e.contents = Contents::Host;
+            e.unread_writeback = 0;
+            e.read_on_host = true;
         }
         for &id in written {
             st.host_changed(recorder, id)?;
@@ -837,7 +845,11 @@ impl Pager {
     /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
-        let st = self.state();
+        let mut st = self.state();
+        if let Some(e) = st.entries.get_mut(&id) {
+            e.unread_writeback = 0;
+            e.read_on_host = true;
+        }
         let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
             return Err(Error::invalid("read_now", format!("`{}` has newer values on the GPU", e.name)));
@@ -867,7 +879,9 @@ impl Pager {
             st.drain(recorder, true)?;
         }
         for id in ids {
-            if let Some(e) = st.entries.get(id) {
+            if let Some(e) = st.entries.get_mut(id) {
+                e.unread_writeback = 0;
+                e.read_on_host = true;
                 e.check_lost()?;
             }
         }
@@ -887,6 +901,9 @@ impl Pager {
         }
         st.settle(recorder, id)?;
         st.entries[&id].check_lost()?;
+        let e = st.entries.get_mut(&id).expect("checked");
+        e.unread_writeback = 0;
+        e.read_on_host = true;
         // A rejected command (validation error) leaves stale bytes behind: say so instead.
         self.gpu.check("reading a tensor back")?;
         if contents == Contents::Zero && !dirty {
@@ -907,7 +924,7 @@ impl Pager {
         }
         recorder.flush();
         st.drain(recorder, true)?;
-        if let Some(e) = st.entries.values().find(|e| e.lost.is_some()) {
+        if let Some(e) = st.entries.values().find(|e| e.lost.is_some() && !e.lost_by_plan) {
             e.check_lost()?;
         }
         st.store.flush()
@@ -987,8 +1004,25 @@ impl Pager {
         self.state().counters
     }
 
+    /// The bus traffic of the last finished step (steps are marked by `begin_step`/`end_step`).
+    pub fn last_step(&self) -> Option<StepTransfers> {
+        self.state().last_step
+    }
+
     pub fn budget(&self) -> u64 {
         self.state().pool.budget()
+    }
+
+    /// How the budget was set: asked for, or what `auto` found on the device.
+    pub fn budget_source(&self) -> &str {
+        &self.budget_source
+    }
+
+    /// Bytes of staging buffers made so far (uploads, write-backs), and whether the upload ring
+    /// is pinned host memory (then it takes no GPU memory).
+    pub fn staging_bytes(&self) -> (u64, u64, bool) {
+        let st = self.state();
+        (st.upload.held_bytes(), st.readback.held_bytes(), st.upload.is_pinned())
     }
 
     /// Changes the budget; tensors beyond it are evicted at their next placement.
@@ -1034,7 +1068,9 @@ impl Pager {
             peak_gpu_bytes: st.pool.peak(),
             host_bytes: st.store.capacity() as u64,
             staging_bytes: st.upload.held_bytes() + st.readback.held_bytes(),
+            staging_pinned: st.upload.is_pinned(),
             counters: st.counters,
+            last_step: st.last_step,
             tensors,
         }
     }

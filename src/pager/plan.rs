@@ -5,7 +5,7 @@
 //! during a step by their allocation order within it. Without a usable trace (the first step,
 //! or a step that went differently) the pager falls back to least-recently-used.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::tensor::TensorId;
 
@@ -27,11 +27,13 @@ pub enum Policy {
     Lru,
 }
 
-/// The previous step's accesses, indexed for "when is this key needed next".
+/// The previous step's accesses, indexed for "when is this key needed next", and which of its
+/// tensors it freed without reading them on the host (their write-backs were wasted).
 #[derive(Default)]
 pub struct Future {
     trace: Vec<Key>,
     positions: HashMap<Key, Vec<u32>>,
+    freed_unread: HashSet<Key>,
 }
 
 impl Future {
@@ -40,7 +42,19 @@ impl Future {
         for (i, k) in trace.iter().enumerate() {
             positions.entry(*k).or_default().push(i as u32);
         }
-        Future { trace, positions }
+        Future { trace, positions, freed_unread: HashSet::new() }
+    }
+
+    /// The same future, knowing which keys the step freed with no read of their host copy.
+    pub fn with_freed_unread(mut self, keys: HashSet<Key>) -> Self {
+        self.freed_unread = keys;
+        self
+    }
+
+    /// Whether the step freed `key` without reading its host copy: once it has no access left
+    /// in the step, its values are not needed and a write-back would be wasted.
+    pub fn freed_unread(&self, key: Key) -> bool {
+        self.freed_unread.contains(&key)
     }
 
     pub fn len(&self) -> usize {

@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::copier::{Copier, Ticket};
+#[cfg(vulkan_hal)]
+use crate::vulkan_hal::{PinnedAllocator, PinnedBuffer};
 use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
@@ -28,11 +30,37 @@ const FAILED: u8 = 4;
 
 struct Slot {
     buffer: wgpu::Buffer,
+    /// Pinned host memory (Vulkan): mapped for the slot's whole life, never by wgpu; it is free
+    /// again when the GPU has finished the submission that read it, instead of when re-mapped.
+    #[cfg(vulkan_hal)]
+    pinned: Option<PinnedBuffer>,
     state: Arc<AtomicU8>,
     submission: RefCell<Option<wgpu::SubmissionIndex>>,
 }
 
 impl Slot {
+    /// A slot in pinned host memory, ready to fill.
+    #[cfg(vulkan_hal)]
+    fn pinned(alloc: &PinnedAllocator, label: &str, bytes: u64) -> Result<Rc<Slot>> {
+        let pinned = alloc
+            .create(label, bytes, wgpu::BufferUsages::COPY_SRC)
+            .map_err(|msg| Error::Gpu { context: "pinned staging buffer".into(), msg })?;
+        Ok(Rc::new(Slot {
+            buffer: pinned.buffer.clone(),
+            pinned: Some(pinned),
+            state: Arc::new(AtomicU8::new(MAPPED)),
+            submission: RefCell::new(None),
+        }))
+    }
+
+    /// Where a fill of this slot writes, when it is pinned (else the caller maps it).
+    fn pinned_ptr(&self) -> Option<*mut u8> {
+        #[cfg(vulkan_hal)]
+        return self.pinned.as_ref().map(|p| p.as_ptr());
+        #[cfg(not(vulkan_hal))]
+        None
+    }
+
     fn new(device: &wgpu::Device, label: &str, bytes: u64, usage: wgpu::BufferUsages, mapped: bool) -> Rc<Slot> {
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -42,6 +70,8 @@ impl Slot {
         });
         Rc::new(Slot {
             buffer,
+            #[cfg(vulkan_hal)]
+            pinned: None,
             state: Arc::new(AtomicU8::new(if mapped { MAPPED } else { IDLE })),
             submission: RefCell::new(None),
         })
@@ -55,12 +85,19 @@ impl Slot {
     fn remap_after_submit(self: &Rc<Self>, recorder: &Recorder, mode: wgpu::MapMode) {
         self.state.store(RECORDED, Ordering::Release);
         let slot = self.clone();
+        let queue = recorder.gpu().queue.clone();
         recorder.after_submit(move |index| {
             *slot.submission.borrow_mut() = Some(index.clone());
             slot.state.store(MAPPING, Ordering::Release);
             let state = slot.state.clone();
-            slot.buffer
-                .map_async(mode, .., move |r| state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release));
+            if slot.pinned_ptr().is_some() {
+                // Still mapped: reusable once the GPU has read it (work submitted so far done).
+                queue.on_submitted_work_done(move || state.store(MAPPED, Ordering::Release));
+            } else {
+                slot.buffer.map_async(mode, .., move |r| {
+                    state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release)
+                });
+            }
         });
     }
 
@@ -111,6 +148,9 @@ pub struct UploadRing {
     max: usize,
     slot_bytes: u64,
     next: Cell<usize>,
+    /// New slots come from pinned host memory (DMA uploads) instead of `MAP_WRITE` buffers.
+    #[cfg(vulkan_hal)]
+    pinned: Option<Rc<PinnedAllocator>>,
 }
 
 impl UploadRing {
@@ -123,7 +163,48 @@ impl UploadRing {
             max: max.max(1),
             slot_bytes,
             next: Cell::new(0),
+            #[cfg(vulkan_hal)]
+            pinned: None,
         }
+    }
+
+    /// Makes the ring's slots pinned host memory from `alloc` (`None`: `MAP_WRITE` buffers).
+    /// Every slot made so far is let go: the caller has submitted and waited for their copies.
+    #[cfg(vulkan_hal)]
+    pub fn set_pinned(&mut self, alloc: Option<Rc<PinnedAllocator>>) {
+        self.wait_fills();
+        self.slots.borrow_mut().clear();
+        self.next.set(0);
+        self.pinned = alloc;
+    }
+
+    /// Lets the ring grow to `max` slots (fewer: the extra ones are let go; the caller has
+    /// submitted and waited for their copies).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() > self.max {
+            slots.truncate(self.max);
+            self.next.set(0);
+        }
+    }
+
+    /// Whether the ring's slots are pinned host memory.
+    pub fn is_pinned(&self) -> bool {
+        #[cfg(vulkan_hal)]
+        return self.pinned.is_some();
+        #[cfg(not(vulkan_hal))]
+        false
+    }
+
+    fn new_slot(&self, index: usize) -> Result<Rc<Slot>> {
+        let label = format!("upload ring {index}");
+        #[cfg(vulkan_hal)]
+        if let Some(alloc) = &self.pinned {
+            return Slot::pinned(alloc, &label, self.slot_bytes);
+        }
+        let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
+        Ok(Slot::new(&self.device, &label, self.slot_bytes, usage, true))
     }
 
     /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
@@ -135,8 +216,7 @@ impl UploadRing {
             return Ok((slot.clone(), 0.0));
         }
         if slots.len() < self.max {
-            let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
-            let slot = Slot::new(&self.device, &format!("upload ring {}", slots.len()), self.slot_bytes, usage, true);
+            let slot = self.new_slot(slots.len())?;
             slots.push(slot.clone());
             return Ok((slot, 0.0));
         }
@@ -166,23 +246,32 @@ impl UploadRing {
             let (slot, waited) = self.acquire(recorder)?;
             stalled += waited;
             let len = chunk.len() as u64;
-            let mut view = slot
-                .buffer
-                .get_mapped_range_mut(0..len)
-                .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
-            let to = view.slice(..).as_raw_element_ptr();
-            // SAFETY: the view keeps the slot mapped until the hook below has waited for the copy;
-            // `chunk` is host-store memory that the pager neither changes nor frees while fills are
-            // pending (it calls `wait_fills_for` first).
-            let ticket = unsafe { self.copier.copy(to.as_ptr(), chunk.as_ptr(), chunk.len()) };
+            let (to, mut view) = match slot.pinned_ptr() {
+                Some(p) => (p, None),
+                None => {
+                    let mut view = slot
+                        .buffer
+                        .get_mapped_range_mut(0..len)
+                        .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
+                    (view.slice(..).as_raw_element_ptr().as_ptr(), Some(view))
+                }
+            };
+            // SAFETY: the view (or, pinned, the slot's own mapping, which lives as long as the slot,
+            // held by the hook below) stays mapped until the hook has waited for the copy, and the
+            // slot is not filled again before the GPU has read it (state MAPPED only then);
+            // `chunk` is host-store memory that the pager neither changes nor frees while fills
+            // are pending (it calls `wait_fills_for` first).
+            let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
             self.pending.borrow_mut().push((owner, ticket.clone()));
             let offset = dst_offset + i as u64 * self.slot_bytes;
             recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
             let filled = slot.clone();
             recorder.before_submit(move || {
                 ticket.wait();
-                drop(view);
-                filled.buffer.unmap();
+                if let Some(view) = view.take() {
+                    drop(view);
+                    filled.buffer.unmap();
+                }
             });
             slot.remap_after_submit(recorder, wgpu::MapMode::Write);
             recorder.staged(len);

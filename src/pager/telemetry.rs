@@ -58,6 +58,51 @@ pub struct Counters {
     /// Bytes of activations that recompute (checkpointed blocks) did not keep from forward to
     /// backward, summed over blocks and steps.
     pub recompute_dropped_bytes: u64,
+    /// Bytes written back to the host and then freed before anyone read them there: bus
+    /// traffic a better plan would not have spent.
+    pub writeback_unread_bytes: u64,
+    /// Bytes not written back because the previous step's trace showed the tensor freed
+    /// before any further read (the plan's saving).
+    pub writeback_skipped_bytes: u64,
+}
+
+/// The bus traffic of one training step (from one `begin_step` to the next): what the studio
+/// plots and reports print.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct StepTransfers {
+    /// Host → GPU.
+    pub bytes_up: u64,
+    /// GPU → host (write-backs).
+    pub bytes_down: u64,
+    /// Wall time of the step.
+    pub seconds: f64,
+    /// Seconds the host waited for transfers (staging slots, write-backs): transfer time that
+    /// compute did not hide.
+    pub exposed_s: f64,
+    /// Seconds spent copying host bytes into staging memory.
+    pub fill_s: f64,
+}
+
+impl StepTransfers {
+    /// The step's bytes in both directions over its wall time.
+    pub fn bus_gbps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            (self.bytes_up + self.bytes_down) as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    /// The difference of two counter readings taken `seconds` apart.
+    pub fn between(before: &Counters, after: &Counters, seconds: f64) -> StepTransfers {
+        StepTransfers {
+            bytes_up: after.bytes_uploaded - before.bytes_uploaded,
+            bytes_down: after.bytes_written_back - before.bytes_written_back,
+            seconds,
+            exposed_s: (after.stall_s - before.stall_s).max(0.0),
+            fill_s: (after.fill_s - before.fill_s).max(0.0),
+        }
+    }
 }
 
 /// The pager at one moment.
@@ -67,9 +112,14 @@ pub struct Snapshot {
     pub gpu_bytes: u64,
     pub peak_gpu_bytes: u64,
     pub host_bytes: u64,
-    /// Staging buffers for uploads and write-backs (host-visible GPU memory beside the pool).
+    /// Staging buffers for uploads and write-backs, beside the pool (host-visible memory: in
+    /// VRAM behind the BAR for a mapped upload ring on a discrete GPU, host RAM otherwise).
     pub staging_bytes: u64,
+    /// The upload ring is pinned host memory (DMA uploads; it takes no GPU memory).
+    pub staging_pinned: bool,
     pub counters: Counters,
+    /// The last finished step's bus traffic (None before a step has ended).
+    pub last_step: Option<StepTransfers>,
     pub tensors: Vec<TensorInfo>,
 }
 

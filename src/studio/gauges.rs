@@ -25,6 +25,20 @@ pub fn pool_text(snap: &Snapshot) -> String {
     )
 }
 
+/// "last step: 812.0 MiB up, 640.0 MiB back, 9.1 GB/s, 12 ms exposed".
+pub fn bus_text(snap: &Snapshot) -> String {
+    match &snap.last_step {
+        Some(t) => format!(
+            "last step: {} up, {} back, {:.1} GB/s over the step, {:.0} ms waiting on transfers",
+            format_bytes(t.bytes_up),
+            format_bytes(t.bytes_down),
+            t.bus_gbps(),
+            t.exposed_s * 1e3
+        ),
+        None => "no step finished yet".to_string(),
+    }
+}
+
 pub fn show(ui: &mut Ui, dash: &Dashboard) {
     let Some(snap) = &dash.snapshot else {
         ui.label("GPU pool: no run yet");
@@ -39,7 +53,12 @@ pub fn show(ui: &mut Ui, dash: &Dashboard) {
     });
     ui.horizontal(|ui| {
         name(ui, "staging");
-        ui.label(format!("{} of upload and write-back rings", format_bytes(snap.staging_bytes)));
+        let kind = if snap.staging_pinned { " (uploads from pinned host memory, by DMA)" } else { "" };
+        ui.label(format!("{} of upload and write-back rings{kind}", format_bytes(snap.staging_bytes)));
+    });
+    ui.horizontal(|ui| {
+        name(ui, "bus");
+        ui.label(bus_text(snap));
     });
     ui.horizontal(|ui| {
         name(ui, "host");

@@ -53,7 +53,7 @@ impl std::str::FromStr for OptimizerOn {
 /// Everything a training run needs to know. `Default` is the built-in demo run.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
-    /// Model preset: `tiny`, `small`, `gpt2-124m`.
+    /// Model preset: `tiny`, `small`, `gpt2-124m`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`.
     pub model: String,
     /// A custom size instead of the preset.
     pub custom_model: Option<ModelShape>,
