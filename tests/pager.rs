@@ -38,6 +38,7 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         slot_bytes: 8192,
         prefetch_window: 8,
         upload: UploadPath::Ring,
+        blocking_waits: true,
     }
 }
 
