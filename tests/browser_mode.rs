@@ -43,7 +43,12 @@ fn demo_run_without_blocking_waits_pages_and_matches_a_resident_run() {
     // Every step after the first two (whose plan is still being learnt) evicts and re-uploads.
     assert!(c.evictions >= STEPS as u64, "{} evictions in {STEPS} steps", c.evictions);
     assert!(c.writebacks > 0, "no dirty tensor was written back");
-    assert!(c.uploads > resident_counters.uploads + STEPS as u64, "no re-uploads: {} vs {}", c.uploads, resident_counters.uploads);
+    assert!(
+        c.uploads > resident_counters.uploads + STEPS as u64,
+        "no re-uploads: {} vs {}",
+        c.uploads,
+        resident_counters.uploads
+    );
 }
 
 #[test]
