@@ -17,6 +17,13 @@ CHROMIUM_ARGS = [
 ]
 
 
+def chromium_args(no_webgpu):
+    if not no_webgpu:
+        return CHROMIUM_ARGS
+    webgpu = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader")
+    return [a for a in CHROMIUM_ARGS if a not in webgpu] + ["--disable-features=WebGPU"]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,6 +51,7 @@ def main():
     ap.add_argument("--screenshot")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--expect-error", help="the run must fail with a message containing this")
+    ap.add_argument("--no-webgpu", action="store_true", help="start chromium with WebGPU off")
     args = ap.parse_args()
 
     port = free_port()
@@ -60,7 +68,7 @@ def main():
             except OSError:
                 time.sleep(0.1)
         caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium", "args": CHROMIUM_ARGS + [f"--user-data-dir={profile}"]}}}}
+            "binary": "/usr/bin/chromium", "args": chromium_args(args.no_webgpu) + [f"--user-data-dir={profile}"]}}}}
         session = call(base, "POST", "/session", caps)["sessionId"]
         s = f"/session/{session}"
         call(base, "POST", s + "/url", {"url": args.url})

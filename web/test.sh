@@ -4,7 +4,8 @@
 # natively for the per-step losses, serves web/ on 127.0.0.1, lets headless Chromium (WebGPU on
 # SwiftShader) train the page STEPS steps, then checks: the loss fell, the pager evicted and
 # re-uploaded tensors, the losses match the native run's, a screenshot of the page was taken, and
-# a device lost mid-run and a budget that cannot fit are messages on the page. Prints one JSON
+# no WebGPU, a device lost mid-run and a budget that cannot fit are messages on the page (screenshots
+# of each in target/web-test/). Prints one JSON
 # line last: steps, first_loss, last_loss, uploads, evictions, seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,9 @@ trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 50); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/index.html')" 2>/dev/null && break; sleep 0.1; done
 url="http://127.0.0.1:$port/index.html"
 
-# Bad input first: a budget below the largest tensor, and a device lost after the second step.
+# Bad input first: no WebGPU, a budget below the largest tensor, a device lost after the second step.
+python3 web/browser_test.py "$url?autostart=1&steps=$STEPS" --steps "$STEPS" --no-webgpu \
+    --expect-error "WebGPU" --screenshot "$OUT/no-webgpu.png" >&2
 python3 web/browser_test.py "$url?autostart=1&steps=$STEPS&budget=16KiB" --steps "$STEPS" \
     --expect-error "budget" --screenshot "$OUT/budget-too-small.png" >&2
 python3 web/browser_test.py "$url?autostart=1&steps=$STEPS&lose_device_after=2" --steps "$STEPS" \

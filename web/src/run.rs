@@ -68,12 +68,7 @@ impl WebRun {
             report.publish();
             let mut out = Outbox { shared: run.clone(), ui: ui.clone() };
             if let Err(e) = drive(setup, &mut out, &mut report, lose_device_after).await {
-                let hint = match &e {
-                    Error::DeviceLost { .. } => Some("reload the page to train again"),
-                    e => e.hint(),
-                };
-                let hint = hint.map(|h| format!("\nHINT: {h}")).unwrap_or_default();
-                let msg = format!("{e}{hint}");
+                let msg = browser_message(&e);
                 report.status = "failed";
                 report.error = msg.clone();
                 report.publish();
@@ -258,6 +253,23 @@ async fn drive(
         // Let the browser draw the new step before the next one starts.
         page::sleep(0).await;
     }
+}
+
+/// What the page says about a run that failed: the error and a hint that makes sense in a browser.
+fn browser_message(e: &Error) -> String {
+    let hint = match e {
+        Error::NoAdapter { .. } => {
+            let msg = "This browser gives the page no WebGPU adapter, which the demo trains on: WebGPU is off \
+                       or not supported here. Try a recent Chrome or Edge; Chromium on Linux needs \
+                       --enable-unsafe-webgpu.";
+            page::message(msg);
+            return msg.to_string();
+        }
+        Error::DeviceLost { .. } => Some("reload the page to train again"),
+        Error::BudgetTooSmall { .. } => Some("raise the GPU budget (type a size in `bytes`) and press Start"),
+        e => e.hint(),
+    };
+    format!("{e}{}", hint.map(|h| format!("\nHINT: {h}")).unwrap_or_default())
 }
 
 /// `e`, or the device loss behind it: the browser reports a lost device (`device.lost`) a moment
