@@ -52,6 +52,19 @@ fn demo_run_without_blocking_waits_pages_and_matches_a_resident_run() {
 }
 
 #[test]
+fn full_staging_rings_fall_back_without_waiting_and_change_nothing() {
+    // One 4 KiB slot each way: most uploads go through `queue.write_buffer`, the readback ring
+    // grows within each step; the numbers must not move.
+    let (_, budget) = demo();
+    let (resident, _, _) = train(PagerOptions::default()).unwrap();
+    let tiny =
+        PagerOptions { upload_slots: 1, readback_slots: 1, slot_bytes: 4096, ..PagerOptions::browser(Some(budget)) };
+    let (paged, c, _) = train(tiny).unwrap();
+    assert_eq!(paged, resident, "tiny staging rings changed the losses");
+    assert!(c.evictions >= STEPS as u64 && c.writebacks > 0, "{c:?}");
+}
+
+#[test]
 fn budgets_the_browser_cannot_fit_are_errors() {
     // Below the largest tensor: refused as the tensor is made.
     let err = train(PagerOptions::browser(Some(8 << 10))).unwrap_err();
