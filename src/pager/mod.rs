@@ -531,25 +531,15 @@ impl Pager {
         let budget = opts.budget.unwrap_or(gpu.limits.max_buffer_size.saturating_mul(4));
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
         let copier = Arc::new(Copier::new());
+        // The browser cannot block, whatever the options say.
+        let may_block = opts.blocking_waits && !cfg!(target_arch = "wasm32");
         let state = State {
             store,
             entries: HashMap::new(),
             next_id: 1,
             pool: Pool::new(budget),
-            upload: UploadRing::new(
-                &gpu.device,
-                copier.clone(),
-                opts.upload_slots.max(1),
-                slot_bytes,
-                opts.blocking_waits,
-            ),
-            readback: ReadbackRing::new(
-                &gpu.device,
-                copier.clone(),
-                opts.readback_slots.max(1),
-                slot_bytes,
-                opts.blocking_waits,
-            ),
+            upload: UploadRing::new(&gpu.device, copier.clone(), opts.upload_slots.max(1), slot_bytes, may_block),
+            readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,
             pinned: Vec::new(),
             policy: opts.policy,
@@ -560,7 +550,7 @@ impl Pager {
             future: None,
             diverged: false,
             explicit_steps: false,
-            blocking_waits: opts.blocking_waits,
+            blocking_waits: may_block,
             clock: 0,
             counters: Counters::default(),
             channel: telemetry::Channel::default(),
