@@ -1,21 +1,20 @@
-//! A stopwatch that also compiles for the browser, where nothing in the pager blocks and the
-//! reading is 0.
+//! A stopwatch that also works in the browser, where `std::time::Instant` panics: there the
+//! performance clock (through `web-time`) reads the time.
 
-pub(crate) struct Stopwatch(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
+#[cfg(not(target_arch = "wasm32"))]
+use std::time::Instant;
+#[cfg(target_arch = "wasm32")]
+use web_time::Instant;
+
+pub(crate) struct Stopwatch(Instant);
 
 impl Stopwatch {
     pub(crate) fn start() -> Self {
-        Stopwatch(
-            #[cfg(not(target_arch = "wasm32"))]
-            std::time::Instant::now(),
-        )
+        Stopwatch(Instant::now())
     }
 
     /// Seconds since `start`.
     pub(crate) fn seconds(&self) -> f64 {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.0.elapsed().as_secs_f64();
-        #[cfg(target_arch = "wasm32")]
-        0.0
+        self.0.elapsed().as_secs_f64()
     }
 }

@@ -245,7 +245,12 @@ impl Gpu {
 
     /// A one-line description: name, backend, type.
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+        // Browsers may leave the name empty (WebGPU exposes a vendor and a description at most).
+        let name = [&self.info.name, &self.info.driver, &self.info.driver_info]
+            .into_iter()
+            .find(|s| !s.trim().is_empty())
+            .map_or("unnamed adapter", |s| s.as_str());
+        format!("{name} ({:?}, {:?})", self.info.backend, self.info.device_type)
     }
 
     /// Blocks (native) until submitted work is done; a no-op on the web, where the browser drives.

@@ -39,6 +39,7 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         prefetch_window: 8,
         upload: UploadPath::Ring,
         drop_dead_writebacks: true,
+        blocking_waits: true,
     }
 }
 

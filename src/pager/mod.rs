@@ -161,6 +161,28 @@ pub struct PagerOptions {
     /// Evict a dirty tensor without writing it back when the previous step freed it unread and
     /// it has no access left in this step (off: every dirty eviction is written back).
     pub drop_dead_writebacks: bool,
+    /// Whether a synchronous call may block on the GPU (natively, yes). The browser cannot: a
+    /// map completes only once control returns to it. Without blocking waits the pager waits
+    /// only in its futures (`read`, `settle`), evicts a dirty tensor only when the step's plan
+    /// says it is not used again before the step ends (its write-back lands at the next await),
+    /// and a staging ring that is full grows or falls back to `queue.write_buffer`. Off natively
+    /// for tests of the browser's behaviour.
+    pub blocking_waits: bool,
+}
+
+impl PagerOptions {
+    /// For the browser: no blocking waits (see [`PagerOptions::blocking_waits`]) and staging
+    /// slots of 64 KiB (a tensor takes whole slots; the demo's tensors are small).
+    pub fn browser(budget: Option<u64>) -> PagerOptions {
+        PagerOptions {
+            budget,
+            upload_slots: 32,
+            readback_slots: 32,
+            slot_bytes: 64 << 10,
+            blocking_waits: false,
+            ..PagerOptions::default()
+        }
+    }
 }
 
 impl Default for PagerOptions {
@@ -174,6 +196,7 @@ impl Default for PagerOptions {
             prefetch_window: 32,
             upload: UploadPath::Auto,
             drop_dead_writebacks: true,
+            blocking_waits: !cfg!(target_arch = "wasm32"),
         }
     }
 }
@@ -233,6 +256,8 @@ struct State {
     diverged: bool,
     /// The caller marks steps with `begin_step`; optimizer updates then no longer do.
     explicit_steps: bool,
+    /// See [`PagerOptions::blocking_waits`].
+    blocking_waits: bool,
     clock: u64,
     counters: Counters,
     channel: telemetry::Channel,
@@ -338,6 +363,19 @@ impl State {
             && f.next_use(e.key, self.trace.len().saturating_sub(1)) == u32::MAX
     }
 
+    /// The plan says `key` is not used again before the step ends (without blocking waits, only
+    /// such dirty tensors may leave: their write-backs are delivered at the step's end). Where
+    /// this step went differently from the last, only a persistent tensor the last step never
+    /// touched counts (the optimizer's moments in the first step that updates).
+    fn done_this_step(&self, key: Key) -> bool {
+        let Some(future) = self.future.as_ref().filter(|_| self.in_step) else { return false };
+        if self.diverged {
+            matches!(key, Key::Persistent(_)) && future.next_use(key, 0) == u32::MAX && future.at(0) != Some(key)
+        } else {
+            self.next_use(key).is_none()
+        }
+    }
+
     fn next_use(&self, key: Key) -> Option<u32> {
         let f = self.future.as_ref()?;
         let cursor = self.trace.len().saturating_sub(1);
@@ -365,6 +403,7 @@ impl State {
                 .entries
                 .iter()
                 .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
+                .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
                 .map(|(&i, e)| {
                     (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
                 })
@@ -557,13 +596,15 @@ impl Pager {
         let slot_bytes = opts.slot_bytes.min(gpu.limits.max_buffer_size).max(4096);
         let upload_slots = (opts.upload_slots.max(1), budget::ring_slots(budget, slot_bytes, opts.upload_slots.max(1)));
         let copier = Arc::new(Copier::new());
+        // The browser cannot block, whatever the options say.
+        let may_block = opts.blocking_waits && !cfg!(target_arch = "wasm32");
         let state = State {
             store,
             entries: HashMap::new(),
             next_id: 1,
             pool: Pool::new(budget),
-            upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes),
-            readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes),
+            upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
+            readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,
             pinned: Vec::new(),
             policy: opts.policy,
@@ -575,6 +616,7 @@ impl Pager {
             future: None,
             diverged: false,
             explicit_steps: false,
+            blocking_waits: may_block,
             clock: 0,
             counters: Counters::default(),
             channel: telemetry::Channel::default(),
@@ -891,14 +933,21 @@ impl Pager {
     /// A tensor's values (waits for the GPU when its newest copy is there).
     pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
         let recorder = &*self.recorder;
-        let mut st = self.state();
-        let (dirty, contents, bytes) = {
+        let (dirty, contents, bytes, waits) = {
+            let mut st = self.state();
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
-            (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize)
+            let (dirty, contents, bytes) = (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize);
+            if dirty {
+                st.write_back(recorder, id)?;
+            }
+            (dirty, contents, bytes, st.readback.map_waits(&self.recorder, Some(id)))
         };
-        if dirty {
-            st.write_back(recorder, id)?;
+        // The browser returns to its event loop here until the maps are done (natively these
+        // block, as `settle` below would). No borrow of the state lives across the awaits.
+        for wait in waits {
+            wait.await?;
         }
+        let mut st = self.state();
         st.settle(recorder, id)?;
         st.entries[&id].check_lost()?;
         let e = st.entries.get_mut(&id).expect("checked");
@@ -928,6 +977,23 @@ impl Pager {
             e.check_lost()?;
         }
         st.store.flush()
+    }
+
+    /// Waits for every transfer in flight and delivers every write-back: the step boundary of a
+    /// run that cannot block (the browser), after which each staging slot is mapped again.
+    pub async fn settle(&self) -> Result<()> {
+        self.recorder.flush();
+        let waits = {
+            let st = self.state();
+            let mut w = st.readback.map_waits(&self.recorder, None);
+            w.extend(st.upload.map_waits(&self.recorder));
+            w
+        };
+        for wait in waits {
+            wait.await?;
+        }
+        self.state().drain(&self.recorder, true)?;
+        self.gpu.check("settling transfers")
     }
 
     /// Delivers finished write-backs without waiting.

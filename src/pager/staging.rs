@@ -6,12 +6,22 @@
 //! Readback: record `GPU buffer → slot`; after the submission the slot is mapped for reading and
 //! its bytes are copied to the host store on the copy threads, while recording goes on.
 //! No `queue.write_buffer` on this path: it allocates staging memory on every call.
+//!
+//! The browser cannot block: a map completes only once control returns to it. There (rings made
+//! with `may_block: false`) a ring never waits inside a call: the upload ring falls back to
+//! `queue.write_buffer` when no slot is mapped, the readback ring grows, and waits happen only in
+//! [`MapWait`] futures the pager awaits at step boundaries and read-backs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
 
 use super::copier::{Copier, Ticket};
 #[cfg(vulkan_hal)]
@@ -36,6 +46,8 @@ struct Slot {
     pinned: Option<PinnedBuffer>,
     state: Arc<AtomicU8>,
     submission: RefCell<Option<wgpu::SubmissionIndex>>,
+    /// Woken when a map completes (what a [`MapWait`] waits on in the browser).
+    waker: Arc<AtomicWaker>,
 }
 
 impl Slot {
@@ -50,6 +62,7 @@ impl Slot {
             pinned: Some(pinned),
             state: Arc::new(AtomicU8::new(MAPPED)),
             submission: RefCell::new(None),
+            waker: Arc::new(AtomicWaker::new()),
         }))
     }
 
@@ -74,6 +87,7 @@ impl Slot {
             pinned: None,
             state: Arc::new(AtomicU8::new(if mapped { MAPPED } else { IDLE })),
             submission: RefCell::new(None),
+            waker: Arc::new(AtomicWaker::new()),
         })
     }
 
@@ -89,20 +103,25 @@ impl Slot {
         recorder.after_submit(move |index| {
             *slot.submission.borrow_mut() = Some(index.clone());
             slot.state.store(MAPPING, Ordering::Release);
-            let state = slot.state.clone();
+            let (state, waker) = (slot.state.clone(), slot.waker.clone());
             if slot.pinned_ptr().is_some() {
                 // Still mapped: reusable once the GPU has read it (work submitted so far done).
-                queue.on_submitted_work_done(move || state.store(MAPPED, Ordering::Release));
+                queue.on_submitted_work_done(move || {
+                    state.store(MAPPED, Ordering::Release);
+                    waker.wake();
+                });
             } else {
                 slot.buffer.map_async(mode, .., move |r| {
-                    state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release)
+                    state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
+                    waker.wake();
                 });
             }
         });
     }
 
     /// Waits (submitting first if needed) until the slot's map completes; returns seconds waited.
-    fn wait_mapped(&self, recorder: &Recorder) -> Result<f64> {
+    /// Without `may_block` (the browser) a map not done yet is an error, never a hang.
+    fn wait_mapped(&self, recorder: &Recorder, may_block: bool) -> Result<f64> {
         if self.state() == RECORDED {
             recorder.flush();
         }
@@ -110,6 +129,14 @@ impl Slot {
         if self.state() == MAPPING {
             let start = Stopwatch::start();
             recorder.poll();
+            if self.state() == MAPPING && !may_block {
+                return Err(Error::Gpu {
+                    context: "staging buffer".into(),
+                    msg: "in the browser a buffer can only be waited for between steps, and this one was needed \
+                          within a step (a tensor written back this step was read again): raise the GPU budget"
+                        .into(),
+                });
+            }
             if self.state() == MAPPING {
                 recorder.wait(self.submission.borrow().clone())?;
             }
@@ -123,6 +150,37 @@ impl Slot {
             MAPPED => Ok(waited),
             FAILED => Err(Error::Gpu { context: "staging buffer".into(), msg: "map_async failed".into() }),
             s => Err(Error::Gpu { context: "staging buffer".into(), msg: format!("unexpected state {s}") }),
+        }
+    }
+
+    /// Whether the slot is waiting for a submission or a map.
+    fn pending(&self) -> bool {
+        matches!(self.state(), RECORDED | MAPPING)
+    }
+}
+
+/// A future that resolves when a staging slot's map is done (submitting its copy first if it is
+/// still being recorded). Natively it blocks in `poll`, as the synchronous waits do; in the
+/// browser it returns to the event loop until the map callback wakes it.
+pub struct MapWait {
+    slot: Rc<Slot>,
+    recorder: Rc<Recorder>,
+}
+
+impl Future for MapWait {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if !cfg!(target_arch = "wasm32") {
+            return Poll::Ready(self.slot.wait_mapped(&self.recorder, true).map(|_| ()));
+        }
+        if self.slot.state() == RECORDED {
+            self.recorder.flush();
+        }
+        self.slot.waker.register(cx.waker());
+        match self.slot.state() {
+            MAPPING => Poll::Pending,
+            _ => Poll::Ready(self.slot.wait_mapped(&self.recorder, false).map(|_| ())),
         }
     }
 }
@@ -151,10 +209,12 @@ pub struct UploadRing {
     /// New slots come from pinned host memory (DMA uploads) instead of `MAP_WRITE` buffers.
     #[cfg(vulkan_hal)]
     pinned: Option<Rc<PinnedAllocator>>,
+    /// False in the browser: no slot mapped means `queue.write_buffer`, not a wait.
+    may_block: bool,
 }
 
 impl UploadRing {
-    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64) -> Self {
+    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64, may_block: bool) -> Self {
         UploadRing {
             device: device.clone(),
             copier,
@@ -165,6 +225,7 @@ impl UploadRing {
             next: Cell::new(0),
             #[cfg(vulkan_hal)]
             pinned: None,
+            may_block,
         }
     }
 
@@ -208,23 +269,33 @@ impl UploadRing {
     }
 
     /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
-    /// turn (waited for). Returns it and the seconds waited.
-    fn acquire(&self, recorder: &Recorder) -> Result<(Rc<Slot>, f64)> {
+    /// turn (waited for; `None` where the ring may not block). Returns it and the seconds waited.
+    fn acquire(&self, recorder: &Recorder) -> Result<Option<(Rc<Slot>, f64)>> {
         recorder.poll();
         let mut slots = self.slots.borrow_mut();
         if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
-            return Ok((slot.clone(), 0.0));
+            return Ok(Some((slot.clone(), 0.0)));
         }
         if slots.len() < self.max {
             let slot = self.new_slot(slots.len())?;
             slots.push(slot.clone());
-            return Ok((slot, 0.0));
+            return Ok(Some((slot, 0.0)));
+        }
+        if !self.may_block {
+            return Ok(None);
         }
         let slot = slots[self.next.get() % slots.len()].clone();
         self.next.set((self.next.get() + 1) % slots.len());
         drop(slots);
-        let waited = slot.wait_mapped(recorder)?;
-        Ok((slot, waited))
+        let waited = slot.wait_mapped(recorder, true)?;
+        Ok(Some((slot, waited)))
+    }
+
+    /// Waits for every slot still in flight (the browser's step boundary: the next step finds
+    /// them mapped).
+    pub fn map_waits(&self, recorder: &Rc<Recorder>) -> Vec<MapWait> {
+        let slots = self.slots.borrow();
+        slots.iter().filter(|s| s.pending()).map(|s| MapWait { slot: s.clone(), recorder: recorder.clone() }).collect()
     }
 
     /// Records the upload of `src` (length a multiple of 4, the host bytes of `owner`) into `dst`
@@ -243,7 +314,14 @@ impl UploadRing {
         self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
-            let (slot, waited) = self.acquire(recorder)?;
+            let offset = dst_offset + i as u64 * self.slot_bytes;
+            let Some((slot, waited)) = self.acquire(recorder)? else {
+                // The browser, every slot in flight: the queue's own staging. Its writes land
+                // before the next submission, so what is recorded so far is submitted first.
+                recorder.flush();
+                recorder.gpu().queue.write_buffer(dst, offset, chunk);
+                continue;
+            };
             stalled += waited;
             let len = chunk.len() as u64;
             let (to, mut view) = match slot.pinned_ptr() {
@@ -263,7 +341,6 @@ impl UploadRing {
             // are pending (it calls `wait_fills_for` first).
             let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
             self.pending.borrow_mut().push((owner, ticket.clone()));
-            let offset = dst_offset + i as u64 * self.slot_bytes;
             recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
             let filled = slot.clone();
             recorder.before_submit(move || {
@@ -337,10 +414,13 @@ pub struct ReadbackRing {
     /// Slots holding a job, oldest first.
     busy: RefCell<VecDeque<Busy>>,
     free: RefCell<Vec<Rc<Slot>>>,
+    /// False in the browser: a full ring grows (until the next step boundary frees it) instead
+    /// of waiting.
+    may_block: bool,
 }
 
 impl ReadbackRing {
-    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64) -> Self {
+    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64, may_block: bool) -> Self {
         ReadbackRing {
             device: device.clone(),
             copier,
@@ -349,7 +429,22 @@ impl ReadbackRing {
             free: RefCell::new(Vec::new()),
             slot_bytes,
             busy: RefCell::new(VecDeque::new()),
+            may_block,
         }
+    }
+
+    /// Waits for the maps of the jobs up to the last one for `tensor` (every job for `None`).
+    pub fn map_waits(&self, recorder: &Rc<Recorder>, tensor: Option<TensorId>) -> Vec<MapWait> {
+        let busy = self.busy.borrow();
+        let through = match tensor {
+            Some(t) => busy.iter().rposition(|b| b.job.tensor == t).map_or(0, |i| i + 1),
+            None => busy.len(),
+        };
+        busy.iter()
+            .take(through)
+            .filter(|b| b.slot.pending())
+            .map(|b| MapWait { slot: b.slot.clone(), recorder: recorder.clone() })
+            .collect()
     }
 
     /// Records copies of `src[src_offset..+len]` for `tensor` (chunked by slot size). Deliveries
@@ -373,7 +468,7 @@ impl ReadbackRing {
                 self.reap()?;
             }
             if self.free.borrow().is_empty() {
-                if self.made.get() < self.max {
+                if self.made.get() < self.max || !self.may_block {
                     let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
                     let slot = Slot::new(
                         &self.device,
@@ -461,7 +556,7 @@ impl ReadbackRing {
             return Ok(0.0);
         };
         let start = Stopwatch::start();
-        let result = b.slot.wait_mapped(recorder).and_then(|_| self.start(&mut b, target));
+        let result = b.slot.wait_mapped(recorder, self.may_block).and_then(|_| self.start(&mut b, target));
         if let Some((_, ticket)) = &b.delivery {
             ticket.wait();
         }

@@ -1,10 +1,10 @@
 //! What flows between a training run and the studio: events from the run (step reports, pager
 //! snapshots, checkpoints, failures) and commands to it, applied at step boundaries.
 
-use crate::context::StoreKind;
+use crate::context::{Context, StoreKind};
 use crate::device::DeviceOptions;
-use crate::pager::Snapshot;
-use crate::train::TrainConfig;
+use crate::pager::{size_class, Snapshot};
+use crate::train::{format_bytes, TrainConfig, Trainer};
 
 /// Everything needed to start a run from the studio.
 #[derive(Clone, Debug)]
@@ -149,4 +149,44 @@ pub enum Command {
     SetBudget(u64),
     Save,
     Sample { prompt: String, tokens: usize, temperature: f32, seed: u64 },
+}
+
+impl RunInfo {
+    /// What the panels print about a run set up as `t` in `ctx`.
+    pub fn of(ctx: &Context, t: &Trainer, store: &StoreKind) -> RunInfo {
+        let c = t.model.config;
+        RunInfo {
+            model: format!(
+                "{} layers, {} heads, {} channels, block {}, vocab {}",
+                c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size
+            ),
+            params: crate::nn::Module::num_params(&t.model),
+            data: format!("{} ({} tokens)", t.data.path.display(), t.data.len()),
+            adapter: ctx.gpu.describe(),
+            optimizer: format!("{} ({})", t.opt.name(), t.optimizer_reason),
+            precision: t.precision_note.clone(),
+            store: match store {
+                StoreKind::Memory => "host memory".into(),
+                StoreKind::Mmap(dir) => format!("mmap files in {}", dir.display()),
+            },
+            first_step: t.step,
+            last_step: t.cfg.steps,
+            tokens_per_step: (t.effective_batch() * t.cfg.seq_len) as u64,
+        }
+    }
+}
+
+/// Refuses a budget below the largest tensor alive now (it could never be placed).
+pub fn check_budget(ctx: &Context, bytes: u64) -> std::result::Result<(), String> {
+    let snap = ctx.pager.snapshot();
+    match snap.tensors.iter().max_by_key(|t| t.bytes) {
+        Some(t) if size_class(t.bytes) > bytes => Err(format!(
+            "a GPU budget of {} is below the largest tensor, {} ({}); the budget stays {}",
+            format_bytes(bytes),
+            t.name,
+            format_bytes(size_class(t.bytes)),
+            format_bytes(snap.budget)
+        )),
+        _ => Ok(()),
+    }
 }

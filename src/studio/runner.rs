@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use eframe::egui;
 
-use super::feed::{Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
-use crate::context::{Context, ContextOptions, StoreKind};
+use super::feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
+use crate::context::{Context, ContextOptions};
 use crate::error::Result;
-use crate::pager::{size_class, PagerOptions};
-use crate::train::{format_bytes, Trainer};
+use crate::pager::PagerOptions;
+use crate::train::Trainer;
 
 /// Snapshots walk every tensor (and ask the OS which pages are in RAM): at most this often.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
@@ -107,43 +107,6 @@ impl Outbox {
     }
 }
 
-fn info(ctx: &Context, t: &Trainer, store: &StoreKind) -> RunInfo {
-    let c = t.model.config;
-    RunInfo {
-        model: format!(
-            "{} layers, {} heads, {} channels, block {}, vocab {}",
-            c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size
-        ),
-        params: crate::nn::Module::num_params(&t.model),
-        data: format!("{} ({} tokens)", t.data.path.display(), t.data.len()),
-        adapter: ctx.gpu.describe(),
-        optimizer: format!("{} ({})", t.opt.name(), t.optimizer_reason),
-        precision: t.precision_note.clone(),
-        store: match store {
-            StoreKind::Memory => "host memory".into(),
-            StoreKind::Mmap(dir) => format!("mmap files in {}", dir.display()),
-        },
-        first_step: t.step,
-        last_step: t.cfg.steps,
-        tokens_per_step: (t.effective_batch() * t.cfg.seq_len) as u64,
-    }
-}
-
-/// Refuses a budget below the largest tensor alive now (it could never be placed).
-fn check_budget(ctx: &Context, bytes: u64) -> std::result::Result<(), String> {
-    let snap = ctx.pager.snapshot();
-    match snap.tensors.iter().max_by_key(|t| t.bytes) {
-        Some(t) if size_class(t.bytes) > bytes => Err(format!(
-            "a GPU budget of {} is below the largest tensor, {} ({}); the budget stays {}",
-            format_bytes(bytes),
-            t.name,
-            format_bytes(size_class(t.bytes)),
-            format_bytes(snap.budget)
-        )),
-        _ => Ok(()),
-    }
-}
-
 async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) -> Result<()> {
     let pager = PagerOptions { budget: setup.budget, ..Default::default() };
     let opts = ContextOptions { device: setup.device.clone(), pager, store: setup.store.clone() };
@@ -152,7 +115,7 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
     let out_dir = trainer.cfg.out.clone();
     // A run whose checkpoints cannot be written fails now, not at its first checkpoint.
     crate::train::checkpoint::check_writable(&out_dir)?;
-    out.send(Event::Started(info(&ctx, &trainer, &setup.store)));
+    out.send(Event::Started(RunInfo::of(&ctx, &trainer, &setup.store)));
     out.snapshot(&ctx, trainer.step);
     trainer.start_prefetch();
     let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;

@@ -200,7 +200,13 @@ impl SetupPanel {
             return;
         }
         let mut mib = self.budget_bytes as f64 / 1048576.0;
-        let slider = egui::Slider::new(&mut mib, 1.0..=262144.0).logarithmic(true).suffix(" MiB").max_decimals(0);
+        // Not clamped: a clamping slider rounds the value every frame, and a budget below 1 MiB
+        // or between whole MiB (the browser demo's 1400 KiB) must stay as typed.
+        let slider = egui::Slider::new(&mut mib, 1.0..=262144.0)
+            .logarithmic(true)
+            .suffix(" MiB")
+            .max_decimals(0)
+            .clamping(egui::SliderClamping::Never);
         if ui.add(slider.text("budget")).changed() {
             self.budget_bytes = (mib * 1048576.0) as u64;
             self.budget_text = format_bytes(self.budget_bytes);
