@@ -18,6 +18,14 @@ pub struct StepLine {
     pub bytes_written_back: u64,
     pub stall_s: f64,
     pub micro_batch: usize,
+    /// Data-parallel runs: this rank's bytes on the network, seconds communicating, and the
+    /// part of them the host only waited (absent for a single process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm_exposed_s: Option<f64>,
 }
 
 pub struct MetricsLog {

@@ -4,6 +4,7 @@
 //! twice the accumulation (the same data, the same effective batch). Progress goes to a
 //! [`Reporter`] (the CLI's progress bar; later the studio).
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::checkpoint::{self, LossScale, Moments, TrainState};
@@ -12,6 +13,7 @@ use super::data::{Dataset, Prefetcher, Split, Vocab, GPT2_VOCAB};
 use super::run_setup::{choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
 use crate::context::Context;
+use crate::dist::{CommStats, Dist, ShardedAdamW};
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module, Param};
 use crate::optim::{AdamW, AdamWConfig, HostAdamW};
@@ -72,12 +74,21 @@ pub struct RunSummary {
     pub precision: String,
     pub loss_scale: f32,
     pub skipped_steps: u64,
+    /// Processes training together (1: a single process); the batch figures above are global.
+    pub ranks: usize,
+    /// Per step, this rank's communication (all zero for a single process).
+    pub comm_per_step: CommStats,
+    /// Bytes of AdamW state in this rank's host store, and every rank's (sharded runs).
+    pub optimizer_state_bytes: u64,
+    pub optimizer_state_bytes_per_rank: Vec<u64>,
 }
 
 /// Where the optimizer runs in this run.
 pub enum Optimizer {
     Gpu(AdamW),
     Host(HostAdamW),
+    /// Data parallel: each rank updates its shard on the host (see [`crate::dist`]).
+    Sharded(ShardedAdamW),
 }
 
 impl Optimizer {
@@ -85,6 +96,8 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
             Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            // Its moments are shards, saved by `dist::shard_files`.
+            Optimizer::Sharded(o) => Moments { m: &[], v: &[], t: o.t },
         }
     }
 
@@ -92,6 +105,19 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.t = t,
             Optimizer::Host(o) => o.t = t,
+            Optimizer::Sharded(o) => o.t = t,
+        }
+    }
+
+    /// Bytes of AdamW state in the host store (moments; one shard of them when sharded).
+    pub fn state_bytes(&self, ctx: &Context) -> u64 {
+        let sum = |ts: &[&crate::tensor::Tensor]| {
+            ts.iter().filter_map(|t| ctx.pager.host_range(t.id())).map(|r| r.len as u64).sum()
+        };
+        match self {
+            Optimizer::Gpu(o) => sum(&o.m.iter().chain(&o.v).collect::<Vec<_>>()),
+            Optimizer::Host(o) => sum(&o.m.iter().chain(&o.v).collect::<Vec<_>>()),
+            Optimizer::Sharded(o) => o.state_bytes(ctx),
         }
     }
 
@@ -99,6 +125,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(_) => "gpu",
             Optimizer::Host(_) => "host",
+            Optimizer::Sharded(_) => "host, sharded over ranks",
         }
     }
 
@@ -115,6 +142,11 @@ impl Optimizer {
                 model.refresh_half(ctx)?;
                 model.zero_grad(ctx)
             }
+            Optimizer::Sharded(o) => {
+                o.step_lr(ctx, &model.params(), lr, grad_scale)?;
+                model.refresh_half(ctx)?;
+                model.zero_grad(ctx)
+            }
         }
     }
 
@@ -122,7 +154,7 @@ impl Optimizer {
     fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {
             Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
-            Optimizer::Host(_) => Ok(()),
+            Optimizer::Host(_) | Optimizer::Sharded(_) => Ok(()),
         }
     }
 
@@ -135,6 +167,7 @@ impl Optimizer {
                 o.clip.norm(ctx).await
             }
             Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }
 }
@@ -168,6 +201,8 @@ pub struct Trainer {
     pub forward_snapshot: Option<crate::pager::Snapshot>,
     /// The run's effective configuration (a `run.toml`), written into each checkpoint.
     pub run_file: Option<String>,
+    /// This process's rank in a data-parallel run (None: a single process).
+    pub dist: Option<Rc<Dist>>,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -182,6 +217,12 @@ pub fn is_out_of_memory(e: &Error) -> bool {
 impl Trainer {
     /// Sets up a run from `cfg`: data, model (fresh, `--init-from` or `--resume`), optimizer.
     pub fn new(ctx: &Context, cfg: TrainConfig, data: Option<Dataset>) -> Result<Trainer> {
+        Self::with_dist(ctx, cfg, data, None)
+    }
+
+    /// [`Trainer::new`] as one rank of a data-parallel run: `cfg.batch_size` is per rank, the
+    /// optimizer is sharded.
+    pub fn with_dist(ctx: &Context, cfg: TrainConfig, data: Option<Dataset>, dist: Option<Rc<Dist>>) -> Result<Trainer> {
         cfg.validate()?;
         let ckpt = match cfg.resume.as_deref().or(cfg.init_from.as_deref()) {
             Some(dir) => Some(checkpoint::load(dir)?),
@@ -263,9 +304,13 @@ impl Trainer {
             max_grad_norm: cfg.grad_clip,
             ..Default::default()
         };
-        let (on, optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
-        let mut opt = match on {
-            OptimizerOn::Host => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
+        let (on, mut optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
+        let mut opt = match (on, &dist) {
+            (_, Some(d)) => {
+                optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters", d.size(), d.size());
+                Optimizer::Sharded(ShardedAdamW::new(ctx, &model, opt_cfg, d.clone())?)
+            }
+            (OptimizerOn::Host, None) => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
         };
         let mut step = 0;
@@ -277,7 +322,10 @@ impl Trainer {
                 path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
                 msg: "missing: cannot resume without the optimizer state".into(),
             })?;
-            checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?;
+            match &opt {
+                Optimizer::Sharded(o) => o.load_moments(ctx, &model.params(), moments, &checkpoint::resolve(dir))?,
+                _ => checkpoint::load_optimizer(ctx, dir, &model, opt.moments(), moments)?,
+            }
             opt.set_t(*t);
             step = state.step;
             data_seed = state.data_seed;
@@ -305,12 +353,28 @@ impl Trainer {
             want_forward_snapshot: false,
             forward_snapshot: None,
             run_file: None,
+            dist,
         })
     }
 
     /// Sequences per optimizer step: micro-batch × accumulation, fixed for the run.
     pub fn effective_batch(&self) -> usize {
         self.cfg.batch_size * self.cfg.accum
+    }
+
+    /// Processes training together (1 without `dist`).
+    pub fn ranks(&self) -> usize {
+        self.dist.as_ref().map_or(1, |d| d.size())
+    }
+
+    /// Sequences per optimizer step over all ranks: each rank trains on its slice of this batch.
+    pub fn global_batch(&self) -> usize {
+        self.effective_batch() * self.ranks()
+    }
+
+    /// Whether this process prints, evaluates, samples and writes metrics (rank 0, or alone).
+    pub fn is_lead(&self) -> bool {
+        self.dist.as_ref().is_none_or(|d| d.is_lead())
     }
 
     /// Forward and backward over one step's batch in micro-batches; returns the mean loss.
@@ -340,14 +404,20 @@ impl Trainer {
     /// One optimizer step on the step's batch; returns the mean loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
         let clock = crate::clock::Stopwatch::start();
-        let (b, t) = (self.effective_batch(), self.cfg.seq_len);
+        let (b, t) = (self.global_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
             Some(p) => p.get(&self.data, self.step),
             None => self.data.step_batch(self.data_seed, self.step, b, t),
         };
+        // A rank trains on its slice of the global batch: the data order of one process.
+        let mine = self.dist.as_ref().map_or(0..x.len(), |d| {
+            let n = self.effective_batch() * t;
+            d.rank() * n..(d.rank() + 1) * n
+        });
+        let (x, y) = (&x[mine.clone()], &y[mine]);
         let loss = loop {
             ctx.pager.begin_step();
-            match self.accumulate(ctx, &x, &y).await {
+            match self.accumulate(ctx, x, y).await {
                 Ok(loss) => break loss,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
                     // Throw the partial step away and run it again in smaller pieces.
@@ -368,6 +438,10 @@ impl Trainer {
                 }
                 Err(e) => return Err(e),
             }
+        };
+        let loss = match &self.dist {
+            Some(d) => d.mean(loss)?,
+            None => loss,
         };
         let forward_backward_s = clock.seconds();
         let lr = self.cfg.lr_at(self.step);
@@ -486,6 +560,10 @@ impl Trainer {
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn save(&mut self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
         self.apply_pending(ctx)?;
+        if let (Some(d), Optimizer::Sharded(o)) = (&self.dist, &self.opt) {
+            let state = self.state();
+            return crate::dist::shard_files::save(ctx, d, dir, &self.model, o, &state, self.run_file.as_deref()).await;
+        }
         let saved = checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await?;
         if let Some(text) = &self.run_file {
             let path = saved.join("run.toml");
@@ -497,7 +575,7 @@ impl Trainer {
     /// Starts a thread that prepares the batches of the coming steps.
     pub fn start_prefetch(&mut self) {
         let p =
-            Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.effective_batch(), self.cfg.seq_len, 4);
+            Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.global_batch(), self.cfg.seq_len, 4);
         self.prefetch = Some(p);
     }
 
@@ -508,17 +586,22 @@ impl Trainer {
         checkpoint::check_writable(&self.cfg.out)?;
         reporter.on_start(self);
         self.start_prefetch();
-        let tokens_per_step = (self.effective_batch() * self.cfg.seq_len) as f64;
+        let tokens_per_step = (self.global_batch() * self.cfg.seq_len) as f64;
         let mut losses = Vec::new();
         let start = std::time::Instant::now();
         let first_step = self.step;
-        let mut metrics = super::metrics::MetricsLog::open(&self.cfg.out)?;
+        // Ranks other than the lead share its --out: they write no metrics and do not evaluate.
+        let lead = self.is_lead();
+        let mut metrics = if lead { Some(super::metrics::MetricsLog::open(&self.cfg.out)?) } else { None };
+        let mut comm_total = CommStats::default();
         while self.step < self.cfg.steps {
             let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
             let loss = self.train_step(ctx).await?;
             losses.push(loss);
             let after = ctx.pager.counters();
-            metrics.step(&super::metrics::StepLine {
+            let comm = self.dist.as_ref().map(|d| d.take_comm());
+            comm_total.add(comm.unwrap_or_default());
+            let line = super::metrics::StepLine {
                 step: self.step,
                 loss,
                 lr: self.cfg.lr_at(self.step - 1),
@@ -527,7 +610,13 @@ impl Trainer {
                 bytes_written_back: after.bytes_written_back - before.bytes_written_back,
                 stall_s: after.stall_s - before.stall_s,
                 micro_batch: self.micro_batch,
-            })?;
+                comm_bytes: comm.map(|c| c.bytes),
+                comm_s: comm.map(|c| c.seconds),
+                comm_exposed_s: comm.map(|c| c.exposed_s),
+            };
+            if let Some(m) = &mut metrics {
+                m.step(&line)?;
+            }
             let elapsed = start.elapsed().as_secs_f64();
             let r = StepReport {
                 step: self.step,
@@ -538,10 +627,12 @@ impl Trainer {
             };
             reporter.on_step(&r);
             ctx.pager.publish();
-            if self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
-                let v = self.evaluate(ctx).await?;
-                metrics.eval(self.step, v)?;
-                reporter.on_eval(self.step, v);
+            if let (true, Some(m)) = (self.cfg.eval_every > 0, &mut metrics) {
+                if self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
+                    let v = self.evaluate(ctx).await?;
+                    m.eval(self.step, v)?;
+                    reporter.on_eval(self.step, v);
+                }
             }
             if self.cfg.checkpoint_every > 0
                 && self.step.is_multiple_of(self.cfg.checkpoint_every)
@@ -562,10 +653,16 @@ impl Trainer {
                 self.effective_batch() / self.micro_batch
             ));
         }
-        let val = self.evaluate(ctx).await?;
-        metrics.eval(self.step, val)?;
-        reporter.on_eval(self.step, val);
-        let sample = if self.cfg.sample_len > 0 {
+        let val = match &mut metrics {
+            Some(m) => {
+                let val = self.evaluate(ctx).await?;
+                m.eval(self.step, val)?;
+                reporter.on_eval(self.step, val);
+                val
+            }
+            None => f32::NAN,
+        };
+        let sample = if self.cfg.sample_len > 0 && lead {
             let prompt = self.data.vocab.encode("One day").unwrap_or_else(|_| vec![0]);
             self.sample(ctx, &prompt, self.cfg.sample_len, 0.8, self.cfg.seed).await?
         } else {
@@ -575,6 +672,9 @@ impl Trainer {
         reporter.on_message(&format!("checkpoint written to {}", dir.display()));
         let stats = ctx.pager.stats();
         let counters = ctx.pager.counters();
+        let trained_steps = (self.step - first_step).max(1);
+        let optimizer_state_bytes = self.opt.state_bytes(ctx);
+        let per_step = |v: f64| v / trained_steps as f64;
         Ok(RunSummary {
             final_train_loss: losses.last().copied().unwrap_or(f32::NAN),
             final_val_loss: val,
@@ -599,6 +699,17 @@ impl Trainer {
             precision: format!("{:?}", self.precision).to_lowercase(),
             loss_scale: self.loss_scale,
             skipped_steps: self.skipped_steps,
+            ranks: self.ranks(),
+            comm_per_step: CommStats {
+                bytes: comm_total.bytes / trained_steps,
+                seconds: per_step(comm_total.seconds),
+                exposed_s: per_step(comm_total.exposed_s),
+            },
+            optimizer_state_bytes,
+            optimizer_state_bytes_per_rank: match &self.dist {
+                Some(d) => d.gather_u64(optimizer_state_bytes)?,
+                None => vec![optimizer_state_bytes],
+            },
         })
     }
 }
