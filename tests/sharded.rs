@@ -112,5 +112,5 @@ fn missing_or_torn_shards_are_errors_naming_the_checkpoint() {
     let next = pollster::block_on(t.save(&ctx, &tmpdir("torn-next"))).unwrap();
     std::fs::copy(next.join(shard_files::shard_file(0, 1)), saved.join(shard_files::shard_file(0, 1))).unwrap();
     let err = checkpoint::load(&b).err().expect("an error").to_string();
-    assert!(err.contains("torn checkpoint") && err.contains(&saved.display().to_string()), "{err}");
+    assert!(err.contains("torn checkpoint") && err.contains(&shard_files::shard_file(0, 1)), "{err}");
 }
