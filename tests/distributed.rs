@@ -54,9 +54,29 @@ fn train(ranks: usize, args: &[&str]) -> Finished {
 /// The tiny model on the demo corpus for 20 steps, a checkpoint at step 10.
 fn args<'a>(out: &'a str, batch: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
-        "--model", "tiny", "--steps", "20", "--batch-size", batch, "--seq-len", "32", "--lr", "3e-3", "--seed", "5",
-        "--sample-len", "0", "--optimizer-on", "host", "--checkpoint-every", "10", "--store", "memory", "--json",
-        "--out", out,
+        "--model",
+        "tiny",
+        "--steps",
+        "20",
+        "--batch-size",
+        batch,
+        "--seq-len",
+        "32",
+        "--lr",
+        "3e-3",
+        "--seed",
+        "5",
+        "--sample-len",
+        "0",
+        "--optimizer-on",
+        "host",
+        "--checkpoint-every",
+        "10",
+        "--store",
+        "memory",
+        "--json",
+        "--out",
+        out,
     ];
     a.extend_from_slice(extra);
     a

@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::dist::Dist;
 use pagetrain::kernels::matmul::Gemm;
 use pagetrain::kernels::MatmulVariant;
 use pagetrain::nn::Module;
@@ -13,7 +14,6 @@ use pagetrain::pager::PagerOptions;
 use pagetrain::train::{
     parse_bytes, OptimizerOn, Precision, Reporter, RunFile, StepReport, Tokenizer, TrainConfig, Trainer,
 };
-use pagetrain::dist::Dist;
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 
 #[derive(Parser)]

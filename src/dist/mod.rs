@@ -164,7 +164,5 @@ impl Dist {
 /// The launcher's world size when this process was started by `mpirun`/`srun` (from their
 /// environment), so a build without the `mpi` feature can refuse to run N copies of one run.
 pub fn launcher_world_size() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|k| std::env::var(k).ok()?.parse().ok())
 }

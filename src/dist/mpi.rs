@@ -12,7 +12,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
 
-use super::{launcher_world_size, CommStats, Collective, Consume, Dist, Fill};
+use super::{launcher_world_size, Collective, CommStats, Consume, Dist, Fill};
 use crate::error::{Error, Result};
 
 pub struct MpiComm {

@@ -7,8 +7,8 @@ mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::GradClip;
-pub use host_adamw::HostAdamW;
 pub(crate) use host_adamw::update_slice;
+pub use host_adamw::HostAdamW;
 pub use sgd::{Sgd, SgdConfig};
 
 use crate::context::Context;

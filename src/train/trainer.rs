@@ -222,7 +222,12 @@ impl Trainer {
 
     /// [`Trainer::new`] as one rank of a data-parallel run: `cfg.batch_size` is per rank, the
     /// optimizer is sharded.
-    pub fn with_dist(ctx: &Context, cfg: TrainConfig, data: Option<Dataset>, dist: Option<Rc<Dist>>) -> Result<Trainer> {
+    pub fn with_dist(
+        ctx: &Context,
+        cfg: TrainConfig,
+        data: Option<Dataset>,
+        dist: Option<Rc<Dist>>,
+    ) -> Result<Trainer> {
         cfg.validate()?;
         let ckpt = match cfg.resume.as_deref().or(cfg.init_from.as_deref()) {
             Some(dir) => Some(checkpoint::load(dir)?),
@@ -307,7 +312,8 @@ impl Trainer {
         let (on, mut optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
         let mut opt = match (on, &dist) {
             (_, Some(d)) => {
-                optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters", d.size(), d.size());
+                let gpu = if on == OptimizerOn::Gpu { "; --optimizer-on gpu is not sharded yet" } else { "" };
+                optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters{gpu}", d.size(), d.size());
                 Optimizer::Sharded(ShardedAdamW::new(ctx, &model, opt_cfg, d.clone())?)
             }
             (OptimizerOn::Host, None) => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
@@ -574,8 +580,7 @@ impl Trainer {
 
     /// Starts a thread that prepares the batches of the coming steps.
     pub fn start_prefetch(&mut self) {
-        let p =
-            Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.global_batch(), self.cfg.seq_len, 4);
+        let p = Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.global_batch(), self.cfg.seq_len, 4);
         self.prefetch = Some(p);
     }
 
