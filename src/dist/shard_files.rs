@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use super::{Dist, ShardedAdamW};
+use super::ShardedAdamW;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module};
-use crate::train::checkpoint::{self, HostTensor, Moments, TrainState};
+use crate::train::checkpoint::{self, HostTensor};
 
 fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.to_path_buf(), msg: msg.into() }
@@ -66,11 +66,11 @@ pub fn encode_shard(ctx: &Context, model: &Gpt, opt: &ShardedAdamW, step: u64) -
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn save(
     ctx: &Context,
-    dist: &Dist,
+    dist: &super::Dist,
     dir: &Path,
     model: &Gpt,
     opt: &ShardedAdamW,
-    state: &TrainState,
+    state: &checkpoint::TrainState,
     run_file: Option<&str>,
 ) -> Result<PathBuf> {
     let name = format!("step-{:08}", state.step);
@@ -79,7 +79,7 @@ pub async fn save(
     let shard = encode_shard(ctx, model, opt, state.step)?;
     checkpoint::write_atomic(&step_dir.join(shard_file(dist.rank(), dist.size())), &shard)?;
     if dist.is_lead() {
-        let none = Moments { m: &[], v: &[], t: opt.t };
+        let none = checkpoint::Moments { m: &[], v: &[], t: opt.t };
         let files = checkpoint::encode(ctx, model, none, state).await?;
         checkpoint::write_atomic(&step_dir.join(checkpoint::CONFIG_FILE), &files.config)?;
         checkpoint::write_atomic(&step_dir.join(checkpoint::MODEL_FILE), &files.model)?;
