@@ -39,10 +39,10 @@ pub fn encode_shard(ctx: &Context, model: &Gpt, opt: &ShardedAdamW, step: u64) -
     let params = model.params();
     let pieces = opt.shard_pieces(ctx)?;
     let mut named = Vec::with_capacity(2 * pieces.len());
-    for (param, offset, m, v) in &pieces {
-        let name = &params[*param].name;
-        named.push((format!("{name}.exp_avg@{offset}"), m));
-        named.push((format!("{name}.exp_avg_sq@{offset}"), v));
+    for p in &pieces {
+        let (name, offset) = (&params[p.param].name, p.offset);
+        named.push((format!("{name}.exp_avg@{offset}"), &p.m));
+        named.push((format!("{name}.exp_avg_sq@{offset}"), &p.v));
     }
     let shapes: HashMap<&str, &[usize]> = params.iter().map(|p| (p.name.as_str(), p.value.shape())).collect();
     let here = Path::new("optimizer shard");

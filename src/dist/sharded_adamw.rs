@@ -18,6 +18,15 @@ use crate::optim::{update_slice, AdamWConfig};
 use crate::tensor::{Tensor, TensorId};
 use crate::train::checkpoint::HostTensor;
 
+/// Both moments of a range of one parameter's elements.
+pub struct MomentPiece {
+    /// Index of the parameter in `Module::params` order, and the range's first element.
+    pub param: usize,
+    pub offset: usize,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
 pub struct ShardedAdamW {
     pub config: AdamWConfig,
     /// First and second moments of this rank's shard (`layout.shard_len()` values), host only.
@@ -200,9 +209,8 @@ impl ShardedAdamW {
         Ok(())
     }
 
-    /// This rank's moments as (param index, element offset, m values, v values) pieces, for
-    /// checkpoints.
-    pub fn shard_pieces(&self, ctx: &Context) -> Result<Vec<(usize, usize, Vec<f32>, Vec<f32>)>> {
+    /// This rank's moments piece by piece, for checkpoints.
+    pub fn shard_pieces(&self, ctx: &Context) -> Result<Vec<MomentPiece>> {
         ctx.pager.sync_to_host(&[self.m.id(), self.v.id()])?;
         let (m, v) = (ctx.pager.read_now(self.m.id())?, ctx.pager.read_now(self.v.id())?);
         let mut out = Vec::new();
@@ -212,7 +220,7 @@ impl ShardedAdamW {
                 let (mut pm, mut pv) = (vec![0.0; p.len], vec![0.0; p.len]);
                 read_elems(&m, at, &mut pm);
                 read_elems(&v, at, &mut pv);
-                out.push((p.param, p.offset, pm, pv));
+                out.push(MomentPiece { param: p.param, offset: p.offset, m: pm, v: pv });
             }
         }
         Ok(out)
