@@ -31,7 +31,12 @@ fn train(ranks: usize, args: &[&str]) -> Finished {
         c.args(["--allow-run-as-root", "--oversubscribe", "-n", &ranks.to_string(), exe]);
         c
     };
-    cmd.arg("train").args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg("train").args(args);
+    run(cmd)
+}
+
+fn run(mut cmd: Command) -> Finished {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     // Open MPI as root in a container: no shared-memory segment size checks to trip over.
     cmd.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?} ({e}): install openmpi-bin"));
@@ -164,4 +169,19 @@ fn an_error_on_one_rank_stops_every_rank_and_names_it() {
     assert!(f.stderr.contains("error on rank 1 of 2"), "{}", f.stderr);
     assert!(f.stderr.contains("rank-1"), "{}", f.stderr);
     assert!(started.elapsed() < Duration::from_secs(120), "took {:?} to stop", started.elapsed());
+}
+
+#[test]
+fn ranks_set_up_differently_stop_before_training() {
+    let root = tmpdir("disagree");
+    let out = root.join("out").to_string_lossy().into_owned();
+    let exe = env!("CARGO_BIN_EXE_pagetrain");
+    // One launch, two programs (MPMD): rank 1 asks for another batch size than rank 0.
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "1", exe, "train"]).args(args(&out, "4", &[]));
+    cmd.args([":", "-n", "1", exe, "train"]).args(args(&out, "8", &[]));
+    let f = run(cmd);
+    assert!(!f.ok, "the run succeeded:\n{}", f.stderr);
+    assert!(f.stderr.contains("ranks [1] are set up differently from rank 0"), "{}", f.stderr);
+    assert!(!Path::new(&out).join("metrics.jsonl").exists(), "it trained:\n{}", f.stderr);
 }

@@ -144,6 +144,24 @@ impl Dist {
         Ok(slots.into_iter().map(|x| x as u64).collect())
     }
 
+    /// Checks that every rank describes its run as `setup` does here (what must agree: batch,
+    /// schedule, seed, model, data, --out…); an error names the ranks that differ from rank 0.
+    pub fn check_agree(&self, setup: &str) -> Result<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        setup.hash(&mut h);
+        // 52 bits survive the f64 all-reduce exactly.
+        let all = self.gather_u64(h.finish() >> 12)?;
+        let differ: Vec<usize> = (1..all.len()).filter(|&r| all[r] != all[0]).collect();
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "data-parallel run",
+            format!("ranks {differ:?} are set up differently from rank 0; this rank has {setup}"),
+        ))
+    }
+
     pub(crate) fn note_comm(&self, s: CommStats) {
         let mut c = self.comm_stats.get();
         c.add(s);

@@ -339,6 +339,15 @@ impl Trainer {
                 scaler = state.loss_scale.unwrap_or(fresh);
             }
         }
+        if let Some(d) = &dist {
+            let c = &cfg;
+            d.check_agree(&format!(
+                "steps {}, batch {} × accum {}, seq len {}, lr {} → {:?} after {} warm-up, decay {}, clip {}, seed {}, \
+                 {:?}, {config:?}, data {} ({} tokens), out {}, at step {step} (data seed {data_seed})",
+                c.steps, c.batch_size, c.accum, c.seq_len, c.lr, c.min_lr, c.warmup_steps, c.weight_decay,
+                c.grad_clip, c.seed, precision, data.path.display(), data.len(), c.out.display()
+            ))?;
+        }
         let micro_batch = cfg.batch_size;
         Ok(Trainer {
             cfg,
