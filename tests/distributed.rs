@@ -126,7 +126,12 @@ fn two_ranks_train_resume_and_shard_as_one_process() {
     // Rank 0 alone reported: one summary, one metrics line per step, ranks and communication.
     let s = summary(&pair);
     assert_eq!(s["ranks"], 2);
-    assert!(s["comm_per_step"]["bytes"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["comm_per_step"]["comm_bytes"].as_u64().unwrap() > 0, "{s}");
+    let metrics = std::fs::read_to_string(Path::new(&two).join("metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    for key in ["comm_bytes", "comm_s", "comm_exposed_s"] {
+        assert!(first[key].as_f64().unwrap() > 0.0, "{key} in {first}");
+    }
     assert_eq!(pair.stdout.lines().filter(|l| l.starts_with('{')).count(), 1, "{}", pair.stdout);
 
     // Each rank keeps half the optimizer state of the single process, measured in its host store.

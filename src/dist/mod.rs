@@ -16,6 +16,9 @@ pub mod sharded_adamw;
 use std::cell::Cell;
 
 use crate::error::{Error, Result};
+use crate::nn::GptConfig;
+use crate::tensor::Tensor;
+use crate::train::{Dataset, Precision, TrainConfig};
 
 pub use buckets::{Bucket, Piece, ShardLayout};
 pub use sharded_adamw::ShardedAdamW;
@@ -25,10 +28,13 @@ pub use sharded_adamw::ShardedAdamW;
 pub struct CommStats {
     /// Bytes this rank sends on the wire, counted as a ring algorithm moves them:
     /// (N−1)/N of each bucket per reduce-scatter and per all-gather.
+    #[serde(rename = "comm_bytes")]
     pub bytes: u64,
     /// Wall time from posting a phase's first collective to the completion of its last.
+    #[serde(rename = "comm_s")]
     pub seconds: f64,
     /// Of that, the time the host only waited on the network (communication not overlapped).
+    #[serde(rename = "comm_exposed_s")]
     pub exposed_s: f64,
 }
 
@@ -38,6 +44,38 @@ impl CommStats {
         self.seconds += o.seconds;
         self.exposed_s += o.exposed_s;
     }
+
+    /// The mean over `steps` steps.
+    pub fn per_step(&self, steps: u64) -> CommStats {
+        let n = steps.max(1);
+        CommStats { bytes: self.bytes / n, seconds: self.seconds / n as f64, exposed_s: self.exposed_s / n as f64 }
+    }
+}
+
+/// Bytes the host store holds for `tensors` (what optimizer state costs a rank).
+pub fn host_bytes<'a>(ctx: &crate::context::Context, tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    tensors.into_iter().filter_map(|t| ctx.pager.host_range(t.id())).map(|r| r.len as u64).sum()
+}
+
+/// What every rank of a run must agree on, as text ([`Dist::check_agree`] compares it).
+pub fn describe_setup(c: &TrainConfig, model: &GptConfig, precision: Precision, data: &Dataset, step: u64) -> String {
+    format!(
+        "steps {}, batch {} × accum {}, seq len {}, lr {} → {:?} after {} warm-up, decay {}, clip {}, seed {}, \
+         {precision:?}, {model:?}, data {} ({} tokens), out {}, at step {step}",
+        c.steps,
+        c.batch_size,
+        c.accum,
+        c.seq_len,
+        c.lr,
+        c.min_lr,
+        c.warmup_steps,
+        c.weight_decay,
+        c.grad_clip,
+        c.seed,
+        data.path.display(),
+        data.len(),
+        c.out.display()
+    )
 }
 
 /// Fills bucket `i`'s send buffer (its whole length, padding included).
@@ -127,6 +165,12 @@ impl Dist {
     /// Whether this rank prints, evaluates, samples and writes the model (rank 0).
     pub fn is_lead(&self) -> bool {
         self.rank() == 0
+    }
+
+    /// This rank's rows of a global batch of `x` (every rank `rows` values), in rank order: the
+    /// data of one process with the global batch, split.
+    pub fn my_rows<'a>(&self, x: &'a [u32], rows: usize) -> &'a [u32] {
+        &x[self.rank() * rows..(self.rank() + 1) * rows]
     }
 
     /// The mean of `v` over ranks (every rank gets it).

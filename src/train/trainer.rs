@@ -111,13 +111,9 @@ impl Optimizer {
 
     /// Bytes of AdamW state in the host store (moments; one shard of them when sharded).
     pub fn state_bytes(&self, ctx: &Context) -> u64 {
-        let sum = |ts: &[&crate::tensor::Tensor]| {
-            ts.iter().filter_map(|t| ctx.pager.host_range(t.id())).map(|r| r.len as u64).sum()
-        };
         match self {
-            Optimizer::Gpu(o) => sum(&o.m.iter().chain(&o.v).collect::<Vec<_>>()),
-            Optimizer::Host(o) => sum(&o.m.iter().chain(&o.v).collect::<Vec<_>>()),
-            Optimizer::Sharded(o) => o.state_bytes(ctx),
+            Optimizer::Sharded(o) => crate::dist::host_bytes(ctx, [&o.m, &o.v]),
+            _ => crate::dist::host_bytes(ctx, self.moments().m.iter().chain(self.moments().v)),
         }
     }
 
@@ -340,13 +336,7 @@ impl Trainer {
             }
         }
         if let Some(d) = &dist {
-            let c = &cfg;
-            d.check_agree(&format!(
-                "steps {}, batch {} × accum {}, seq len {}, lr {} → {:?} after {} warm-up, decay {}, clip {}, seed {}, \
-                 {:?}, {config:?}, data {} ({} tokens), out {}, at step {step} (data seed {data_seed})",
-                c.steps, c.batch_size, c.accum, c.seq_len, c.lr, c.min_lr, c.warmup_steps, c.weight_decay,
-                c.grad_clip, c.seed, precision, data.path.display(), data.len(), c.out.display()
-            ))?;
+            d.check_agree(&crate::dist::describe_setup(&cfg, &config, precision, &data, step))?;
         }
         let micro_batch = cfg.batch_size;
         Ok(Trainer {
@@ -424,12 +414,10 @@ impl Trainer {
             Some(p) => p.get(&self.data, self.step),
             None => self.data.step_batch(self.data_seed, self.step, b, t),
         };
-        // A rank trains on its slice of the global batch: the data order of one process.
-        let mine = self.dist.as_ref().map_or(0..x.len(), |d| {
-            let n = self.effective_batch() * t;
-            d.rank() * n..(d.rank() + 1) * n
-        });
-        let (x, y) = (&x[mine.clone()], &y[mine]);
+        let (x, y) = match &self.dist {
+            Some(d) => (d.my_rows(&x, self.effective_batch() * t), d.my_rows(&y, self.effective_batch() * t)),
+            None => (&x[..], &y[..]),
+        };
         let loss = loop {
             ctx.pager.begin_step();
             match self.accumulate(ctx, x, y).await {
@@ -606,7 +594,7 @@ impl Trainer {
         let first_step = self.step;
         // Ranks other than the lead share its --out: they write no metrics and do not evaluate.
         let lead = self.is_lead();
-        let mut metrics = if lead { Some(super::metrics::MetricsLog::open(&self.cfg.out)?) } else { None };
+        let mut metrics = super::metrics::MetricsLog::open_if(lead, &self.cfg.out)?;
         let mut comm_total = CommStats::default();
         while self.step < self.cfg.steps {
             let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
@@ -624,13 +612,9 @@ impl Trainer {
                 bytes_written_back: after.bytes_written_back - before.bytes_written_back,
                 stall_s: after.stall_s - before.stall_s,
                 micro_batch: self.micro_batch,
-                comm_bytes: comm.map(|c| c.bytes),
-                comm_s: comm.map(|c| c.seconds),
-                comm_exposed_s: comm.map(|c| c.exposed_s),
+                comm,
             };
-            if let Some(m) = &mut metrics {
-                m.step(&line)?;
-            }
+            metrics.step(&line)?;
             let elapsed = start.elapsed().as_secs_f64();
             let r = StepReport {
                 step: self.step,
@@ -641,12 +625,14 @@ impl Trainer {
             };
             reporter.on_step(&r);
             ctx.pager.publish();
-            if let (true, Some(m)) = (self.cfg.eval_every > 0, &mut metrics) {
-                if self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
-                    let v = self.evaluate(ctx).await?;
-                    m.eval(self.step, v)?;
-                    reporter.on_eval(self.step, v);
-                }
+            if lead
+                && self.cfg.eval_every > 0
+                && self.step.is_multiple_of(self.cfg.eval_every)
+                && self.step < self.cfg.steps
+            {
+                let v = self.evaluate(ctx).await?;
+                metrics.eval(self.step, v)?;
+                reporter.on_eval(self.step, v);
             }
             if self.cfg.checkpoint_every > 0
                 && self.step.is_multiple_of(self.cfg.checkpoint_every)
@@ -667,15 +653,9 @@ impl Trainer {
                 self.effective_batch() / self.micro_batch
             ));
         }
-        let val = match &mut metrics {
-            Some(m) => {
-                let val = self.evaluate(ctx).await?;
-                m.eval(self.step, val)?;
-                reporter.on_eval(self.step, val);
-                val
-            }
-            None => f32::NAN,
-        };
+        let val = if lead { self.evaluate(ctx).await? } else { f32::NAN };
+        metrics.eval(self.step, val)?;
+        reporter.on_eval(self.step, val);
         let sample = if self.cfg.sample_len > 0 && lead {
             let prompt = self.data.vocab.encode("One day").unwrap_or_else(|_| vec![0]);
             self.sample(ctx, &prompt, self.cfg.sample_len, 0.8, self.cfg.seed).await?
@@ -686,9 +666,7 @@ impl Trainer {
         reporter.on_message(&format!("checkpoint written to {}", dir.display()));
         let stats = ctx.pager.stats();
         let counters = ctx.pager.counters();
-        let trained_steps = (self.step - first_step).max(1);
         let optimizer_state_bytes = self.opt.state_bytes(ctx);
-        let per_step = |v: f64| v / trained_steps as f64;
         Ok(RunSummary {
             final_train_loss: losses.last().copied().unwrap_or(f32::NAN),
             final_val_loss: val,
@@ -714,11 +692,7 @@ impl Trainer {
             loss_scale: self.loss_scale,
             skipped_steps: self.skipped_steps,
             ranks: self.ranks(),
-            comm_per_step: CommStats {
-                bytes: comm_total.bytes / trained_steps,
-                seconds: per_step(comm_total.seconds),
-                exposed_s: per_step(comm_total.exposed_s),
-            },
+            comm_per_step: comm_total.per_step(self.step - first_step),
             optimizer_state_bytes,
             optimizer_state_bytes_per_rank: match &self.dist {
                 Some(d) => d.gather_u64(optimizer_state_bytes)?,
