@@ -15,6 +15,10 @@ pub struct DeviceOptions {
     pub shader_checks: bool,
     /// Backends to look at (overrides `WGPU_BACKEND`); `None`: the environment's, or all.
     pub backends: Option<wgpu::Backends>,
+    /// Which of the best adapters to open, counted modulo their number: each rank of a
+    /// data-parallel run on one host passes its local rank, so N GPUs get one rank each.
+    /// "Best" is the first class in the order below (e.g. the discrete GPUs of one backend).
+    pub adapter_index: Option<usize>,
 }
 
 /// An opened GPU: adapter, device, queue, and what they can do.
@@ -143,6 +147,12 @@ impl Gpu {
             let i = a.get_info();
             (device_rank(i.device_type), backend_rank(i.backend))
         });
+        if let (Some(i), Some(first)) = (opts.adapter_index, adapters.first()) {
+            let class = |a: &wgpu::Adapter| (device_rank(a.get_info().device_type), backend_rank(a.get_info().backend));
+            let best = class(first);
+            let peers = adapters.iter().take_while(|a| class(a) == best).count();
+            adapters.rotate_left(i % peers);
+        }
         let adapter = adapters.into_iter().next().ok_or_else(|| Error::NoAdapter {
             tried: if seen.is_empty() { "wgpu saw no adapters".into() } else { format!("saw: {}", seen.join(", ")) },
         })?;

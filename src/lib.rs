@@ -31,6 +31,7 @@ pub mod bench;
 mod clock;
 pub mod context;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod kernels;
 #[cfg(not(target_arch = "wasm32"))]

@@ -154,3 +154,16 @@ fn an_out_that_is_a_file_fails_before_training() {
     assert!(!ok);
     assert!(log.contains(&file) && !log.contains("panicked"), "{log}");
 }
+
+/// Started by mpirun as one of several ranks, a build without the `mpi` feature refuses to run
+/// (N copies of one run would otherwise each train alone).
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn several_mpi_ranks_without_the_mpi_feature_is_an_error() {
+    let out = out_dir("no-mpi");
+    let o = pagetrain(&["train", "--steps", "1", "--out", &out], &[("OMPI_COMM_WORLD_SIZE", "2")]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("one of 2 MPI ranks") && err.contains("--features mpi"), "{err}");
+    assert!(!std::path::Path::new(&out).join("latest").exists(), "it trained: {err}");
+}

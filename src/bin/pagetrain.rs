@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pagetrain::dist::Dist;
 use pagetrain::kernels::matmul::Gemm;
 use pagetrain::kernels::MatmulVariant;
 use pagetrain::nn::Module;
@@ -35,6 +37,12 @@ enum Command {
     Bench(BenchArgs),
     /// Encode a text file as a token file (llm.c's format: a 1 KiB header, uint16 ids).
     Prepare(PrepareArgs),
+    /// Merge the optimizer shards of a data-parallel checkpoint (`mpirun -n N pagetrain train`)
+    /// into the usual optimizer.safetensors beside its model.safetensors.
+    MergeShards {
+        /// A checkpoint directory (or a run's --out: its latest checkpoint).
+        dir: PathBuf,
+    },
     /// Open the studio: set up, watch and steer a run in a window (where every tensor is, the
     /// bus, stalls, the loss), and sample from the model.
     #[cfg(feature = "studio")]
@@ -297,9 +305,13 @@ struct TrainArgs {
     #[arg(long, value_parser = parse_budget)]
     gpu_budget: Option<Budget>,
     /// Where tensors live on the host: a directory of memory-mapped files (default: OUT/store),
-    /// or `memory`.
+    /// or `memory`. Each rank of an MPI run keeps its own in DIR/rank-R.
     #[arg(long)]
     store: Option<String>,
+    /// Which of the best adapters to use (`pagetrain info` lists them); under mpirun, by
+    /// default the rank's index among the ranks on its host.
+    #[arg(long, value_name = "INDEX")]
+    adapter: Option<usize>,
 }
 
 /// A GPU budget: bytes, or `auto` (None), and how it was written.
@@ -428,23 +440,66 @@ impl Reporter for Bar {
     }
 }
 
+/// This process's rank when `mpirun` started several (None: a single process).
+fn join_ranks() -> Result<Option<Rc<Dist>>, Error> {
+    #[cfg(feature = "mpi")]
+    return pagetrain::dist::mpi::init();
+    #[cfg(not(feature = "mpi"))]
+    match pagetrain::dist::launcher_world_size() {
+        Some(n) if n > 1 => Err(Error::Invalid {
+            what: "launch",
+            msg: format!("started as one of {n} MPI ranks, but this pagetrain was built without the `mpi` cargo feature (cargo build --release --features mpi)"),
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// Trains alone, or as one rank of an MPI job: an error on any rank stops every rank, naming it.
 async fn train(args: TrainArgs) -> Result<(), Error> {
-    let Run { cfg, budget, store, file } = args.resolve()?;
+    let dist = join_ranks()?;
+    let result = train_rank(args, dist.clone()).await;
+    if let (Err(e), Some(d)) = (&result, &dist) {
+        eprintln!("error on {}", d.describe_error(e));
+        if let Some(hint) = e.hint() {
+            eprintln!("HINT: {hint}");
+        }
+        d.comm.abort(1);
+    }
+    result
+}
+
+async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error> {
+    let Run { cfg, budget, mut store, file } = args.resolve()?;
     cfg.validate()?;
-    // Before anything is trained: --out must be writable and no other run's.
-    let _out = pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?;
+    let lead = dist.as_ref().is_none_or(|d| d.is_lead());
+    // Before anything is trained: --out must be writable and no other run's (the ranks of one
+    // run share it; rank 0 holds the lock).
+    let _out = if lead { Some(pagetrain::lock::DirLock::acquire(&cfg.out, "output directory")?) } else { None };
+    let mut device = pagetrain::device::DeviceOptions { adapter_index: args.adapter, ..Default::default() };
+    if let Some(d) = &dist {
+        if let StoreKind::Mmap(dir) = &store {
+            store = StoreKind::Mmap(dir.join(format!("rank-{}", d.rank())));
+        }
+        device.adapter_index = device.adapter_index.or(Some(d.local_rank));
+    }
     let pager = PagerOptions { budget, ..Default::default() };
-    let ctx = Context::new(&ContextOptions { pager, store, ..Default::default() }).await?;
+    let ctx = Context::new(&ContextOptions { pager, store, device }).await?;
+    let who = dist.as_ref().map_or(String::new(), |d| format!("rank {} of {}: ", d.rank(), d.size()));
     eprintln!(
-        "store: {}; GPU budget {} MiB ({}); uploads by {}",
+        "{who}store: {}; GPU budget {} MiB ({}); uploads by {}",
         ctx.pager.describe_store(),
         ctx.pager.budget() >> 20,
         ctx.pager.budget_source(),
         ctx.pager.upload_path()
     );
-    eprintln!("adapter: {}", ctx.gpu.describe());
-    let mut trainer = Trainer::new(&ctx, cfg, None)?;
+    eprintln!("{who}adapter: {}", ctx.gpu.describe());
+    let mut trainer = Trainer::with_dist(&ctx, cfg, None, dist.clone())?;
     trainer.run_file = Some(file.to_toml());
+    if !lead {
+        // Rank 0 alone reports; the others train, exchange and write their shards.
+        trainer.run(&ctx, &mut pagetrain::train::Quiet).await?;
+        return Ok(());
+    }
     let bar = ProgressBar::new(trainer.cfg.steps);
     bar.set_style(
         ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} ({elapsed} / ~{eta})")
@@ -454,6 +509,20 @@ async fn train(args: TrainArgs) -> Result<(), Error> {
     let mut reporter = Bar { bar };
     let summary = trainer.run(&ctx, &mut reporter).await?;
     reporter.bar.finish_and_clear();
+    if summary.ranks > 1 {
+        let c = summary.comm_per_step;
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "ranks: {} × batch {} (global batch {}); per step each rank sent {:.1} MiB in {:.1} ms of exchange, {:.1} ms of it exposed; optimizer state per rank {:?} MiB",
+            summary.ranks,
+            trainer.effective_batch(),
+            trainer.global_batch(),
+            mib(c.bytes),
+            c.seconds * 1e3,
+            c.exposed_s * 1e3,
+            summary.optimizer_state_bytes_per_rank.iter().map(|&b| (mib(b) * 10.0).round() / 10.0).collect::<Vec<_>>()
+        );
+    }
     eprintln!(
         "final: train loss {:.4}, val loss {:.4} (unigram baseline {:.4}), {:.0} tokens/s, {} steps, {} parameters",
         summary.final_train_loss,
@@ -815,6 +884,9 @@ fn main() -> ExitCode {
         Some(Command::Info) => pollster::block_on(info()),
         Some(Command::Bench(args)) => pollster::block_on(bench(args)),
         Some(Command::Prepare(args)) => prepare(args),
+        Some(Command::MergeShards { dir }) => pagetrain::dist::shard_files::merge(&dir).map(|path| {
+            eprintln!("optimizer shards merged into {}", path.display());
+        }),
         #[cfg(feature = "studio")]
         Some(Command::Studio(args)) => studio(args),
     };

@@ -67,6 +67,24 @@ fn update_parallel(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &H
     update(p, m, v, g, h)
 }
 
+/// One AdamW update of a slice of a parameter (the sharded optimizer's unit, `crate::dist`):
+/// `p`, `m`, `v`, `g` the same length; `decay` this tensor's weight decay, `scale` multiplies
+/// the gradient, `t` the step (from 1). The same arithmetic as [`HostAdamW`], on worker threads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn update_slice(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    c: &AdamWConfig,
+    lr: f32,
+    decay: f32,
+    scale: f32,
+    t: u64,
+) {
+    update_parallel(p, m, v, g, &Hyper { c, lr, decay, scale, t })
+}
+
 /// The f32 values of host bytes (copied when the bytes are not 4-aligned).
 fn f32s(bytes: &[u8]) -> std::borrow::Cow<'_, [f32]> {
     match bytemuck::try_cast_slice(bytes) {

@@ -7,6 +7,7 @@ mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::GradClip;
+pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
 pub use sgd::{Sgd, SgdConfig};
 

@@ -300,7 +300,7 @@ pub fn check_writable(dir: &Path) -> Result<()> {
 }
 
 #[cfg(unix)]
-fn point_latest(dir: &Path, name: &str) -> Result<()> {
+pub(crate) fn point_latest(dir: &Path, name: &str) -> Result<()> {
     let tmp = dir.join("latest.tmp");
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(name, &tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -312,13 +312,13 @@ fn point_latest(dir: &Path, name: &str) -> Result<()> {
 }
 
 #[cfg(all(not(unix), not(target_arch = "wasm32")))]
-fn point_latest(dir: &Path, name: &str) -> Result<()> {
+pub(crate) fn point_latest(dir: &Path, name: &str) -> Result<()> {
     write_atomic(&dir.join(LATEST), name.as_bytes())
 }
 
 /// Removes step directories other than the `KEEP` newest (never `current`).
 #[cfg(not(target_arch = "wasm32"))]
-fn prune(dir: &Path, current: &str) {
+pub(crate) fn prune(dir: &Path, current: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let mut steps: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -387,7 +387,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
             ometa.get("adam_t").and_then(|t| t.parse().ok()).ok_or_else(|| ckpt_err(&opt_path, "missing adam_t"))?;
         Some((moments, t))
     } else {
-        None
+        // A data-parallel run's checkpoint holds one shard of the moments per rank.
+        crate::dist::shard_files::assemble(dir, meta.get("step"))?
     };
     Ok(Checkpoint { config, state, weights, optimizer })
 }

@@ -18,11 +18,16 @@ pub struct StepLine {
     pub bytes_written_back: u64,
     pub stall_s: f64,
     pub micro_batch: usize,
+    /// Data-parallel runs: this rank's `comm_bytes` on the network, `comm_s` communicating,
+    /// `comm_exposed_s` of them the host only waited (absent for a single process).
+    #[serde(flatten)]
+    pub comm: Option<crate::dist::CommStats>,
 }
 
 pub struct MetricsLog {
     path: PathBuf,
-    file: std::fs::File,
+    /// None: a log that writes nothing (the ranks of a data-parallel run other than rank 0).
+    file: Option<std::fs::File>,
 }
 
 impl MetricsLog {
@@ -34,7 +39,15 @@ impl MetricsLog {
         let path = dir.join(Self::FILE);
         let file =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(MetricsLog { path, file })
+        Ok(MetricsLog { path, file: Some(file) })
+    }
+
+    /// [`MetricsLog::open`] when `wanted`, else a log that writes nothing.
+    pub fn open_if(wanted: bool, dir: &Path) -> Result<MetricsLog> {
+        if wanted {
+            return Self::open(dir);
+        }
+        Ok(MetricsLog { path: dir.join(Self::FILE), file: None })
     }
 
     pub fn step(&mut self, line: &StepLine) -> Result<()> {
@@ -46,6 +59,9 @@ impl MetricsLog {
     }
 
     fn write(&mut self, v: &serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{v}").map_err(|e| Error::io(&self.path, e))
+        match &mut self.file {
+            Some(f) => writeln!(f, "{v}").map_err(|e| Error::io(&self.path, e)),
+            None => Ok(()),
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! twice the accumulation (the same data, the same effective batch). Progress goes to a
 //! [`Reporter`] (the CLI's progress bar; later the studio).
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::checkpoint::{self, LossScale, Moments, TrainState};
@@ -13,6 +14,7 @@ use super::generate::{generate, start_token, Sampling};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
 use crate::context::Context;
+use crate::dist::{CommStats, Dist, ShardedAdamW};
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module, Param};
 use crate::optim::{AdamW, AdamWConfig, HostAdamW};
@@ -73,12 +75,21 @@ pub struct RunSummary {
     pub precision: String,
     pub loss_scale: f32,
     pub skipped_steps: u64,
+    /// Processes training together (1: a single process); the batch figures above are global.
+    pub ranks: usize,
+    /// Per step, this rank's communication (all zero for a single process).
+    pub comm_per_step: CommStats,
+    /// Bytes of AdamW state in this rank's host store, and every rank's (sharded runs).
+    pub optimizer_state_bytes: u64,
+    pub optimizer_state_bytes_per_rank: Vec<u64>,
 }
 
 /// Where the optimizer runs in this run.
 pub enum Optimizer {
     Gpu(AdamW),
     Host(HostAdamW),
+    /// Data parallel: each rank updates its shard on the host (see [`crate::dist`]).
+    Sharded(ShardedAdamW),
 }
 
 impl Optimizer {
@@ -86,6 +97,8 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
             Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            // Its moments are shards, saved by `dist::shard_files`.
+            Optimizer::Sharded(o) => Moments { m: &[], v: &[], t: o.t },
         }
     }
 
@@ -93,6 +106,15 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.t = t,
             Optimizer::Host(o) => o.t = t,
+            Optimizer::Sharded(o) => o.t = t,
+        }
+    }
+
+    /// Bytes of AdamW state in the host store (moments; one shard of them when sharded).
+    pub fn state_bytes(&self, ctx: &Context) -> u64 {
+        match self {
+            Optimizer::Sharded(o) => crate::dist::host_bytes(ctx, [&o.m, &o.v]),
+            _ => crate::dist::host_bytes(ctx, self.moments().m.iter().chain(self.moments().v)),
         }
     }
 
@@ -100,6 +122,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(_) => "gpu",
             Optimizer::Host(_) => "host",
+            Optimizer::Sharded(_) => "host, sharded over ranks",
         }
     }
 
@@ -116,6 +139,11 @@ impl Optimizer {
                 model.refresh_half(ctx)?;
                 model.zero_grad(ctx)
             }
+            Optimizer::Sharded(o) => {
+                o.step_lr(ctx, &model.params(), lr, grad_scale)?;
+                model.refresh_half(ctx)?;
+                model.zero_grad(ctx)
+            }
         }
     }
 
@@ -123,7 +151,7 @@ impl Optimizer {
     fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {
             Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
-            Optimizer::Host(_) => Ok(()),
+            Optimizer::Host(_) | Optimizer::Sharded(_) => Ok(()),
         }
     }
 
@@ -136,6 +164,7 @@ impl Optimizer {
                 o.clip.norm(ctx).await
             }
             Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }
 }
@@ -169,6 +198,8 @@ pub struct Trainer {
     pub forward_snapshot: Option<crate::pager::Snapshot>,
     /// The run's effective configuration (a `run.toml`), written into each checkpoint.
     pub run_file: Option<String>,
+    /// This process's rank in a data-parallel run (None: a single process).
+    pub dist: Option<Rc<Dist>>,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -183,6 +214,17 @@ pub fn is_out_of_memory(e: &Error) -> bool {
 impl Trainer {
     /// Sets up a run from `cfg`: data, model (fresh, `--init-from` or `--resume`), optimizer.
     pub fn new(ctx: &Context, cfg: TrainConfig, data: Option<Dataset>) -> Result<Trainer> {
+        Self::with_dist(ctx, cfg, data, None)
+    }
+
+    /// [`Trainer::new`] as one rank of a data-parallel run: `cfg.batch_size` is per rank, the
+    /// optimizer is sharded.
+    pub fn with_dist(
+        ctx: &Context,
+        cfg: TrainConfig,
+        data: Option<Dataset>,
+        dist: Option<Rc<Dist>>,
+    ) -> Result<Trainer> {
         cfg.validate()?;
         let ckpt = match cfg.resume.as_deref().or(cfg.init_from.as_deref()) {
             Some(dir) => Some(checkpoint::load(dir)?),
@@ -263,9 +305,14 @@ impl Trainer {
             max_grad_norm: cfg.grad_clip,
             ..Default::default()
         };
-        let (on, optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
-        let mut opt = match on {
-            OptimizerOn::Host => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
+        let (on, mut optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
+        let mut opt = match (on, &dist) {
+            (_, Some(d)) => {
+                let gpu = if on == OptimizerOn::Gpu { "; --optimizer-on gpu is not sharded yet" } else { "" };
+                optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters{gpu}", d.size(), d.size());
+                Optimizer::Sharded(ShardedAdamW::new(ctx, &model, opt_cfg, d.clone())?)
+            }
+            (OptimizerOn::Host, None) => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
         };
         let mut step = 0;
@@ -277,13 +324,19 @@ impl Trainer {
                 path: checkpoint::resolve(dir).join(checkpoint::OPTIMIZER_FILE),
                 msg: "missing: cannot resume without the optimizer state".into(),
             })?;
-            checkpoint::load_optimizer(ctx, &model, opt.moments(), moments)?;
+            match &opt {
+                Optimizer::Sharded(o) => o.load_moments(ctx, &model.params(), moments, &checkpoint::resolve(dir))?,
+                _ => checkpoint::load_optimizer(ctx, &model, opt.moments(), moments)?,
+            }
             opt.set_t(*t);
             step = state.step;
             data_seed = state.data_seed;
             if precision == Precision::F16 {
                 scaler = state.loss_scale.unwrap_or(fresh);
             }
+        }
+        if let Some(d) = &dist {
+            d.check_agree(&crate::dist::describe_setup(&cfg, &config, precision, &data, step))?;
         }
         let micro_batch = cfg.batch_size;
         let trainer = Trainer {
@@ -305,6 +358,7 @@ impl Trainer {
             want_forward_snapshot: false,
             forward_snapshot: None,
             run_file: None,
+            dist,
         };
         // A prompt the vocabulary cannot encode fails now, not after the training.
         trainer.sample_prompt()?;
@@ -314,6 +368,21 @@ impl Trainer {
     /// Sequences per optimizer step: micro-batch × accumulation, fixed for the run.
     pub fn effective_batch(&self) -> usize {
         self.cfg.batch_size * self.cfg.accum
+    }
+
+    /// Processes training together (1 without `dist`).
+    pub fn ranks(&self) -> usize {
+        self.dist.as_ref().map_or(1, |d| d.size())
+    }
+
+    /// Sequences per optimizer step over all ranks: each rank trains on its slice of this batch.
+    pub fn global_batch(&self) -> usize {
+        self.effective_batch() * self.ranks()
+    }
+
+    /// Whether this process prints, evaluates, samples and writes metrics (rank 0, or alone).
+    pub fn is_lead(&self) -> bool {
+        self.dist.as_ref().is_none_or(|d| d.is_lead())
     }
 
     /// Forward and backward over one step's batch in micro-batches; returns the mean loss.
@@ -343,14 +412,18 @@ impl Trainer {
     /// One optimizer step on the step's batch; returns the mean loss before the update.
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
         let clock = crate::clock::Stopwatch::start();
-        let (b, t) = (self.effective_batch(), self.cfg.seq_len);
+        let (b, t) = (self.global_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
             Some(p) => p.get(&self.data, self.step)?,
             None => self.data.step_batch(self.data_seed, self.step, b, t)?,
         };
+        let (x, y) = match &self.dist {
+            Some(d) => (d.my_rows(&x, self.effective_batch() * t), d.my_rows(&y, self.effective_batch() * t)),
+            None => (&x[..], &y[..]),
+        };
         let loss = loop {
             ctx.pager.begin_step();
-            match self.accumulate(ctx, &x, &y).await {
+            match self.accumulate(ctx, x, y).await {
                 Ok(loss) => break loss,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
                     // Throw the partial step away and run it again in smaller pieces.
@@ -371,6 +444,10 @@ impl Trainer {
                 }
                 Err(e) => return Err(e),
             }
+        };
+        let loss = match &self.dist {
+            Some(d) => d.mean(loss)?,
+            None => loss,
         };
         let forward_backward_s = clock.seconds();
         let lr = self.cfg.lr_at(self.step);
@@ -480,6 +557,10 @@ impl Trainer {
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn save(&mut self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
         self.apply_pending(ctx)?;
+        if let (Some(d), Optimizer::Sharded(o)) = (&self.dist, &self.opt) {
+            let state = self.state();
+            return crate::dist::shard_files::save(ctx, d, dir, &self.model, o, &state, self.run_file.as_deref()).await;
+        }
         let saved = checkpoint::save(ctx, dir, &self.model, self.opt.moments(), &self.state()).await?;
         if let Some(text) = &self.run_file {
             let path = saved.join("run.toml");
@@ -490,8 +571,7 @@ impl Trainer {
 
     /// Starts a thread that prepares the batches of the coming steps.
     pub fn start_prefetch(&mut self) {
-        let p =
-            Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.effective_batch(), self.cfg.seq_len, 4);
+        let p = Prefetcher::new(self.data.clone(), self.data_seed, self.step, self.global_batch(), self.cfg.seq_len, 4);
         self.prefetch = Some(p);
     }
 
@@ -502,17 +582,22 @@ impl Trainer {
         checkpoint::check_writable(&self.cfg.out)?;
         reporter.on_start(self);
         self.start_prefetch();
-        let tokens_per_step = (self.effective_batch() * self.cfg.seq_len) as f64;
+        let tokens_per_step = (self.global_batch() * self.cfg.seq_len) as f64;
         let mut losses = Vec::new();
         let start = std::time::Instant::now();
         let first_step = self.step;
-        let mut metrics = super::metrics::MetricsLog::open(&self.cfg.out)?;
+        // Ranks other than the lead share its --out: they write no metrics and do not evaluate.
+        let lead = self.is_lead();
+        let mut metrics = super::metrics::MetricsLog::open_if(lead, &self.cfg.out)?;
+        let mut comm_total = CommStats::default();
         while self.step < self.cfg.steps {
             let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
             let loss = self.train_step(ctx).await?;
             losses.push(loss);
             let after = ctx.pager.counters();
-            metrics.step(&super::metrics::StepLine {
+            let comm = self.dist.as_ref().map(|d| d.take_comm());
+            comm_total.add(comm.unwrap_or_default());
+            let line = super::metrics::StepLine {
                 step: self.step,
                 loss,
                 lr: self.cfg.lr_at(self.step - 1),
@@ -521,7 +606,9 @@ impl Trainer {
                 bytes_written_back: after.bytes_written_back - before.bytes_written_back,
                 stall_s: after.stall_s - before.stall_s,
                 micro_batch: self.micro_batch,
-            })?;
+                comm,
+            };
+            metrics.step(&line)?;
             let elapsed = start.elapsed().as_secs_f64();
             let r = StepReport {
                 step: self.step,
@@ -532,7 +619,11 @@ impl Trainer {
             };
             reporter.on_step(&r);
             ctx.pager.publish();
-            if self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every) && self.step < self.cfg.steps {
+            if lead
+                && self.cfg.eval_every > 0
+                && self.step.is_multiple_of(self.cfg.eval_every)
+                && self.step < self.cfg.steps
+            {
                 let v = self.evaluate(ctx).await?;
                 metrics.eval(self.step, v)?;
                 reporter.on_eval(self.step, v);
@@ -556,10 +647,10 @@ impl Trainer {
                 self.effective_batch() / self.micro_batch
             ));
         }
-        let val = self.evaluate(ctx).await?;
+        let val = if lead { self.evaluate(ctx).await? } else { f32::NAN };
         metrics.eval(self.step, val)?;
         reporter.on_eval(self.step, val);
-        let sample = if self.cfg.sample_len > 0 {
+        let sample = if self.cfg.sample_len > 0 && lead {
             let prompt = self.sample_prompt()?;
             let text = self.sample(ctx, &prompt, self.cfg.sample_len, self.cfg.sampling, self.cfg.seed).await?;
             format!("{}{text}", self.cfg.sample_prompt.as_deref().unwrap_or_default())
@@ -570,6 +661,7 @@ impl Trainer {
         reporter.on_message(&format!("checkpoint written to {}", dir.display()));
         let stats = ctx.pager.stats();
         let counters = ctx.pager.counters();
+        let optimizer_state_bytes = self.opt.state_bytes(ctx);
         Ok(RunSummary {
             final_train_loss: losses.last().copied().unwrap_or(f32::NAN),
             final_val_loss: val,
@@ -594,6 +686,13 @@ impl Trainer {
             precision: format!("{:?}", self.precision).to_lowercase(),
             loss_scale: self.loss_scale,
             skipped_steps: self.skipped_steps,
+            ranks: self.ranks(),
+            comm_per_step: comm_total.per_step(self.step - first_step),
+            optimizer_state_bytes,
+            optimizer_state_bytes_per_rank: match &self.dist {
+                Some(d) => d.gather_u64(optimizer_state_bytes)?,
+                None => vec![optimizer_state_bytes],
+            },
         })
     }
 }
