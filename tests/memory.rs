@@ -154,13 +154,20 @@ fn a_budget_below_the_largest_tensor_is_a_clear_error() {
 }
 
 #[test]
-fn tokens_outside_the_vocabulary_are_rejected_before_training() {
+fn tokens_outside_the_vocabulary_are_rejected_by_the_batch_that_reads_them() {
     let dir = tmpdir("vocab");
     let bytes: Vec<u8> =
         (0..4000u16).map(|i| if i == 3000 { 60000 } else { i % 50 }).flat_map(|t| t.to_le_bytes()).collect();
     std::fs::write(dir.join("tok.bin"), bytes).unwrap();
-    let err = Dataset::open(&dir.join("tok.bin"), Some(pagetrain::train::Vocab::Ids { size: 50257 })).err().unwrap();
+    // Opening maps the file and reads no token; the first batch whose windows cover position
+    // 3000 is the error (a model never sees the bad id).
+    let data = Dataset::open(&dir.join("tok.bin"), Some(pagetrain::train::Vocab::Ids { size: 50257 })).unwrap();
+    let mut rng = pagetrain::rng::Rng::new(3);
+    let err = (0..500)
+        .find_map(|_| data.batch(pagetrain::train::Split::Train, &mut rng, 8, 64).err())
+        .expect("some window covers position 3000");
     assert!(err.to_string().contains("60000") && err.to_string().contains("3000"), "{err}");
+    assert!(err.to_string().contains("tok.bin"), "{err}");
 }
 
 #[test]
