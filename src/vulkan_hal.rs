@@ -15,7 +15,6 @@ use wgpu::hal::api::Vulkan;
 
 use crate::device::HeapSizes;
 
-
 /// The heap sizes of `adapter`, or `None` when it is not a Vulkan adapter.
 pub fn heap_sizes(adapter: &wgpu::Adapter) -> Option<HeapSizes> {
     // SAFETY: the hal adapter is only read (no object is created or destroyed through it) and

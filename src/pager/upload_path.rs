@@ -18,8 +18,8 @@ pub enum UploadPath {
     Pinned,
     /// Straight into host-visible GPU buffers created mapped (unified memory only).
     ZeroCopy,
-    /// The fastest of those the adapter offers, measured at start-up; on a discrete GPU the
-    /// mapped ring (see `measure_and_pick`).
+    /// The fastest of those the adapter offers, measured at start-up; without unified memory
+    /// the mapped ring (see `measure_and_pick`).
     Auto,
 }
 
@@ -52,8 +52,8 @@ impl Pager {
         *self.upload_choice.borrow_mut() = (path, why);
     }
 
-    /// Times every path on offer and keeps the fastest — except that on a discrete GPU the
-    /// mapped ring stays, whatever the figures: its PCIe transfer is the copy threads' memcpy,
+    /// Times every path on offer and keeps the fastest — except that without unified memory
+    /// (a discrete GPU) the mapped ring stays, whatever the figures: its PCIe transfer is the copy threads' memcpy,
     /// which runs beside the kernels, while the pinned ring's DMA copies run on wgpu's one queue
     /// in line with them. Measured on an H200 (2026-12-01): pinned 38 GB/s vs ring 31 GB/s
     /// alone, yet GPT-2 small at a quarter budget stepped in 581 ms pinned vs 513 ms on the ring.
@@ -86,10 +86,14 @@ impl Pager {
             why.push_str(&format!("; no pinned memory: {no}"));
         }
         if !unified {
-            let why = format!(
-                "{}; on a discrete GPU the ring's memcpy overlaps the kernels, pinned DMA copies queue with them",
-                figures.join(", ")
-            );
+            let why = match pinned_why {
+                None => format!(
+                    "{}; without unified memory the ring's memcpy overlaps the kernels, while pinned DMA \
+                     copies queue with them on wgpu's one queue",
+                    figures.join(", ")
+                ),
+                Some(no) => format!("the only path here, {}; no pinned memory: {no}", figures.join(", ")),
+            };
             return (UploadPath::Ring, format!("staging ring ({why})"));
         }
         match best {
