@@ -106,8 +106,9 @@ struct Entry {
 }
 
 /// Why a dirty tensor was evicted without a write-back.
-const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it before reading it again, and so did \
-     this step's trace so far; a read now means the steps differ (call `begin_step` at each step)";
+const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it without reading it again, and this \
+     step had matched that one access for access; a read now means the steps differ (call `begin_step` at each \
+     step, or set `PagerOptions::drop_dead_writebacks` to false)";
 
 /// What happened to a tensor whose write-back could not be delivered.
 const LOST: &str = "its values are lost: reads fail until it is overwritten";
