@@ -277,15 +277,23 @@ pub fn time_steps(
     })
 }
 
-/// Step time resident and at those of 50 %, 25 %, 10 % of the footprint listed in `budgets`
-/// (None for the others); `ring_gbps` converts bytes moved into transfer time for the hidden fraction.
+/// The budgets [`step_times`] times steps at, besides resident.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Budgets<'a> {
+    /// Those of 50, 25 and 10 (percent of the footprint) to time; None in the report for others.
+    pub percent: &'a [u64],
+    /// Budgets in bytes.
+    pub bytes: &'a [u64],
+}
+
+/// Step time resident and at `budgets`; `ring_gbps` converts bytes moved into transfer time for
+/// the hidden fraction.
 pub fn step_times(
     make_ctx: &dyn Fn(Option<u64>) -> Result<Context>,
     cfg: &crate::train::TrainConfig,
     data: &dyn Fn() -> Result<crate::train::Dataset>,
     ring_gbps: f64,
-    budgets: &[u64],
-    budget_bytes: &[u64],
+    budgets: Budgets,
     warmup: usize,
     steps: usize,
 ) -> Result<StepReport> {
@@ -295,7 +303,7 @@ pub fn step_times(
     let mut host_optimizer_at = Vec::new();
     let on_host = crate::train::TrainConfig { optimizer_on: crate::train::OptimizerOn::Host, ..cfg.clone() };
     for pct in [50u64, 25, 10] {
-        if !budgets.contains(&pct) {
+        if !budgets.percent.contains(&pct) {
             at.push(None);
             continue;
         }
@@ -325,7 +333,7 @@ pub fn step_times(
     });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
     let mut at_budgets = Vec::new();
-    for &b in budget_bytes {
+    for &b in budgets.bytes {
         let t = match time_steps(make_ctx, cfg, data, Some(b), warmup, steps) {
             Ok(t) => Some(t),
             Err(e) if crate::train::trainer::is_out_of_memory(&e) => None,

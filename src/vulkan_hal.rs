@@ -15,7 +15,6 @@ use wgpu::hal::api::Vulkan;
 
 use crate::device::HeapSizes;
 
-
 /// The heap sizes of `adapter`, or `None` when it is not a Vulkan adapter.
 pub fn heap_sizes(adapter: &wgpu::Adapter) -> Option<HeapSizes> {
     // SAFETY: the hal adapter is only read (no object is created or destroyed through it) and
@@ -67,21 +66,13 @@ pub struct PinnedAllocator {
 pub struct PinnedBuffer {
     pub buffer: wgpu::Buffer,
     ptr: NonNull<u8>,
-    len: usize,
 }
 
 impl PinnedBuffer {
-    /// The mapped bytes. Writes are seen by the GPU without a flush (host-coherent memory).
+    /// The mapped bytes (`buffer.size()` of them). Writes are seen by the GPU without a flush
+    /// (host-coherent memory).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -190,7 +181,7 @@ impl PinnedAllocator {
             drop(hal);
             let desc = wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false };
             let buffer = self.device.create_buffer_from_hal::<Vulkan>(hal_buffer, &desc);
-            Ok(PinnedBuffer { buffer, ptr, len: bytes as usize })
+            Ok(PinnedBuffer { buffer, ptr })
         }
     }
 }

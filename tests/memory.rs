@@ -88,6 +88,35 @@ fn budgets_of_100_25_and_10_percent_give_the_same_losses() {
 }
 
 #[test]
+fn a_quarter_budget_gives_the_resident_losses_on_every_upload_path() {
+    // The mapped ring, pinned host memory (Vulkan) and zero-copy (unified memory): paths the
+    // adapter lacks fall back to the ring, and the one asked for must be taken where offered.
+    use pagetrain::pager::UploadPath;
+    let out = tmpdir("paths");
+    let steps = 8;
+    let ctx = context(None);
+    let (full, _) = losses(&ctx, cfg(&out), steps);
+    let budget = ctx.pager.live_bytes().1 / 4;
+    for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
+        let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter");
+        let opts = PagerOptions { budget: Some(budget), slot_bytes: 64 << 10, upload: path, ..Default::default() };
+        let paged = Context::with_store(gpu, Box::new(MemStore::new()), &opts);
+        let offered = match path {
+            UploadPath::Pinned => paged.gpu.info.backend == wgpu::Backend::Vulkan,
+            UploadPath::ZeroCopy => paged.gpu.unified_memory(),
+            _ => true,
+        };
+        let taken = paged.pager.upload_path_kind();
+        assert_eq!(taken, if offered { path } else { UploadPath::Ring }, "{}", paged.pager.upload_path());
+        let (l, t) = losses(&paged, cfg(&out), steps);
+        let c = paged.pager.counters();
+        assert!(c.evictions > 0 && c.uploads > 0, "{path:?}: a quarter budget pages: {c:?}");
+        assert_eq!(t.micro_batch, cfg(&out).batch_size, "{path:?}: the micro-batch fits");
+        assert_close(&format!("losses at 25% budget, {path:?}"), &l, &to64(&full), 0.0, 1e-6);
+    }
+}
+
+#[test]
 fn accumulating_four_micro_batches_of_two_equals_one_batch_of_eight() {
     let out = tmpdir("accum");
     let ctx = context(None);

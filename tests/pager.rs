@@ -291,9 +291,15 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
     for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
         let (paged, stats, counters, last) = run(Some(budget), path);
         // The per-step telemetry sees the paging: one step's share of the run's traffic.
-        assert!(last.bytes_up > quiet.bytes_up && last.bytes_up <= counters.bytes_uploaded, "{path:?}: {last:?} {quiet:?}");
+        assert!(
+            last.bytes_up > quiet.bytes_up && last.bytes_up <= counters.bytes_uploaded,
+            "{path:?}: {last:?} {quiet:?}"
+        );
         assert!(last.bytes_down <= counters.bytes_written_back && last.seconds > 0.0, "{path:?}: {last:?}");
-        println!("{path:?}: footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}", stats.peak_bytes);
+        println!(
+            "{path:?}: footprint {footprint} B, budget {budget} B, paged peak {} B, {counters:?}",
+            stats.peak_bytes
+        );
         assert!(stats.peak_bytes <= budget, "{path:?}: peak {} over budget {budget}", stats.peak_bytes);
         assert!(counters.evictions > 0 && counters.writebacks > 0, "a quarter budget must page: {counters:?}");
         assert!(counters.uploads > 0, "{path:?}: evicted tensors come back by upload: {counters:?}");
@@ -709,12 +715,11 @@ fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
     // at least); in host memory (unified memory, as on the CPU drivers in CI) it is no part of
     // the GPU budget and grows as the copies need.
     let (budget, slot) = (256u64 << 10, 16u64 << 10);
-    let small = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions {
-        budget: Some(budget),
-        slot_bytes: slot,
-        upload: UploadPath::Ring,
-        ..Default::default()
-    });
+    let small = Context::with_store(
+        gpu(),
+        Box::new(MemStore::new()),
+        &PagerOptions { budget: Some(budget), slot_bytes: slot, upload: UploadPath::Ring, ..Default::default() },
+    );
     let n = 50_000; // 200 kB: 13 slots
     let data = values(7, n);
     let t = small.from_f32("big", &[n], &data, false).unwrap();
@@ -747,7 +752,10 @@ fn a_step_tensor_freed_unread_is_not_written_back_once_a_step_has_shown_it() {
     let mut want = vec![0.0f32; n];
     let step = |read_dead: bool| -> pagetrain::Result<()> {
         ctx.pager.begin_step();
-        let (used, dead) = (ctx.empty("used", &[n], pagetrain::DType::F32, false)?, ctx.empty("dead", &[n], pagetrain::DType::F32, false)?);
+        let (used, dead) = (
+            ctx.empty("used", &[n], pagetrain::DType::F32, false)?,
+            ctx.empty("dead", &[n], pagetrain::DType::F32, false)?,
+        );
         {
             let _op = ctx.op();
             elementwise::scale_forward(&ctx.kernels, &ctx.write(&used)?, &ctx.read(&x)?, 2.0, n)?;

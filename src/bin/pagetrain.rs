@@ -652,7 +652,15 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 }
             };
             let budgets: &[u64] = if args.resident_only { &[] } else { &[50, 25, 10] };
-            Some(pagetrain::bench::step_times(&make, &cfg, &data, r.upload_chosen_gbps, budgets, &args.budget, 2, args.steps)?)
+            Some(pagetrain::bench::step_times(
+                &make,
+                &cfg,
+                &data,
+                r.upload_chosen_gbps,
+                pagetrain::bench::Budgets { percent: budgets, bytes: &args.budget },
+                2,
+                args.steps,
+            )?)
         }
         None => None,
     };
@@ -698,7 +706,9 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         if let Some(s) = &steps {
             let ms = |v: Option<f64>| v.map_or("does not fit".to_string(), |v| format!("{v:9.1} ms"));
             let mib = |v: Option<u64>, up: Option<u64>| match (v, up) {
-                (Some(v), Some(up)) => format!("({} MiB moved per step: {} up, {} back)", v >> 20, up >> 20, (v - up) >> 20),
+                (Some(v), Some(up)) => {
+                    format!("({} MiB moved per step: {} up, {} back)", v >> 20, up >> 20, (v - up) >> 20)
+                }
                 _ => String::new(),
             };
             println!(
@@ -708,12 +718,24 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
                 s.footprint_bytes >> 20
             );
             println!("  resident:    {:9.1} ms  ({:.0} tokens/s)", s.step_ms_resident, s.resident_tokens_per_s);
-            println!("  50% budget:  {}  {}", ms(s.step_ms_budget50), mib(s.bytes_per_step_budget50, s.bytes_up_per_step_budget50));
-            println!("  25% budget:  {}  {}", ms(s.step_ms_budget25), mib(s.bytes_per_step_budget25, s.bytes_up_per_step_budget25));
+            println!(
+                "  50% budget:  {}  {}",
+                ms(s.step_ms_budget50),
+                mib(s.bytes_per_step_budget50, s.bytes_up_per_step_budget50)
+            );
+            println!(
+                "  25% budget:  {}  {}",
+                ms(s.step_ms_budget25),
+                mib(s.bytes_per_step_budget25, s.bytes_up_per_step_budget25)
+            );
             if let (Some(h), Some(r)) = (s.hidden_fraction_budget25, s.budget25_vs_resident) {
                 println!("               {:.0}% of transfer time hidden; {:.2}x resident throughput", h * 100.0, r);
             }
-            println!("  10% budget:  {}  {}", ms(s.step_ms_budget10), mib(s.bytes_per_step_budget10, s.bytes_up_per_step_budget10));
+            println!(
+                "  10% budget:  {}  {}",
+                ms(s.step_ms_budget10),
+                mib(s.bytes_per_step_budget10, s.bytes_up_per_step_budget10)
+            );
             if let Some(u) = s.bytes_unread_writeback_per_step_budget25 {
                 println!("  at 25%: {} MiB a step written back and freed unread", u >> 20);
             }

@@ -29,7 +29,7 @@ pub fn auto_budget(gpu: &Gpu) -> (u64, String) {
     if heap.unified {
         // The GPU's memory is the host's: the host store needs its half.
         let b = usable / 2;
-        return (b, format!("half the {source} (unified memory, shared with the host store)"));
+        return (b, format!("half the {source}, unified memory shared with the host store"));
     }
     let margin = (usable / MARGIN_FRACTION).max(MARGIN_MIN);
     let b = usable.saturating_sub(margin);

@@ -14,6 +14,7 @@ mod copier;
 mod host;
 pub mod plan;
 mod pool;
+mod report;
 mod staging;
 pub mod telemetry;
 mod upload_path;
@@ -30,6 +31,7 @@ pub use host::{HostRange, HostStore, MemStore};
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::{Pool, Taken};
+pub use report::MemoryStats;
 use staging::{Job, ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, StepTransfers, TensorInfo};
 pub use upload_path::UploadPath;
@@ -104,8 +106,9 @@ struct Entry {
 }
 
 /// Why a dirty tensor was evicted without a write-back.
-const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it before reading it again, and so did \
-     this step's trace so far; a read now means the steps differ (call `begin_step` at each step)";
+const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it without reading it again, and this \
+     step had matched that one access for access; a read now means the steps differ (call `begin_step` at each \
+     step, or set `PagerOptions::drop_dead_writebacks` to false)";
 
 /// What happened to a tensor whose write-back could not be delivered.
 const LOST: &str = "its values are lost: reads fail until it is overwritten";
@@ -199,16 +202,6 @@ impl Default for PagerOptions {
             blocking_waits: !cfg!(target_arch = "wasm32"),
         }
     }
-}
-
-/// Memory counters, read by telemetry and `--json`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MemoryStats {
-    pub tensors: usize,
-    pub bytes_in_use: u64,
-    pub bytes_held: u64,
-    pub peak_bytes: u64,
-    pub budget: u64,
 }
 
 pub struct Pager {
@@ -1039,58 +1032,6 @@ impl Pager {
         self.state().entries.get(&id).map(|e| e.name.clone()).unwrap_or_default()
     }
 
-    pub fn stats(&self) -> MemoryStats {
-        let st = self.state();
-        MemoryStats {
-            tensors: st.entries.len(),
-            bytes_in_use: st.pool.in_use(),
-            bytes_held: st.pool.held(),
-            peak_bytes: st.pool.peak(),
-            budget: st.pool.budget(),
-        }
-    }
-
-    /// Counts a micro-batch shrink (out-of-memory recovery) in the telemetry.
-    pub fn note_shrink(&self) {
-        self.state().counters.micro_batch_shrinks += 1;
-    }
-
-    /// Counts activation bytes a checkpointed block did not keep (recompute) in the telemetry.
-    pub fn note_recompute(&self, bytes: u64) {
-        self.state().counters.recompute_dropped_bytes += bytes;
-    }
-
-    /// Bytes of all live tensors now, and at most so far (the footprint a fully resident run needs).
-    pub fn live_bytes(&self) -> (u64, u64) {
-        let st = self.state();
-        (st.live_bytes, st.peak_live_bytes)
-    }
-
-    pub fn counters(&self) -> Counters {
-        self.state().counters
-    }
-
-    /// The bus traffic of the last finished step (steps are marked by `begin_step`/`end_step`).
-    pub fn last_step(&self) -> Option<StepTransfers> {
-        self.state().last_step
-    }
-
-    pub fn budget(&self) -> u64 {
-        self.state().pool.budget()
-    }
-
-    /// How the budget was set: asked for, or what `auto` found on the device.
-    pub fn budget_source(&self) -> &str {
-        &self.budget_source
-    }
-
-    /// Bytes of staging buffers made so far (uploads, write-backs), and whether the upload ring
-    /// is pinned host memory (then it takes no GPU memory).
-    pub fn staging_bytes(&self) -> (u64, u64, bool) {
-        let st = self.state();
-        (st.upload.held_bytes(), st.readback.held_bytes(), st.upload.is_pinned())
-    }
-
     /// Changes the budget; tensors beyond it are evicted at their next placement.
     pub fn set_budget(&self, budget: u64) {
         self.state().pool.set_budget(budget);
@@ -1098,61 +1039,6 @@ impl Pager {
 
     pub fn set_policy(&self, policy: Policy) {
         self.state().policy = policy;
-    }
-
-    /// Every tensor and the counters, now.
-    pub fn snapshot(&self) -> Snapshot {
-        let st = self.state();
-        let tensors = st
-            .entries
-            .iter()
-            .map(|(&id, e)| TensorInfo {
-                id,
-                name: e.name.clone(),
-                bytes: e.bytes,
-                location: if e.gpu.is_some() {
-                    Location::Gpu
-                } else if e.contents != Contents::Host {
-                    Location::Nowhere
-                } else if st.store.ram_fraction(&e.host) < 0.5 {
-                    Location::Disk
-                } else {
-                    Location::HostRam
-                },
-                dirty: e.dirty,
-                in_flight: st.readback.in_flight_for(id) || st.upload.has_fills_for(id),
-                shape: e.layout.as_ref().map(|(s, _)| s.to_vec()).unwrap_or_default(),
-                dtype: e.layout.as_ref().map(|(_, d)| d.name()).unwrap_or("bytes"),
-                uploads: e.uploads,
-                last_use: e.last_use,
-                next_use: st.next_use(e.key),
-            })
-            .collect();
-        Snapshot {
-            budget: st.pool.budget(),
-            gpu_bytes: st.pool.held(),
-            peak_gpu_bytes: st.pool.peak(),
-            host_bytes: st.store.capacity() as u64,
-            staging_bytes: st.upload.held_bytes() + st.readback.held_bytes(),
-            staging_pinned: st.upload.is_pinned(),
-            counters: st.counters,
-            last_step: st.last_step,
-            tensors,
-        }
-    }
-
-    /// Snapshots published by [`Pager::publish`] arrive here.
-    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Snapshot> {
-        self.state().channel.subscribe()
-    }
-
-    /// Sends a snapshot to every subscriber (cheap when there are none).
-    pub fn publish(&self) {
-        if !self.state().channel.has_subscribers() {
-            return;
-        }
-        let snap = self.snapshot();
-        self.state().channel.publish(&snap);
     }
 
     /// Frees cached GPU buffers that no tensor uses.

@@ -24,12 +24,12 @@ use std::task::{Context, Poll};
 use futures::task::AtomicWaker;
 
 use super::copier::{Copier, Ticket};
-#[cfg(vulkan_hal)]
-use crate::vulkan_hal::{PinnedAllocator, PinnedBuffer};
 use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
 use crate::tensor::TensorId;
+#[cfg(vulkan_hal)]
+use crate::vulkan_hal::{PinnedAllocator, PinnedBuffer};
 
 /// Slot states (in an atomic: map callbacks may run on another thread).
 const IDLE: u8 = 0; // mapped and free (upload) / unmapped and free (readback)

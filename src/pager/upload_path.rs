@@ -18,8 +18,8 @@ pub enum UploadPath {
     Pinned,
     /// Straight into host-visible GPU buffers created mapped (unified memory only).
     ZeroCopy,
-    /// The fastest of those the adapter offers, measured at start-up; on a discrete GPU the
-    /// mapped ring (see `measure_and_pick`).
+    /// The fastest of those the adapter offers, measured at start-up; without unified memory
+    /// the mapped ring (see `measure_and_pick`).
     Auto,
 }
 
@@ -52,13 +52,22 @@ impl Pager {
         *self.upload_choice.borrow_mut() = (path, why);
     }
 
-    /// Times every path on offer and keeps the fastest — except that on a discrete GPU the
-    /// mapped ring stays, whatever the figures: its PCIe transfer is the copy threads' memcpy,
+    /// Times every path on offer and keeps the fastest. Without unified memory (a discrete
+    /// GPU) the mapped ring is kept unmeasured: its PCIe transfer is the copy threads' memcpy,
     /// which runs beside the kernels, while the pinned ring's DMA copies run on wgpu's one queue
     /// in line with them. Measured on an H200 (2026-12-01): pinned 38 GB/s vs ring 31 GB/s
     /// alone, yet GPT-2 small at a quarter budget stepped in 581 ms pinned vs 513 ms on the ring.
-    /// (A dedicated transfer queue would change this.)
+    /// (A transfer queue of its own would change this.)
     fn measure_and_pick(&self, pinned: bool, unified: bool, pinned_why: Option<&str>) -> (UploadPath, String) {
+        if !unified {
+            let why = match pinned_why {
+                None => "no unified memory: the ring's memcpy overlaps the kernels, while pinned DMA copies \
+                         (--upload pinned) queue with them on wgpu's one queue"
+                    .to_string(),
+                Some(no) => format!("no unified memory, and no pinned memory: {no}"),
+            };
+            return (UploadPath::Ring, format!("staging ring ({why})"));
+        }
         let mut tried: Vec<(UploadPath, &str, Result<f64>)> = Vec::new();
         self.use_path(UploadPath::Ring);
         tried.push((UploadPath::Ring, "staging ring", self.probe_upload_gbps(probe_bytes(&self.gpu))));
@@ -66,10 +75,8 @@ impl Pager {
             self.use_path(UploadPath::Pinned);
             tried.push((UploadPath::Pinned, "pinned host memory", self.probe_upload_gbps(probe_bytes(&self.gpu))));
         }
-        if unified {
-            self.use_path(UploadPath::Ring);
-            tried.push((UploadPath::ZeroCopy, "zero-copy", self.probe_zero_copy_gbps(probe_bytes(&self.gpu))));
-        }
+        self.use_path(UploadPath::Ring);
+        tried.push((UploadPath::ZeroCopy, "zero-copy", self.probe_zero_copy_gbps(probe_bytes(&self.gpu))));
         let best = tried
             .iter()
             .filter_map(|(p, name, r)| r.as_ref().ok().map(|g| (*p, *name, *g)))
@@ -84,13 +91,6 @@ impl Pager {
         let mut why = format!("fastest measured: {}", figures.join(", "));
         if let Some(no) = pinned_why {
             why.push_str(&format!("; no pinned memory: {no}"));
-        }
-        if !unified {
-            let why = format!(
-                "{}; on a discrete GPU the ring's memcpy overlaps the kernels, pinned DMA copies queue with them",
-                figures.join(", ")
-            );
-            return (UploadPath::Ring, format!("staging ring ({why})"));
         }
         match best {
             Some((path, name, _)) => (path, format!("{name} ({why})")),
