@@ -129,9 +129,12 @@ fn coop_matmul_handles_batches_and_row_chunk_offsets() {
     }
     let mut rng = Rng::new(43);
     // batch entries 8-aligned (4-halves loads) and not; prefixes aligned and not
-    for &(batch, m, n, k, pre) in
-        &[(3, 40, 24, 16, [8, 16, 5]), (2, 33, 17, 9, [3, 5, 2]), (2, 64, 136, 48, [5, 8, 0]), (1, 129, 128, 256, [16, 3, 7])]
-    {
+    for &(batch, m, n, k, pre) in &[
+        (3, 40, 24, 16, [8, 16, 5]),
+        (2, 33, 17, 9, [3, 5, 2]),
+        (2, 64, 136, 48, [5, 8, 0]),
+        (1, 129, 128, 256, [16, 3, 7]),
+    ] {
         for layout in 0..4 {
             let g = Gemm { batch, trans_a: layout & 1 != 0, trans_b: layout & 2 != 0, beta: 1.0, ..Gemm::new(m, n, k) };
             let ab = if layout == 2 { [DType::F32, DType::F16] } else { [DType::F16; 2] };
@@ -172,10 +175,19 @@ fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     let picked = kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &ga.view(), &gb.view());
     let want_variant = if ctx.kernels.tuning.coop_f16 { MatmulVariant::Coop } else { MatmulVariant::Large };
     assert_eq!(picked, want_variant);
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()), MatmulVariant::Direct);
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()),
+        MatmulVariant::Direct
+    );
     // f16 with f32: the product is f16 where the adapter has cooperative matrices; f32 × f32 never
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()), want_variant);
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()), MatmulVariant::Large);
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()),
+        want_variant
+    );
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()),
+        MatmulVariant::Large
+    );
     if !ctx.kernels.tuning.coop_f16 {
         let forced = kernels::matmul::matmul_variant(
             &ctx.kernels,

@@ -3,9 +3,9 @@
 //! weight gradients.
 
 use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MAX_GROUPS};
-use crate::tensor::DType;
 use crate::error::{Error, Result};
 use crate::pager::View;
+use crate::tensor::DType;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -104,7 +104,10 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
-    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop) || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop)
+        || !layout_ok
+        || g.m * g.n > super::MAX_GROUPS as usize * 256
+    {
         return 1;
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
@@ -255,13 +258,18 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     if !coop_operands(a, b) || p.quant_b != 0 {
         return Err(Error::invalid(
             "matmul",
-            format!("the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}", a.dtype, b.dtype),
+            format!(
+                "the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}",
+                a.dtype, b.dtype
+            ),
         ));
     }
     // stored row length of each operand (its contiguous dimension)
     let a_row = if g.trans_a { g.m } else { g.k };
     let b_row = if g.trans_b { g.k } else { g.n };
-    let vec_ok = |row: usize, off: usize, v: &View| row % 8 == 0 && off % 8 == 0 && v.offset % 16 == 0 && v.size >= 16;
+    let vec_ok = |row: usize, off: usize, v: &View| {
+        row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
+    };
     let (vec_a, vec_b) = (vec_ok(a_row, g.offsets[0], a), vec_ok(b_row, g.offsets[1], b));
     let flags = large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
