@@ -68,7 +68,8 @@ pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
-/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices.
+/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
+/// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
@@ -172,8 +173,9 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
-    /// Products of two f16 operands run on cooperative matrices (`matmul_coop`): the device has
-    /// them in 16×16×16 f16 → f32, 32-lane subgroups and the workgroup memory the kernel takes.
+    /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
+    /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
+    /// workgroup memory the kernel takes.
     pub coop_f16: bool,
 }
 
@@ -201,7 +203,7 @@ pub enum MatmulVariant {
     /// 128×128 tiles, 8×8 outputs a thread, double-buffered, one pipeline per layout and epilogue
     /// (GPUs: products with enough such tiles to fill the device).
     Large,
-    /// Cooperative matrices (tensor cores), 128×128 tiles, for products of two f16 operands where
+    /// Cooperative matrices (tensor cores), 128×128 tiles, for products with an f16 operand where
     /// the adapter has them ([`Tuning::coop_f16`]).
     Coop,
 }
