@@ -260,6 +260,9 @@ pub struct Kernels {
     /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
     pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
     compiled: std::cell::Cell<bool>,
+    /// A small f32 buffer that stands in for an unused read-write binding (the context's dummy
+    /// is bound read-only beside it, and a buffer may not be both in one dispatch).
+    write_dummy: RefCell<Option<View>>,
 }
 
 impl Drop for Kernels {
@@ -282,7 +285,26 @@ impl Kernels {
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
             compiled: std::cell::Cell::new(false),
+            write_dummy: RefCell::new(None),
         }
+    }
+
+    /// A 16-byte f32 storage buffer for unused read-write bindings (see `write_dummy`).
+    pub fn write_dummy(&self) -> View {
+        self.write_dummy
+            .borrow_mut()
+            .get_or_insert_with(|| View {
+                buffer: self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("unused read-write binding"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                }),
+                offset: 0,
+                size: 16,
+                dtype: crate::tensor::DType::F32,
+            })
+            .clone()
     }
 
     /// Writes the on-disk pipeline cache if pipelines were compiled since it was last written
