@@ -40,8 +40,11 @@ fn kernels(c: &mut Criterion) {
     let (b, t, h, d) = if on_cpu { (1, 128, 2, 64) } else { (8, 1024, 12, 64) };
     let dims = attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
     let qkv = buffer(&ctx, b * t * 3 * h * d, 4, DType::F32);
-    let (out, dout, dqkv) =
-        (buffer(&ctx, b * t * h * d, 5, DType::F32), buffer(&ctx, b * t * h * d, 6, DType::F32), buffer(&ctx, b * t * 3 * h * d, 7, DType::F32));
+    let (out, dout, dqkv) = (
+        buffer(&ctx, b * t * h * d, 5, DType::F32),
+        buffer(&ctx, b * t * h * d, 6, DType::F32),
+        buffer(&ctx, b * t * 3 * h * d, 7, DType::F32),
+    );
     let (lse, delta) = (buffer(&ctx, b * h * t, 8, DType::F32), buffer(&ctx, b * h * t, 8, DType::F32));
     // causal: half of the T² scores, 2 products of D each (forward), 5 in backward
     let causal_flop = (b * h * t * t * d) as u64 * 2;
@@ -56,7 +59,11 @@ fn kernels(c: &mut Criterion) {
 
     let (rows, cols) = if on_cpu { (256, 768) } else { (8192, 768) };
     let x = buffer(&ctx, rows * cols, 10, DType::F32);
-    let (y, w, bias) = (buffer(&ctx, rows * cols, 11, DType::F32), buffer(&ctx, cols, 12, DType::F32), buffer(&ctx, cols, 13, DType::F32));
+    let (y, w, bias) = (
+        buffer(&ctx, rows * cols, 11, DType::F32),
+        buffer(&ctx, cols, 12, DType::F32),
+        buffer(&ctx, cols, 13, DType::F32),
+    );
     let (mean, rstd) = (buffer(&ctx, rows, 14, DType::F32), buffer(&ctx, rows, 15, DType::F32));
     group.throughput(Throughput::Bytes((2 * rows * cols * 4) as u64));
     group.bench_function(format!("layernorm forward {rows}x{cols}, bytes"), |bch| {

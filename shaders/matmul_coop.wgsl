@@ -4,7 +4,7 @@
 // Params and layouts as `matmul_large` (shaders/matmul.wgsl); C may be f32 or f16 (B0).
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
-// Bindings: c, a, b, bias, a4, b4, Params. a4 and b4 are a and b again, read 4 halves at a time
+// Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time
 // when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's rows are a multiple of 8 long and start
 // 8-aligned; otherwise each half is read alone (any shape), and a4/b4 go unused.
 // Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
@@ -13,7 +13,8 @@
 // 16x16 fragment loads row- or column-major from it); the next slice is fetched into registers
 // while the current one is multiplied (one barrier a slice; fetching two slices ahead measured
 // slower on the H200: NT 4096^3 32 vs 80 TFLOP/s). Accumulators go through a
-// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding).
+// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding),
+// except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go straight to C.
 // Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
 // launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
@@ -48,7 +49,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> a4: array<vec4<B4>>;
 @group(0) @binding(5) var<storage, read> b4: array<vec4<B5>>;
-@group(0) @binding(6) var<uniform> p: Params;
+// c again when FLAGS & 64 (C f32, rows a multiple of 4 long, 4-aligned, no bias), else a
+// stand-in: whole tiles with alpha = 1 then load and store their accumulators here directly.
+@group(0) @binding(6) var<storage, read_write> c32: array<f32>;
+@group(0) @binding(7) var<uniform> p: Params;
 
 const CT: u32 = 128u;
 const CK: u32 = 32u;
@@ -67,6 +71,7 @@ const BIAS: bool = (FLAGS & 4u) != 0u;
 const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
 const VEC_A: bool = (FLAGS & 16u) != 0u;
 const VEC_B: bool = (FLAGS & 32u) != 0u;
+const DIRECT_C: bool = (FLAGS & 64u) != 0u;
 
 // [buffer][stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
@@ -230,6 +235,31 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     var c21: coop_mat16x16<f32, C>;
     var c30: coop_mat16x16<f32, C>;
     var c31: coop_mat16x16<f32, C>;
+    // Whole tiles of an f32 C with alpha = 1 skip the scratch: accumulators start from C (beta
+    // = 1) and are stored straight to it (a uniform choice: the whole workgroup takes it).
+    // (`&`, not `&&`: a short circuit is a branch, which the uniformity analysis cannot follow)
+    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + CT <= p.m & n0 + CT <= p.n;
+    let at = c_base + (m0 + sm) * p.n + n0 + sn;
+    // (pointers and strides as `let`s: naga 30 loses them inside cooperative calls otherwise)
+    let stride = p.n;
+    if (direct & ACCUMULATE) {
+        let pc00 = &c32[at + 0u * p.n + 0u];
+        c00 = coopLoadT<coop_mat16x16<f32, C>>(pc00, stride);
+        let pc01 = &c32[at + 0u * p.n + 16u];
+        c01 = coopLoadT<coop_mat16x16<f32, C>>(pc01, stride);
+        let pc10 = &c32[at + 16u * p.n + 0u];
+        c10 = coopLoadT<coop_mat16x16<f32, C>>(pc10, stride);
+        let pc11 = &c32[at + 16u * p.n + 16u];
+        c11 = coopLoadT<coop_mat16x16<f32, C>>(pc11, stride);
+        let pc20 = &c32[at + 32u * p.n + 0u];
+        c20 = coopLoadT<coop_mat16x16<f32, C>>(pc20, stride);
+        let pc21 = &c32[at + 32u * p.n + 16u];
+        c21 = coopLoadT<coop_mat16x16<f32, C>>(pc21, stride);
+        let pc30 = &c32[at + 48u * p.n + 0u];
+        c30 = coopLoadT<coop_mat16x16<f32, C>>(pc30, stride);
+        let pc31 = &c32[at + 48u * p.n + 16u];
+        c31 = coopLoadT<coop_mat16x16<f32, C>>(pc31, stride);
+    }
     // The next slice travels global -> registers while the current one is multiplied, then
     // registers -> the free workgroup buffer.
     var xa0: array<vec4<f16>, 2>;
@@ -293,20 +323,47 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         workgroupBarrier();
     }
 
-    let r00 = c00;
-    store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
-    let r01 = c01;
-    store_frag(r01, m0 + sm + 0u, n0 + sn + 16u, c_base, sg, lane);
-    let r10 = c10;
-    store_frag(r10, m0 + sm + 16u, n0 + sn + 0u, c_base, sg, lane);
-    let r11 = c11;
-    store_frag(r11, m0 + sm + 16u, n0 + sn + 16u, c_base, sg, lane);
-    let r20 = c20;
-    store_frag(r20, m0 + sm + 32u, n0 + sn + 0u, c_base, sg, lane);
-    let r21 = c21;
-    store_frag(r21, m0 + sm + 32u, n0 + sn + 16u, c_base, sg, lane);
-    let r30 = c30;
-    store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
-    let r31 = c31;
-    store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
+    if (direct) {
+        let d00 = c00;
+        let pd00 = &c32[at + 0u * p.n + 0u];
+        coopStoreT(d00, pd00, stride);
+        let d01 = c01;
+        let pd01 = &c32[at + 0u * p.n + 16u];
+        coopStoreT(d01, pd01, stride);
+        let d10 = c10;
+        let pd10 = &c32[at + 16u * p.n + 0u];
+        coopStoreT(d10, pd10, stride);
+        let d11 = c11;
+        let pd11 = &c32[at + 16u * p.n + 16u];
+        coopStoreT(d11, pd11, stride);
+        let d20 = c20;
+        let pd20 = &c32[at + 32u * p.n + 0u];
+        coopStoreT(d20, pd20, stride);
+        let d21 = c21;
+        let pd21 = &c32[at + 32u * p.n + 16u];
+        coopStoreT(d21, pd21, stride);
+        let d30 = c30;
+        let pd30 = &c32[at + 48u * p.n + 0u];
+        coopStoreT(d30, pd30, stride);
+        let d31 = c31;
+        let pd31 = &c32[at + 48u * p.n + 16u];
+        coopStoreT(d31, pd31, stride);
+    } else {
+        let r00 = c00;
+        store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
+        let r01 = c01;
+        store_frag(r01, m0 + sm + 0u, n0 + sn + 16u, c_base, sg, lane);
+        let r10 = c10;
+        store_frag(r10, m0 + sm + 16u, n0 + sn + 0u, c_base, sg, lane);
+        let r11 = c11;
+        store_frag(r11, m0 + sm + 16u, n0 + sn + 16u, c_base, sg, lane);
+        let r20 = c20;
+        store_frag(r20, m0 + sm + 32u, n0 + sn + 0u, c_base, sg, lane);
+        let r21 = c21;
+        store_frag(r21, m0 + sm + 32u, n0 + sn + 16u, c_base, sg, lane);
+        let r30 = c30;
+        store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
+        let r31 = c31;
+        store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
+    }
 }

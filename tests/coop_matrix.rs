@@ -28,11 +28,11 @@ fn has_coop(ctx: &Context) -> bool {
     false
 }
 
-/// One product `C[b] = 0.75·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
+/// One product `C[b] = alpha·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
 /// types `ab` (f16, or one of them f32, which the kernel rounds to f16), with `pre` elements of
 /// prefix before each operand (reached through `offsets`).
 fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, with_bias: bool, pre: [usize; 3]) {
-    let Gemm { batch, m, n, k, trans_a, trans_b, beta, .. } = g;
+    let Gemm { batch, m, n, k, trans_a, trans_b, beta, alpha, .. } = g;
     let held = |v: Vec<f32>, dt: DType| if dt == DType::F16 { round_f16(&v) } else { v };
     let a = held(randn(rng, pre[0] + batch * m * k, 1.0), ab[0]);
     let b = held(randn(rng, pre[1] + batch * k * n, 1.0), ab[1]);
@@ -53,7 +53,7 @@ fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, 
         init[pre[2]..].iter_mut().for_each(|v| *v = f32::NAN);
     }
     let gc = Guarded::of(ctx, c_dtype, init.len(), Some(&init));
-    let g = Gemm { alpha: 0.75, offsets: pre, ..g };
+    let g = Gemm { offsets: pre, ..g };
     let bias_view = with_bias.then(|| gbias.view());
     kernels::matmul::matmul_variant(
         &ctx.kernels,
@@ -79,13 +79,13 @@ fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, 
         trans_a,
         trans_b,
         false,
-        0.75,
+        alpha as f64,
     );
     let mut want = to64(&c0[..pre[2]]);
     want.extend(product.iter().zip(&c0[pre[2]..]).map(|(p, &c)| p + beta as f64 * c as f64));
     let rtol = if c_dtype == DType::F16 { 1.5e-3 } else { 1e-4 };
     let what = format!(
-        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
+        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} alpha={alpha} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
     );
     assert_close(&what, &gc.read(ctx), &want, rtol, 1e-4 * (k as f64).sqrt());
 }
@@ -113,7 +113,7 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
                 2 => [DType::F16, DType::F32],
                 _ => [DType::F16; 2],
             };
-            let g = Gemm { trans_a, trans_b, beta, ..Gemm::new(m, n, k) };
+            let g = Gemm { trans_a, trans_b, beta, alpha: 0.75, ..Gemm::new(m, n, k) };
             check(&ctx, &mut rng, g, ab, c_dtype, with_bias, [0; 3]);
             runs += 1;
         }
@@ -129,13 +129,39 @@ fn coop_matmul_handles_batches_and_row_chunk_offsets() {
     }
     let mut rng = Rng::new(43);
     // batch entries 8-aligned (4-halves loads) and not; prefixes aligned and not
-    for &(batch, m, n, k, pre) in
-        &[(3, 40, 24, 16, [8, 16, 5]), (2, 33, 17, 9, [3, 5, 2]), (2, 64, 136, 48, [5, 8, 0]), (1, 129, 128, 256, [16, 3, 7])]
-    {
+    for &(batch, m, n, k, pre) in &[
+        (3, 40, 24, 16, [8, 16, 5]),
+        (2, 33, 17, 9, [3, 5, 2]),
+        (2, 64, 136, 48, [5, 8, 0]),
+        (1, 129, 128, 256, [16, 3, 7]),
+    ] {
         for layout in 0..4 {
-            let g = Gemm { batch, trans_a: layout & 1 != 0, trans_b: layout & 2 != 0, beta: 1.0, ..Gemm::new(m, n, k) };
+            let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
+            let g = Gemm { batch, trans_a, trans_b, beta: 1.0, alpha: 0.75, ..Gemm::new(m, n, k) };
             let ab = if layout == 2 { [DType::F32, DType::F16] } else { [DType::F16; 2] };
             check(&ctx, &mut rng, g, ab, DType::F32, layout == 3, pre);
+        }
+    }
+}
+
+#[test]
+fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
+    // alpha = 1, no bias, f32 C with rows a multiple of 4 long: whole 128x128 tiles load C (beta =
+    // 1) and store their accumulators straight to it, edge tiles take the epilogue; N = 130 and
+    // alpha = 0.5 keep every tile on the epilogue for comparison
+    let ctx = ctx();
+    if !has_coop(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(53);
+    for &(batch, m, n, k, pre) in &[(1, 256, 264, 72, [0; 3]), (2, 300, 136, 40, [8, 0, 4]), (1, 128, 130, 64, [0; 3])]
+    {
+        for layout in 0..4 {
+            for (beta, alpha) in [(0.0, 1.0), (1.0, 1.0), (1.0, 0.5)] {
+                let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
+                let g = Gemm { batch, trans_a, trans_b, beta, alpha, ..Gemm::new(m, n, k) };
+                check(&ctx, &mut rng, g, [DType::F16; 2], DType::F32, false, pre);
+            }
         }
     }
 }
@@ -172,10 +198,19 @@ fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     let picked = kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &ga.view(), &gb.view());
     let want_variant = if ctx.kernels.tuning.coop_f16 { MatmulVariant::Coop } else { MatmulVariant::Large };
     assert_eq!(picked, want_variant);
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()), MatmulVariant::Direct);
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Direct, &ga.view(), &gb.view()),
+        MatmulVariant::Direct
+    );
     // f16 with f32: the product is f16 where the adapter has cooperative matrices; f32 × f32 never
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()), want_variant);
-    assert_eq!(kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()), MatmulVariant::Large);
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &gb.view()),
+        want_variant
+    );
+    assert_eq!(
+        kernels::matmul::for_operands(&ctx.kernels, MatmulVariant::Large, &f32_a.view(), &f32_a.view()),
+        MatmulVariant::Large
+    );
     if !ctx.kernels.tuning.coop_f16 {
         let forced = kernels::matmul::matmul_variant(
             &ctx.kernels,

@@ -41,7 +41,8 @@ pub fn attention(ctx: &Context, iters: usize, repeats: usize) -> Result<(f64, f6
     let (b, t, h, d) = (8, 1024, 12, 64);
     let dims = attention::Dims { b, t, h, d, scale: 0.125 };
     let f32v = |n, seed| buffer(ctx, n, seed, DType::F32);
-    let (qkv, out, dout, dqkv) = (f32v(b * t * 3 * h * d, 1), f32v(b * t * h * d, 2), f32v(b * t * h * d, 3), f32v(b * t * 3 * h * d, 4));
+    let (qkv, out, dout, dqkv) =
+        (f32v(b * t * 3 * h * d, 1), f32v(b * t * h * d, 2), f32v(b * t * h * d, 3), f32v(b * t * 3 * h * d, 4));
     let (lse, delta) = (f32v(b * h * t, 5), f32v(b * h * t, 6));
     let flop = 2.0 * (b * h * t * t * d) as f64;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {

@@ -3,9 +3,9 @@
 //! weight gradients.
 
 use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MAX_GROUPS};
-use crate::tensor::DType;
 use crate::error::{Error, Result};
 use crate::pager::View;
+use crate::tensor::DType;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -104,7 +104,10 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
-    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop) || !layout_ok || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop)
+        || !layout_ok
+        || g.m * g.n > super::MAX_GROUPS as usize * 256
+    {
         return 1;
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
@@ -247,7 +250,8 @@ fn launch(
 
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
 /// rows are a multiple of 8 halves long and start 8-aligned are read 4 halves at a time, through
-/// a second binding of the same view (`dummy` stands in for it otherwise).
+/// a second binding of the same view (`dummy` stands in for it otherwise); so is an f32 C that
+/// whole tiles may store to directly.
 fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
     if !k.tuning.coop_f16 {
         return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
@@ -255,18 +259,32 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     if !coop_operands(a, b) || p.quant_b != 0 {
         return Err(Error::invalid(
             "matmul",
-            format!("the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}", a.dtype, b.dtype),
+            format!(
+                "the cooperative-matrix kernel takes an f16 operand (and f16 or f32), not {:?} and {:?}",
+                a.dtype, b.dtype
+            ),
         ));
     }
     // stored row length of each operand (its contiguous dimension)
     let a_row = if g.trans_a { g.m } else { g.k };
     let b_row = if g.trans_b { g.k } else { g.n };
-    let vec_ok = |row: usize, off: usize, v: &View| row % 8 == 0 && off % 8 == 0 && v.offset % 16 == 0 && v.size >= 16;
+    let vec_ok = |row: usize, off: usize, v: &View| {
+        row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
+    };
     let (vec_a, vec_b) = (vec_ok(a_row, g.offsets[0], a), vec_ok(b_row, g.offsets[1], b));
-    let flags = large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5;
+    // whole tiles of a plain f32 C (no bias, rows 4-aligned) store their accumulators directly
+    let direct_c = c.dtype == DType::F32
+        && p.has_bias == 0
+        && g.n.is_multiple_of(4)
+        && g.offsets[2].is_multiple_of(4)
+        && c.offset.is_multiple_of(16);
+    let flags =
+        large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5 | (direct_c as u32) << 6;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
+    let write_dummy = k.write_dummy();
+    let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
-    k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4], p, groups)
+    k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
 }
 
 /// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,

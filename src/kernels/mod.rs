@@ -70,7 +70,8 @@ pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
-/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices.
+/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
+/// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
@@ -175,8 +176,9 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
-    /// Products of two f16 operands run on cooperative matrices (`matmul_coop`): the device has
-    /// them in 16×16×16 f16 → f32, 32-lane subgroups and the workgroup memory the kernel takes.
+    /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
+    /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
+    /// workgroup memory the kernel takes.
     pub coop_f16: bool,
 }
 
@@ -204,7 +206,7 @@ pub enum MatmulVariant {
     /// 128×128 tiles, 8×8 outputs a thread, double-buffered, one pipeline per layout and epilogue
     /// (GPUs: products with enough such tiles to fill the device).
     Large,
-    /// Cooperative matrices (tensor cores), 128×128 tiles, for products of two f16 operands where
+    /// Cooperative matrices (tensor cores), 128×128 tiles, for products with an f16 operand where
     /// the adapter has them ([`Tuning::coop_f16`]).
     Coop,
 }
@@ -261,6 +263,9 @@ pub struct Kernels {
     /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
     pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
     compiled: std::cell::Cell<bool>,
+    /// A small f32 buffer that stands in for an unused read-write binding (the context's dummy
+    /// is bound read-only beside it, and a buffer may not be both in one dispatch).
+    write_dummy: RefCell<Option<View>>,
 }
 
 impl Drop for Kernels {
@@ -283,7 +288,26 @@ impl Kernels {
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
             compiled: std::cell::Cell::new(false),
+            write_dummy: RefCell::new(None),
         }
+    }
+
+    /// A 16-byte f32 storage buffer for unused read-write bindings (see `write_dummy`).
+    pub fn write_dummy(&self) -> View {
+        self.write_dummy
+            .borrow_mut()
+            .get_or_insert_with(|| View {
+                buffer: self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("unused read-write binding"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                }),
+                offset: 0,
+                size: 16,
+                dtype: crate::tensor::DType::F32,
+            })
+            .clone()
     }
 
     /// Writes the on-disk pipeline cache if pipelines were compiled since it was last written
