@@ -937,10 +937,12 @@ impl Pager {
         };
         // The browser returns to its event loop here until the maps are done (natively these
         // block, as `settle` below would). No borrow of the state lives across the awaits.
+        let start = Stopwatch::start();
         for wait in waits {
             wait.await?;
         }
         let mut st = self.state();
+        st.counters.stall_s += start.seconds();
         st.settle(recorder, id)?;
         st.entries[&id].check_lost()?;
         let e = st.entries.get_mut(&id).expect("checked");
@@ -982,10 +984,14 @@ impl Pager {
             w.extend(st.upload.map_waits(&self.recorder));
             w
         };
+        let start = Stopwatch::start();
         for wait in waits {
             wait.await?;
         }
-        self.state().drain(&self.recorder, true)?;
+        let mut st = self.state();
+        st.counters.stall_s += start.seconds();
+        st.drain(&self.recorder, true)?;
+        drop(st);
         self.gpu.check("settling transfers")
     }
 
