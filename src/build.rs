@@ -1,5 +1,6 @@
-//! `cfg(vulkan_hal)`: targets where wgpu has its Vulkan backend (wgpu-core's own rule: Windows,
-//! and Unix other than Apple's), so the pager may reach Vulkan through wgpu-hal there.
+//! The build script (Cargo.toml's `build`) sets `cfg(vulkan_hal)` on targets where wgpu has its
+//! Vulkan backend (wgpu-core's own rule: Windows, and Unix other than Apple's), so the pager may
+//! reach Vulkan through wgpu-hal there.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(vulkan_hal)");
@@ -12,5 +13,5 @@ fn main() {
     if !wasm && (windows || (unix && !apple)) {
         println!("cargo::rustc-cfg=vulkan_hal");
     }
-    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=src/build.rs");
 }
