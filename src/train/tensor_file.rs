@@ -19,7 +19,6 @@ fn err(path: &Path, msg: impl Into<String>) -> Error {
 
 /// Where the bytes are.
 enum Source {
-    #[cfg(not(target_arch = "wasm32"))]
     File(std::fs::File),
     Bytes(Vec<u8>),
 }
@@ -36,8 +35,7 @@ pub struct TensorFile {
 }
 
 impl TensorFile {
-    /// Opens `path`, reading only its header.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// Opens `path`, reading only its header (in the browser, where there are no files, an error).
     pub fn open(path: &Path) -> Result<TensorFile> {
         let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
@@ -148,7 +146,6 @@ impl TensorFile {
     fn read_range(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         match &self.source {
             Source::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
-            #[cfg(not(target_arch = "wasm32"))]
             Source::File(f) => {
                 // The header checked the file's length: `len` bytes are there (unless the file
                 // shrank since, which is an error, not a short read).
