@@ -28,12 +28,23 @@ fn decode_kernels_match_references() {
         let qkv = &rows[pos * 3 * c..];
         let (gcache, gqkv) = (Guarded::new(&ctx, cache.len(), Some(&cache)), Guarded::new(&ctx, 3 * c, Some(qkv)));
         let (out, scores) = (Guarded::new(&ctx, c, None), Guarded::new(&ctx, h * max_t, None));
-        k::attention(&ctx.kernels, &out.view(), &scores.view(), &gqkv.view(), &gcache.view(), h, pos, c, max_t).unwrap();
+        k::attention(&ctx.kernels, &out.view(), &scores.view(), &gqkv.view(), &gcache.view(), h, pos, c, max_t)
+            .unwrap();
         // The last row of a causal window over rows 0..=pos is one decode step.
         let want = r::attention_forward(&to64(&rows), 1, pos + 1, c, h);
         assert_close(&format!("decode_attention h{h} d{d} pos{pos}"), &out.read(&ctx), &want[pos * c..], 1e-4, 1e-5);
-        assert!(k::attention(&ctx.kernels, &out.view(), &scores.view(), &gqkv.view(), &gcache.view(), h, max_t, c, max_t)
-            .is_err());
+        assert!(k::attention(
+            &ctx.kernels,
+            &out.view(),
+            &scores.view(),
+            &gqkv.view(),
+            &gcache.view(),
+            h,
+            max_t,
+            c,
+            max_t
+        )
+        .is_err());
 
         // kv_append writes rows pos.. of the cache from qkv's keys and values, nothing else.
         let n_new = (max_t - pos).min(3);
@@ -53,8 +64,11 @@ fn decode_kernels_match_references() {
         // decode_embed: wte[token] + wpe[pos].
         let (vocab, token) = (7usize, 5u32);
         let (wte, wpe) = (randn(&mut rng, vocab * c, 1.0), randn(&mut rng, max_t * c, 1.0));
-        let (gwte, gwpe, out) =
-            (Guarded::new(&ctx, wte.len(), Some(&wte)), Guarded::new(&ctx, wpe.len(), Some(&wpe)), Guarded::new(&ctx, c, None));
+        let (gwte, gwpe, out) = (
+            Guarded::new(&ctx, wte.len(), Some(&wte)),
+            Guarded::new(&ctx, wpe.len(), Some(&wpe)),
+            Guarded::new(&ctx, c, None),
+        );
         k::embed(&ctx.kernels, &out.view(), &gwte.view(), &gwpe.view(), token, pos, c).unwrap();
         let want = r::embedding_forward(&[token], &to64(&wte), &to64(&wpe[pos * c..]), 1, c);
         assert_close("decode_embed", &out.read(&ctx), &want, 1e-6, 0.0);
@@ -96,7 +110,13 @@ fn decode_matches_forward(ctx: &Context, model: &Gpt, rtol: f64, atol: f64) {
         let logits = ctx.no_grad(|| model.decode(ctx, &mut cache, new)).unwrap();
         let got = pollster::block_on(ctx.to_f32(&logits)).unwrap();
         let want = forward_logits(ctx, model, &tokens[..fed]);
-        assert_close(&format!("logits after {fed} tokens ({:?})", model.activation_dtype()), &got, &to64(&want), rtol, atol);
+        assert_close(
+            &format!("logits after {fed} tokens ({:?})", model.activation_dtype()),
+            &got,
+            &to64(&want),
+            rtol,
+            atol,
+        );
         assert_eq!(cache.len(), fed);
         if fed == tokens.len() {
             break;

@@ -5,8 +5,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use pagetrain::nn::Module;
 use pagetrain::nn::ModelShape;
+use pagetrain::nn::Module;
 use pagetrain::train::{TrainConfig, Trainer};
 use pagetrain::{Context, ContextOptions, StoreKind};
 
@@ -89,7 +89,8 @@ fn checkpoints_stream_a_tensor_at_a_time() {
         assert!(peak >= largest, "{what}: {peak} bytes is less than one tensor: is the allocator counting?");
     }
     for (a, b) in t.model.params().iter().zip(resumed.model.params()) {
-        let (x, y) = (pollster::block_on(ctx.to_f32(&a.value)).unwrap(), pollster::block_on(ctx.to_f32(&b.value)).unwrap());
+        let (x, y) =
+            (pollster::block_on(ctx.to_f32(&a.value)).unwrap(), pollster::block_on(ctx.to_f32(&b.value)).unwrap());
         assert_eq!(x, y, "{} round-trips", a.name);
     }
 }

@@ -228,13 +228,7 @@ impl ShardedAdamW {
 
     /// Fills this rank's moments from whole ones (`<param>.exp_avg`, `<param>.exp_avg_sq`, as a
     /// checkpoint holds them, read from `path`), whatever number of ranks wrote them.
-    pub fn load_moments(
-        &self,
-        ctx: &Context,
-        params: &[&Param],
-        moments: &TensorFile,
-        path: &Path,
-    ) -> Result<()> {
+    pub fn load_moments(&self, ctx: &Context, params: &[&Param], moments: &TensorFile, path: &Path) -> Result<()> {
         let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
         let mut whole: HashMap<String, Vec<f32>> = HashMap::new();
         let mut get = |name: String, want: &[usize]| -> Result<()> {

@@ -153,7 +153,13 @@ fn file_meta(state: &TrainState, extra: &[(&str, String)]) -> Result<HashMap<Str
 
 /// Writes the model's weights (int8-frozen ones dequantized) to `out` as safetensors, a tensor
 /// at a time from the pager.
-async fn write_model<W: std::io::Write>(ctx: &Context, path: &Path, out: W, model: &Gpt, state: &TrainState) -> Result<W> {
+async fn write_model<W: std::io::Write>(
+    ctx: &Context,
+    path: &Path,
+    out: W,
+    model: &Gpt,
+    state: &TrainState,
+) -> Result<W> {
     let stored = model.stored();
     let shapes: Vec<(String, Vec<usize>)> = stored
         .iter()

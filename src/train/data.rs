@@ -236,7 +236,9 @@ impl Dataset {
         let mut y = Vec::with_capacity(b * t);
         for _ in 0..b {
             let s = start + rng.below(end - start - t);
-            if let Some((i, tok)) = (s..s + t + 1).map(|i| (i, data.token(i))).find(|&(_, tok)| tok as usize >= vocab_size) {
+            if let Some((i, tok)) =
+                (s..s + t + 1).map(|i| (i, data.token(i))).find(|&(_, tok)| tok as usize >= vocab_size)
+            {
                 return Err(Error::Data {
                     path: data.path.clone(),
                     msg: format!("token {tok} at position {i} is not below the vocabulary size {vocab_size}"),

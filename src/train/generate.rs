@@ -137,8 +137,8 @@ pub async fn generate(
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_model(ctx: &Context, dir: &std::path::Path, tokenizer: super::Tokenizer) -> Result<(Gpt, Vocab)> {
     let ckpt = super::checkpoint::load(dir)?;
-    let vocab = super::run_setup::checkpoint_vocab(tokenizer, &ckpt)
-        .unwrap_or(Vocab::Ids { size: ckpt.config.vocab_size });
+    let vocab =
+        super::run_setup::checkpoint_vocab(tokenizer, &ckpt).unwrap_or(Vocab::Ids { size: ckpt.config.vocab_size });
     if vocab.size() > ckpt.config.vocab_size {
         return Err(Error::invalid(
             "tokenizer",

@@ -1,9 +1,9 @@
 //! What a run is set up with before its first step: its data (opened with the tokenizer and
 //! the checkpoint's vocabulary in mind) and where its optimizer runs.
 
+use super::checkpoint::Checkpoint;
 use super::config::{OptimizerOn, TrainConfig};
 use super::data::{Dataset, Vocab};
-use super::checkpoint::Checkpoint;
 use super::tokenizer::{Tokenizer, GPT2_VOCAB};
 use crate::context::Context;
 use crate::error::{Error, Result};

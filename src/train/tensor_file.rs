@@ -179,17 +179,21 @@ pub struct TensorFileWriter<W: Write> {
 impl<W: Write> TensorFileWriter<W> {
     /// Writes the header for `tensors` (name, shape) and `meta` to `out` (`path` names it in
     /// errors).
-    pub fn new(path: &Path, mut out: W, tensors: &[(String, Vec<usize>)], meta: HashMap<String, String>) -> Result<Self> {
+    pub fn new(
+        path: &Path,
+        mut out: W,
+        tensors: &[(String, Vec<usize>)],
+        meta: HashMap<String, String>,
+    ) -> Result<Self> {
         let mut offset = 0;
         let mut infos = Vec::with_capacity(tensors.len());
         let mut order = Vec::with_capacity(tensors.len());
         for (name, shape) in tensors {
             let elements: usize = shape.iter().product();
-            infos.push((name.clone(), TensorInfo {
-                dtype: Dtype::F32,
-                shape: shape.clone(),
-                data_offsets: (offset, offset + 4 * elements),
-            }));
+            infos.push((
+                name.clone(),
+                TensorInfo { dtype: Dtype::F32, shape: shape.clone(), data_offsets: (offset, offset + 4 * elements) },
+            ));
             order.push((name.clone(), elements));
             offset += 4 * elements;
         }

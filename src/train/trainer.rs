@@ -518,7 +518,14 @@ impl Trainer {
     }
 
     /// `n` tokens generated after `prompt` (the vocabulary's start token when empty), decoded.
-    pub async fn sample(&mut self, ctx: &Context, prompt: &[u32], n: usize, sampling: Sampling, seed: u64) -> Result<String> {
+    pub async fn sample(
+        &mut self,
+        ctx: &Context,
+        prompt: &[u32],
+        n: usize,
+        sampling: Sampling,
+        seed: u64,
+    ) -> Result<String> {
         self.apply_pending(ctx)?;
         let start = [start_token(&self.data.vocab)];
         let prompt = if prompt.is_empty() { &start[..] } else { prompt };
