@@ -7,8 +7,10 @@ pub mod data;
 pub mod generate;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
+mod optimizer;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
+mod report;
 pub mod run_file;
 mod run_setup;
 pub mod tensor_file;

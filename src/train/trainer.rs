@@ -7,167 +7,20 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::checkpoint::{self, LossScale, Moments, TrainState};
+use super::checkpoint::{self, LossScale, TrainState};
 use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
+pub use super::optimizer::Optimizer;
+pub use super::report::{Quiet, Reporter, RunSummary, StepReport};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
 use crate::context::Context;
-use crate::dist::{CommStats, Dist, ShardedAdamW};
+use crate::dist::{Dist, ShardedAdamW};
 use crate::error::{Error, Result};
-use crate::nn::{Gpt, Module, Param};
+use crate::nn::{Gpt, Module};
 use crate::optim::{AdamW, AdamWConfig, HostAdamW};
 use crate::rng::Rng;
-
-/// One finished optimizer step.
-#[derive(Clone, Copy, Debug)]
-pub struct StepReport {
-    pub step: u64,
-    pub loss: f32,
-    pub lr: f32,
-    pub tokens_per_s: f64,
-    pub micro_batch: usize,
-}
-
-/// Receives progress; every method has a do-nothing default.
-pub trait Reporter {
-    fn on_start(&mut self, _trainer: &Trainer) {}
-    fn on_step(&mut self, _r: &StepReport) {}
-    fn on_eval(&mut self, _step: u64, _val_loss: f32) {}
-    fn on_message(&mut self, _msg: &str) {}
-}
-
-/// A reporter that stays silent.
-pub struct Quiet;
-impl Reporter for Quiet {}
-
-/// What a finished run reports (the CLI's `--json` line).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct RunSummary {
-    pub final_train_loss: f32,
-    pub final_val_loss: f32,
-    pub baseline_loss: f32,
-    pub tokens_per_s: f64,
-    pub steps: u64,
-    pub params: usize,
-    pub losses: Vec<f32>,
-    pub sample: String,
-    pub adapter: String,
-    /// Most bytes the GPU pool held at once; never above `budget_bytes`.
-    pub peak_gpu_bytes: u64,
-    pub budget_bytes: u64,
-    /// Most bytes of live tensors at once (what a fully resident run would need).
-    pub footprint_bytes: u64,
-    pub bytes_uploaded: u64,
-    pub bytes_written_back: u64,
-    /// Seconds the host waited for transfers.
-    pub stall_s: f64,
-    /// Micro-batch the run ended with (smaller than --batch-size after out-of-memory shrinks).
-    pub micro_batch: usize,
-    pub accum: usize,
-    pub optimizer_on: String,
-    pub recompute: bool,
-    /// With recompute: activation bytes per step (summed over its micro-batches) that the
-    /// checkpointed blocks did not keep from forward to backward; a micro-batch's footprint is
-    /// lower by about its share of this, less one block's worth (recomputed in backward).
-    pub recompute_dropped_bytes_per_step: u64,
-    pub precision: String,
-    pub loss_scale: f32,
-    pub skipped_steps: u64,
-    /// Processes training together (1: a single process); the batch figures above are global.
-    pub ranks: usize,
-    /// Per step, this rank's communication (all zero for a single process).
-    pub comm_per_step: CommStats,
-    /// Bytes of AdamW state in this rank's host store, and every rank's (sharded runs).
-    pub optimizer_state_bytes: u64,
-    pub optimizer_state_bytes_per_rank: Vec<u64>,
-}
-
-/// Where the optimizer runs in this run.
-pub enum Optimizer {
-    Gpu(AdamW),
-    Host(HostAdamW),
-    /// Data parallel: each rank updates its shard on the host (see [`crate::dist`]).
-    Sharded(ShardedAdamW),
-}
-
-impl Optimizer {
-    pub fn moments(&self) -> Moments<'_> {
-        match self {
-            Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
-            Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
-            // Its moments are shards, saved by `dist::shard_files`.
-            Optimizer::Sharded(o) => Moments { m: &[], v: &[], t: o.t },
-        }
-    }
-
-    fn set_t(&mut self, t: u64) {
-        match self {
-            Optimizer::Gpu(o) => o.t = t,
-            Optimizer::Host(o) => o.t = t,
-            Optimizer::Sharded(o) => o.t = t,
-        }
-    }
-
-    /// Bytes of AdamW state in the host store (moments; one shard of them when sharded).
-    pub fn state_bytes(&self, ctx: &Context) -> u64 {
-        match self {
-            Optimizer::Sharded(o) => crate::dist::host_bytes(ctx, [&o.m, &o.v]),
-            _ => crate::dist::host_bytes(ctx, self.moments().m.iter().chain(self.moments().v)),
-        }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Optimizer::Gpu(_) => "gpu",
-            Optimizer::Host(_) => "host",
-            Optimizer::Sharded(_) => "host, sharded over ranks",
-        }
-    }
-
-    /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
-    /// then reuses its clip factor). The GPU optimizer defers each parameter's update to just
-    /// before the next forward reads it ([`AdamW::defer`]) and zeroes gradients as it goes; the
-    /// host optimizer updates at once, and the gradients are zeroed here. f16 weight copies are
-    /// rewritten either way.
-    async fn step(&mut self, ctx: &Context, model: &Gpt, lr: f32, grad_scale: f32, clipped: bool) -> Result<()> {
-        match self {
-            Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
-            Optimizer::Host(o) => {
-                o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
-                model.refresh_half(ctx)?;
-                model.zero_grad(ctx)
-            }
-            Optimizer::Sharded(o) => {
-                o.step_lr(ctx, &model.params(), lr, grad_scale)?;
-                model.refresh_half(ctx)?;
-                model.zero_grad(ctx)
-            }
-        }
-    }
-
-    /// Applies a deferred update to those of `params` still waiting for it.
-    fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
-        match self {
-            Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
-            Optimizer::Host(_) | Optimizer::Sharded(_) => Ok(()),
-        }
-    }
-
-    /// The global norm of the gradients times `grad_scale` (waits for the GPU).
-    async fn grad_norm(&mut self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
-        match self {
-            Optimizer::Gpu(o) => {
-                o.apply_deferred(ctx, &model.params())?;
-                o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
-                o.clip.norm(ctx).await
-            }
-            Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
-            Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
-        }
-    }
-}
 
 pub struct Trainer {
     pub cfg: TrainConfig,
@@ -596,7 +449,7 @@ impl Trainer {
         // Ranks other than the lead share its --out: they write no metrics and do not evaluate.
         let lead = self.is_lead();
         let mut metrics = super::metrics::MetricsLog::open_if(lead, &self.cfg.out)?;
-        let mut comm_total = CommStats::default();
+        let mut comm_total = crate::dist::CommStats::default();
         while self.step < self.cfg.steps {
             let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
             let loss = self.train_step(ctx).await?;

@@ -1,0 +1,101 @@
+//! Where a run's optimizer runs: fused AdamW kernels on the GPU, AdamW on host threads, or
+//! sharded across data-parallel ranks — one interface for the training loop.
+
+use super::checkpoint::Moments;
+use crate::context::Context;
+use crate::dist::ShardedAdamW;
+use crate::error::Result;
+use crate::nn::{Gpt, Module, Param};
+use crate::optim::{AdamW, HostAdamW};
+
+/// Where the optimizer runs in this run.
+pub enum Optimizer {
+    Gpu(AdamW),
+    Host(HostAdamW),
+    /// Data parallel: each rank updates its shard on the host (see [`crate::dist`]).
+    Sharded(ShardedAdamW),
+}
+
+impl Optimizer {
+    pub fn moments(&self) -> Moments<'_> {
+        match self {
+            Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            // Its moments are shards, saved by `dist::shard_files`.
+            Optimizer::Sharded(o) => Moments { m: &[], v: &[], t: o.t },
+        }
+    }
+
+    pub(super) fn set_t(&mut self, t: u64) {
+        match self {
+            Optimizer::Gpu(o) => o.t = t,
+            Optimizer::Host(o) => o.t = t,
+            Optimizer::Sharded(o) => o.t = t,
+        }
+    }
+
+    /// Bytes of AdamW state in the host store (moments; one shard of them when sharded).
+    pub fn state_bytes(&self, ctx: &Context) -> u64 {
+        match self {
+            Optimizer::Sharded(o) => crate::dist::host_bytes(ctx, [&o.m, &o.v]),
+            _ => crate::dist::host_bytes(ctx, self.moments().m.iter().chain(self.moments().v)),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Gpu(_) => "gpu",
+            Optimizer::Host(_) => "host",
+            Optimizer::Sharded(_) => "host, sharded over ranks",
+        }
+    }
+
+    /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
+    /// then reuses its clip factor). The GPU optimizer defers each parameter's update to just
+    /// before the next forward reads it ([`AdamW::defer`]) and zeroes gradients as it goes; the
+    /// host optimizer updates at once, and the gradients are zeroed here. f16 weight copies are
+    /// rewritten either way.
+    pub(super) async fn step(
+        &mut self,
+        ctx: &Context,
+        model: &Gpt,
+        lr: f32,
+        grad_scale: f32,
+        clipped: bool,
+    ) -> Result<()> {
+        match self {
+            Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
+            Optimizer::Host(o) => {
+                o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
+                model.refresh_half(ctx)?;
+                model.zero_grad(ctx)
+            }
+            Optimizer::Sharded(o) => {
+                o.step_lr(ctx, &model.params(), lr, grad_scale)?;
+                model.refresh_half(ctx)?;
+                model.zero_grad(ctx)
+            }
+        }
+    }
+
+    /// Applies a deferred update to those of `params` still waiting for it.
+    pub(super) fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        match self {
+            Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
+            Optimizer::Host(_) | Optimizer::Sharded(_) => Ok(()),
+        }
+    }
+
+    /// The global norm of the gradients times `grad_scale` (waits for the GPU).
+    pub(super) async fn grad_norm(&mut self, ctx: &Context, model: &Gpt, grad_scale: f32) -> Result<f32> {
+        match self {
+            Optimizer::Gpu(o) => {
+                o.apply_deferred(ctx, &model.params())?;
+                o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
+                o.clip.norm(ctx).await
+            }
+            Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
+        }
+    }
+}
