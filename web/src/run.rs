@@ -290,11 +290,10 @@ async fn sample(
     temperature: f32,
     seed: u64,
 ) -> pagetrain::Result<String> {
-    let ids = trainer.data.vocab.encode(if prompt.is_empty() { " " } else { prompt })?;
-    if ids.is_empty() {
-        return Err(Error::Invalid { what: "prompt", msg: "encodes to no tokens".into() });
-    }
-    let text = trainer.sample(ctx, &ids, tokens, temperature, seed).await?;
+    // An empty prompt starts from the vocabulary's start token.
+    let ids = trainer.data.vocab.encode(prompt)?;
+    let sampling = pagetrain::train::Sampling { temperature, ..trainer.cfg.sampling };
+    let text = trainer.sample(ctx, &ids, tokens, sampling, seed).await?;
     // Sampling reads logits back every token; the last one's transfers end here.
     ctx.pager.settle().await?;
     Ok(text)
