@@ -1,0 +1,326 @@
+//! The pager's state machine: where each tensor is, making one resident (placing, filling,
+//! evicting by the plan, writing dirty victims back), delivering write-backs, prefetching.
+
+use super::pool::Taken;
+use super::staging::Job;
+use super::*;
+
+/// Where a write-back job's bytes go in the host store (`None`: the tensor is gone). The range
+/// stays the job's alone until it is finished: the pager settles a tensor's jobs before it reads,
+/// writes or uploads its host bytes, and waits for its deliveries before freeing them.
+/// A store that fails here leaves the tensor dirty on the GPU, or lost when it has left it.
+fn host_target(
+    store: &mut dyn HostStore,
+    entries: &mut HashMap<TensorId, Entry>,
+    job: Job,
+) -> Result<Option<(*mut u8, usize)>> {
+    let Some(e) = entries.get_mut(&job.tensor) else { return Ok(None) };
+    let dst = store.bytes_mut(&e.host).map_err(|err| e.delivery_failed(err))?;
+    let (a, b) = (job.offset as usize, ((job.offset + job.len) as usize).min(dst.len()));
+    Ok(Some((dst[a..b].as_mut_ptr(), b - a)))
+}
+
+impl State {
+    pub(super) fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
+        let State { store, entries, readback, counters, .. } = self;
+        counters.stall_s += readback.drain(recorder, wait, &mut |job| host_target(store.as_mut(), entries, job))?;
+        Ok(())
+    }
+
+    /// Delivers the write-backs of `id` still in flight (and the older ones before them).
+    pub(super) fn settle(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        let State { store, entries, readback, counters, .. } = self;
+        counters.stall_s +=
+            readback.deliver_through(recorder, id, &mut |job| host_target(store.as_mut(), entries, job))?;
+        Ok(())
+    }
+
+    /// Records the write-back of a dirty resident tensor (it stays resident, now clean).
+    pub(super) fn write_back(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        let (buffer, host, len, bytes) = {
+            let e = &self.entries[&id];
+            (e.gpu.clone().expect("resident"), e.host, e.copy_len(), e.bytes)
+        };
+        // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
+        self.store.bytes_mut(&host)?;
+        let State { store, entries, readback, counters, .. } = self;
+        counters.stall_s +=
+            readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?;
+        counters.writebacks += 1;
+        counters.bytes_written_back += bytes;
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.unread_writeback += bytes;
+        e.dirty = false;
+        e.contents = Contents::Host;
+        Ok(())
+    }
+
+    pub(super) fn evict(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        if self.entries[&id].dirty && self.dead_by_plan(id) {
+            let e = self.entries.get_mut(&id).expect("exists");
+            e.dirty = false;
+            e.contents = Contents::Undefined;
+            e.lost = Some(DROPPED_BY_PLAN.into());
+            e.lost_by_plan = true;
+            self.counters.writeback_skipped_bytes += e.bytes;
+        } else if self.entries[&id].dirty {
+            self.write_back(recorder, id)?;
+        }
+        let e = self.entries.get_mut(&id).expect("exists");
+        if let Some(buf) = e.gpu.take() {
+            self.pool.give(buf);
+        }
+        self.counters.evictions += 1;
+        Ok(())
+    }
+
+    /// Whether `id`'s values will never be read again, by the plan: it was made during the step,
+    /// the previous step freed its counterpart without reading it on the host, the trace has
+    /// matched so far, and no access to it is left in the step.
+    pub(super) fn dead_by_plan(&self, id: TensorId) -> bool {
+        let e = &self.entries[&id];
+        let Some(f) = self.future.as_ref().filter(|_| self.drop_dead_writebacks && !self.diverged && self.in_step)
+        else {
+            return false;
+        };
+        matches!(e.key, Key::Step(_))
+            && !e.read_on_host
+            && f.freed_unread(e.key)
+            && f.next_use(e.key, self.trace.len().saturating_sub(1)) == u32::MAX
+    }
+
+    /// The plan says `key` is not used again before the step ends (without blocking waits, only
+    /// such dirty tensors may leave: their write-backs are delivered at the step's end). Where
+    /// this step went differently from the last, only a persistent tensor the last step never
+    /// touched counts (the optimizer's moments in the first step that updates).
+    pub(super) fn done_this_step(&self, key: Key) -> bool {
+        let Some(future) = self.future.as_ref().filter(|_| self.in_step) else { return false };
+        if self.diverged {
+            matches!(key, Key::Persistent(_)) && future.next_use(key, 0) == u32::MAX && future.at(0) != Some(key)
+        } else {
+            self.next_use(key).is_none()
+        }
+    }
+
+    pub(super) fn next_use(&self, key: Key) -> Option<u32> {
+        let f = self.future.as_ref()?;
+        let cursor = self.trace.len().saturating_sub(1);
+        Some(f.next_use(key, cursor)).filter(|&n| n != u32::MAX)
+    }
+
+    /// A GPU buffer for `id`, evicting by the policy until the pool has room.
+    pub(super) fn place(
+        &mut self,
+        device: &wgpu::Device,
+        recorder: &Recorder,
+        id: TensorId,
+        mapped: bool,
+    ) -> Result<Taken> {
+        let (name, bytes) = {
+            let e = &self.entries[&id];
+            (e.name.clone(), e.bytes)
+        };
+        loop {
+            let oom = match self.pool.take(device, &name, bytes.max(4), mapped) {
+                Ok(buf) => return Ok(buf),
+                Err(Error::BudgetTooSmall { .. }) => None,
+                Err(e @ Error::OutOfMemory { .. }) => {
+                    // Cached free buffers hold driver memory the budget thought was there.
+                    self.pool.trim();
+                    Some(e)
+                }
+                Err(e) => return Err(e),
+            };
+            let candidates: Vec<(TensorId, plan::Candidate)> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
+                .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
+                .map(|(&i, e)| {
+                    (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
+                })
+                .collect();
+            let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
+            let future = if self.diverged { None } else { self.future.as_ref() };
+            let cursor = self.trace.len().saturating_sub(1);
+            match plan::choose_victim(self.policy, future, cursor, &cands) {
+                Some(v) => self.evict(recorder, candidates[v].0)?,
+                None if oom.is_some() => return Err(oom.expect("checked")),
+                None => {
+                    let pinned: u64 = self
+                        .entries
+                        .values()
+                        .filter(|e| e.pins > 0 && e.gpu.is_some())
+                        .map(|e| size_class(e.bytes))
+                        .sum();
+                    return Err(Error::BudgetTooSmall {
+                        tensor: name,
+                        needed: pinned + size_class(bytes),
+                        budget: self.pool.budget(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Gives a freshly placed buffer the tensor's contents (nothing when the kernel will
+    /// `overwrite` it all), and unmaps a zero-copy buffer so kernels can use it.
+    pub(super) fn fill(&mut self, recorder: &Recorder, id: TensorId, taken: &Taken, overwrite: bool) -> Result<()> {
+        self.settle(recorder, id)?;
+        let e = self.entries.get_mut(&id).expect("exists");
+        if overwrite {
+            e.lost = None;
+            e.lost_by_plan = false;
+        } else if let Err(err) = e.check_lost() {
+            if taken.mapped {
+                taken.buffer.unmap();
+            }
+            return Err(err);
+        }
+        let e = &self.entries[&id];
+        let len = e.copy_len();
+        let result = match (overwrite, e.contents, taken.mapped) {
+            (true, _, _) | (_, Contents::Undefined, _) => Ok(()),
+            // A buffer created mapped starts zeroed.
+            (_, Contents::Zero, true) => Ok(()),
+            (_, Contents::Zero, false) => {
+                recorder.record(|enc| enc.clear_buffer(&taken.buffer, 0, Some(len)));
+                Ok(())
+            }
+            (_, Contents::Host, mapped) => self.upload(recorder, id, &taken.buffer, mapped),
+        };
+        if taken.mapped {
+            taken.buffer.unmap();
+        }
+        result
+    }
+
+    /// Host bytes of `id` into `buffer`: written in place when it is mapped, else through the ring.
+    pub(super) fn upload(
+        &mut self,
+        recorder: &Recorder,
+        id: TensorId,
+        buffer: &wgpu::Buffer,
+        mapped: bool,
+    ) -> Result<()> {
+        let e = &self.entries[&id];
+        let len = e.copy_len() as usize;
+        let src = &self.store.bytes(&e.host)?[..len];
+        let start = Stopwatch::start();
+        if mapped {
+            let mut view = buffer
+                .get_mapped_range_mut(0..len as u64)
+                .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
+            staging::fill_now(&self.copier, &mut view, src);
+        } else {
+            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+        }
+        self.counters.fill_s += start.seconds();
+        self.counters.uploads += 1;
+        self.counters.bytes_uploaded += e.bytes;
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.uploads += 1;
+        e.unread_writeback = 0;
+        Ok(())
+    }
+
+    /// Frees `id`'s GPU buffer and host bytes, with no write-back.
+    pub(super) fn release(&mut self, id: TensorId) {
+        if let Some(e) = self.entries.remove(&id) {
+            // Background copies may still read or write its host bytes.
+            self.readback.wait_deliveries_for(id);
+            self.upload.wait_fills_for(&[id]);
+            self.live_bytes -= e.bytes;
+            self.counters.writeback_unread_bytes += e.unread_writeback;
+            if self.in_step && matches!(e.key, Key::Step(_)) && !e.read_on_host {
+                self.freed_unread.insert(e.key);
+            }
+            if let Some(buf) = e.gpu {
+                self.pool.give(buf);
+            }
+            self.store.free(e.host);
+        }
+    }
+
+    pub(super) fn unpin_to(&mut self, depth: usize) {
+        while self.pinned.len() > depth {
+            let id = self.pinned.pop().expect("non-empty");
+            if let Some(e) = self.entries.get_mut(&id) {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
+    }
+
+    /// After the host bytes of `id` changed: its GPU copy is dropped, or, while an op in flight
+    /// has it pinned, rewritten in place (recorded in program order, before the op's kernels).
+    pub(super) fn host_changed(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        let e = self.entries.get_mut(&id).expect("exists");
+        e.contents = Contents::Host;
+        e.dirty = false;
+        e.lost = None;
+        e.lost_by_plan = false;
+        if e.pins == 0 {
+            if let Some(buf) = e.gpu.take() {
+                self.pool.give(buf);
+            }
+        } else if let Some(buf) = e.gpu.clone() {
+            let (host, len) = (e.host, e.copy_len() as usize);
+            let src = &self.store.bytes(&host)?[..len];
+            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, &buf, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The accesses traced so far become the prediction for the next step.
+    pub(super) fn new_step(&mut self) {
+        if let Some((clock, before)) = self.step_start.take() {
+            self.last_step = Some(StepTransfers::between(&before, &self.counters, clock.seconds()));
+        }
+        self.step_start = Some((Stopwatch::start(), self.counters));
+        let freed_unread = std::mem::take(&mut self.freed_unread);
+        if self.in_step && !self.trace.is_empty() {
+            let trace = std::mem::take(&mut self.trace);
+            self.future = Some(plan::Future::new(trace).with_freed_unread(freed_unread));
+        }
+        self.trace.clear();
+        self.in_step = true;
+        self.step_ids.clear();
+        self.diverged = false;
+    }
+
+    /// Uploads tensors the next accesses will read while there is free room (no evictions),
+    /// and asks the OS to read their host pages ahead.
+    pub(super) fn prefetch(&mut self, device: &wgpu::Device, recorder: &Recorder) -> Result<()> {
+        if self.diverged || self.prefetch_window == 0 {
+            return Ok(());
+        }
+        let Some(future) = self.future.as_ref() else {
+            return Ok(());
+        };
+        let cursor = self.trace.len();
+        let wanted: Vec<TensorId> = (cursor..cursor + self.prefetch_window)
+            .filter_map(|i| future.at(i))
+            .filter_map(|key| match key {
+                Key::Persistent(id) => Some(id),
+                Key::Step(n) => self.step_ids.get(n as usize).copied(),
+            })
+            .collect();
+        for id in wanted {
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
+            if e.gpu.is_some() || e.contents != Contents::Host || e.lost.is_some() || self.readback.has_jobs_for(id) {
+                continue;
+            }
+            if !self.pool.fits_without_eviction(e.bytes.max(4)) {
+                break;
+            }
+            self.store.will_need(&e.host);
+            let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
+            self.fill(recorder, id, &taken, false)?;
+            self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            self.counters.prefetches += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,230 @@
+//! Moving a tensor's bytes between the host and the GPU when the caller asks: overwriting or
+//! zeroing it, changing its host bytes in place, reading it back, and flushing or settling the
+//! copies in flight.
+
+use super::*;
+
+impl Pager {
+    /// Overwrites a tensor's values from the host (any GPU copy is dropped).
+    pub fn write(&self, id: TensorId, data: &[u8]) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        st.settle(recorder, id)?;
+        st.upload.wait_fills_for(&[id]);
+        let (host, bytes) = {
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            (e.host, e.bytes as usize)
+        };
+        if data.len() != bytes {
+            return Err(Error::shape("tensor write", bytes, data.len()));
+        }
+        st.store.bytes_mut(&host)?[..bytes].copy_from_slice(data);
+        st.host_changed(recorder, id)
+    }
+
+    /// Moves a tensor off the GPU now (written back first if dirty).
+    pub fn evict(&self, id: TensorId) -> Result<()> {
+        let mut st = self.state();
+        match st.entries.get(&id) {
+            Some(e) if e.gpu.is_some() && e.pins == 0 => st.evict(&self.recorder, id),
+            Some(_) => Ok(()),
+            None => Err(Error::invalid("tensor", format!("#{id} was released"))),
+        }
+    }
+
+    /// Waits until every write-back recorded so far has landed in the host store.
+    pub fn drain(&self) -> Result<()> {
+        self.recorder.flush();
+        self.state().drain(&self.recorder, true)
+    }
+
+    /// Sets a tensor to zero: a clear on the GPU if it is there, nothing at all otherwise.
+    pub fn zero(&self, id: TensorId) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        st.settle(recorder, id)?;
+        let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if let Some(buf) = &e.gpu {
+            let len = e.copy_len();
+            recorder.record(|enc| enc.clear_buffer(buf, 0, Some(len)));
+        }
+        e.contents = Contents::Zero;
+        e.dirty = false;
+        e.lost = None;
+        e.lost_by_plan = false;
+        Ok(())
+    }
+
+    /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold
+    /// their newest values (call `sync_to_host` first). Tensors in `written` (some of `ids`) are
+    /// taken to be changed: their GPU copies are dropped, or rewritten when an op has them pinned.
+    /// `f` runs while the pager is held: it must not call it (handles it drops are released, and
+    /// op scopes it ends unpinned, at the pager's next use).
+    pub fn update_host<R>(
+        &self,
+        ids: &[TensorId],
+        written: &[TensorId],
+        f: impl FnOnce(&mut [&mut [u8]]) -> R,
+    ) -> Result<R> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        if let Some(id) = written.iter().find(|id| !ids.contains(id)) {
+            let name = st.entries.get(id).map_or(format!("#{id}"), |e| e.name.clone());
+            return Err(Error::invalid("update_host", format!("`{name}` is written but not among the tensors given")));
+        }
+        let mut ranges = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
+                return Err(Error::invalid("update_host", format!("`{}` has newer values on the GPU", e.name)));
+            }
+            e.check_lost()?;
+            let mut r = e.host;
+            r.len = e.bytes as usize;
+            ranges.push(r);
+        }
+        st.upload.wait_fills_for(ids);
+        let zero: Vec<bool> = ids.iter().map(|id| st.entries[id].contents == Contents::Zero).collect();
+        let mut slices = st.store.bytes_mut_many(&ranges)?;
+        for (s, z) in slices.iter_mut().zip(zero) {
+            if z {
+                s.fill(0);
+            }
+        }
+        let out = f(&mut slices);
+        drop(slices);
+        for id in ids {
+            let e = st.entries.get_mut(id).expect("checked");
+            e.contents = Contents::Host;
+            e.unread_writeback = 0;
+            e.read_on_host = true;
+        }
+        for &id in written {
+            st.host_changed(recorder, id)?;
+        }
+        Ok(out)
+    }
+
+    /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
+    /// `read` then). For set-up code that runs before any kernel touched the tensor.
+    pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
+        let mut st = self.state();
+        if let Some(e) = st.entries.get_mut(&id) {
+            e.unread_writeback = 0;
+            e.read_on_host = true;
+        }
+        let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
+            return Err(Error::invalid("read_now", format!("`{}` has newer values on the GPU", e.name)));
+        }
+        e.check_lost()?;
+        if e.contents == Contents::Zero {
+            return Ok(vec![0; e.bytes as usize]);
+        }
+        Ok(st.store.bytes(&e.host)?[..e.bytes as usize].to_vec())
+    }
+
+    /// Records the write-back of every listed tensor whose newest copy is on the GPU and waits
+    /// once for all of them, so reading many tensors costs one GPU round trip, not one each.
+    pub fn sync_to_host(&self, ids: &[TensorId]) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        let mut any = false;
+        for &id in ids {
+            let dirty = st.entries.get(&id).is_some_and(|e| e.dirty && e.gpu.is_some());
+            if dirty {
+                st.write_back(recorder, id)?;
+            }
+            any |= dirty || st.readback.has_jobs_for(id);
+        }
+        if any {
+            recorder.flush();
+            st.drain(recorder, true)?;
+        }
+        for id in ids {
+            if let Some(e) = st.entries.get_mut(id) {
+                e.unread_writeback = 0;
+                e.read_on_host = true;
+                e.check_lost()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A tensor's values (waits for the GPU when its newest copy is there).
+    pub async fn read(&self, id: TensorId) -> Result<Vec<u8>> {
+        let recorder = &*self.recorder;
+        let (dirty, contents, bytes, waits) = {
+            let mut st = self.state();
+            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            let (dirty, contents, bytes) = (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize);
+            if dirty {
+                st.write_back(recorder, id)?;
+            }
+            (dirty, contents, bytes, st.readback.map_waits(&self.recorder, Some(id)))
+        };
+        // The browser returns to its event loop here until the maps are done (natively these
+        // block, as `settle` below would). No borrow of the state lives across the awaits.
+        let start = Stopwatch::start();
+        for wait in waits {
+            wait.await?;
+        }
+        let mut st = self.state();
+        st.counters.stall_s += start.seconds();
+        st.settle(recorder, id)?;
+        st.entries[&id].check_lost()?;
+        let e = st.entries.get_mut(&id).expect("checked");
+        e.unread_writeback = 0;
+        e.read_on_host = true;
+        // A rejected command (validation error) leaves stale bytes behind: say so instead.
+        self.gpu.check("reading a tensor back")?;
+        if contents == Contents::Zero && !dirty {
+            return Ok(vec![0; bytes]);
+        }
+        let e = &st.entries[&id];
+        Ok(st.store.bytes(&e.host)?[..bytes].to_vec())
+    }
+
+    /// Writes back every dirty tensor and flushes the host store: its files then hold every value.
+    pub fn flush(&self) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        let dirty: Vec<TensorId> =
+            st.entries.iter().filter(|(_, e)| e.dirty && e.gpu.is_some()).map(|(&i, _)| i).collect();
+        for id in dirty {
+            st.write_back(recorder, id)?;
+        }
+        recorder.flush();
+        st.drain(recorder, true)?;
+        if let Some(e) = st.entries.values().find(|e| e.lost.is_some() && !e.lost_by_plan) {
+            e.check_lost()?;
+        }
+        st.store.flush()
+    }
+
+    /// Waits for every transfer in flight and delivers every write-back: the step boundary of a
+    /// run that cannot block (the browser), after which each staging slot is mapped again.
+    pub async fn settle(&self) -> Result<()> {
+        self.recorder.flush();
+        let waits = {
+            let st = self.state();
+            let mut w = st.readback.map_waits(&self.recorder, None);
+            w.extend(st.upload.map_waits(&self.recorder));
+            w
+        };
+        let start = Stopwatch::start();
+        for wait in waits {
+            wait.await?;
+        }
+        let mut st = self.state();
+        st.counters.stall_s += start.seconds();
+        st.drain(&self.recorder, true)?;
+        drop(st);
+        self.gpu.check("settling transfers")
+    }
+
+    /// Delivers finished write-backs without waiting.
+    pub fn poll(&self) -> Result<()> {
+        self.state().drain(&self.recorder, false)
+    }
+}
