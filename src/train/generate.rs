@@ -154,30 +154,28 @@ pub fn load_model(ctx: &Context, dir: &std::path::Path, tokenizer: super::Tokeni
 /// character whose bytes are not all there yet (a BPE token can end inside one).
 pub struct TextStream<'a> {
     vocab: &'a Vocab,
-    tokens: Vec<u32>,
-    shown: usize,
+    /// Tokens drawn since the text last ended on a whole character: only they are decoded again.
+    pending: Vec<u32>,
 }
 
 impl<'a> TextStream<'a> {
     pub fn new(vocab: &'a Vocab) -> Self {
-        TextStream { vocab, tokens: Vec::new(), shown: 0 }
+        TextStream { vocab, pending: Vec::new() }
     }
 
     pub fn push(&mut self, token: u32) -> String {
-        self.tokens.push(token);
-        let text = self.vocab.decode(&self.tokens);
-        if text.ends_with('\u{fffd}') || text.len() < self.shown {
+        self.pending.push(token);
+        let text = self.vocab.decode(&self.pending);
+        if text.ends_with('\u{fffd}') {
             return String::new();
         }
-        let new = text[self.shown..].to_string();
-        self.shown = text.len();
-        new
+        self.pending.clear();
+        text
     }
 
     /// What is still held back at the end (an incomplete character shows as U+FFFD).
     pub fn finish(self) -> String {
-        let text = self.vocab.decode(&self.tokens);
-        text.get(self.shown..).unwrap_or_default().to_string()
+        self.vocab.decode(&self.pending)
     }
 }
 

@@ -64,15 +64,14 @@ pub(crate) async fn generate(args: GenerateArgs) -> Result<(), Error> {
     })
     .await?;
     let secs = start.elapsed().as_secs_f64();
-    let rest = stream.finish();
-    let text = vocab.decode(&tokens);
     if json {
+        let text = vocab.decode(&tokens);
         let v = serde_json::json!({
             "prompt": args.prompt, "text": text, "tokens": tokens, "tokens_per_s": tokens.len() as f64 / secs,
         });
         println!("{v}");
     } else {
-        println!("{rest}");
+        println!("{}", stream.finish());
         eprintln!("{} tokens in {secs:.2} s ({:.1} tokens/s)", tokens.len(), tokens.len() as f64 / secs);
     }
     Ok(())
