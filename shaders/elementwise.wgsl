@@ -4,16 +4,19 @@
 //   axpy_scalar:  y += alpha * s[0]                y (n)    s (1)        (backward of sum/mean)
 //   scale_forward: out = alpha * x                 out (n)  x (n)
 //   fill:         out = alpha                      out (n)
+//   fill_normal:  out = alpha * N(0, 1)            out (n)        (initial weights, drawn on the GPU)
 //   convert:      out = a in out's element type    out (n)  a (n)        (f16 copies, mixed precision)
 // Every binding may be f16 (B0 out, B1 a, B2 b); arithmetic is f32.
 // One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256).
-// CPU references: tests/common/reference.rs `add_forward`, `axpy`, `scale_forward`.
+// CPU references: tests/common/reference.rs `add_forward`, `axpy`, `scale_forward`;
+// `fill_normal`: pagetrain::rng::counter_normal.
 
 struct Params {
     n: u32,
     alpha: f32,
-    _pad0: u32,
-    _pad1: u32,
+    // fill_normal's 64-bit seed (low, high words); unused elsewhere
+    seed0: u32,
+    seed1: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
@@ -69,5 +72,31 @@ fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let i = flat(gid, nwg);
     if (i < p2.n) {
         out[i] = B0(a[i]);
+    }
+}
+
+// A 32-bit integer hash (lowbias32: good avalanche, a few multiplies).
+fn mix32(v: u32) -> u32 {
+    var x = v;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+// Element i of a tensor drawn with seed (seed0, seed1) is a pure function of the three: any
+// adapter draws the same numbers (to its log/cos precision), and the host can recompute them.
+@compute @workgroup_size(256)
+fn fill_normal(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p1.n) {
+        let h1 = mix32(mix32(i ^ mix32(p1.seed0)) ^ p1.seed1);
+        let h2 = mix32(h1 ^ 0x9e3779b9u);
+        // Box-Muller; u1 in (0, 1] keeps the log finite
+        let u1 = (f32(h1 >> 8u) + 1.0) / 16777216.0;
+        let u2 = f32(h2 >> 8u) / 16777216.0;
+        out[i] = B0(p1.alpha * sqrt(-2.0 * log(u1)) * cos(6.2831855 * u2));
     }
 }

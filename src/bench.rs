@@ -194,6 +194,9 @@ pub struct StepReport {
     /// Seconds from opening the GPU to the end of the first resident step: device, model, data,
     /// every pipeline compiled (or loaded from the on-disk pipeline cache) and one step run.
     pub first_step_s: f64,
+    /// Of `first_step_s`: seconds creating shader modules (naga) and pipelines (the driver).
+    pub first_step_module_s: f64,
+    pub first_step_pipeline_s: f64,
     pub budget25_vs_resident: Option<f64>,
     /// Budgets (percent) where the GPU optimizer's working set did not fit and AdamW ran on the
     /// host instead (as `--optimizer-on auto` would choose).
@@ -228,6 +231,8 @@ pub struct StepTiming {
     pub upload_path: String,
     /// Seconds from opening the context to the end of the first step.
     pub first_step_s: f64,
+    /// Of those, seconds creating shader modules and pipelines.
+    pub first_step_creation: crate::kernels::Creation,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
@@ -243,11 +248,13 @@ pub fn time_steps(
     let ctx = make_ctx(budget)?;
     let mut t = crate::train::Trainer::new(&ctx, cfg.clone(), Some(data()?))?;
     let mut first_step_s = None;
+    let mut first_step_creation = Default::default();
     for _ in 0..warmup.max(1) {
         pollster::block_on(t.train_step(&ctx))?;
         if first_step_s.is_none() {
             ctx.sync()?;
             first_step_s = Some(opened.elapsed().as_secs_f64());
+            first_step_creation = ctx.kernels.creation();
         }
     }
     ctx.sync()?;
@@ -274,6 +281,7 @@ pub fn time_steps(
         footprint: ctx.pager.live_bytes().1,
         upload_path: ctx.pager.upload_path(),
         first_step_s: first_step_s.unwrap_or_default(),
+        first_step_creation,
     })
 }
 
@@ -372,6 +380,8 @@ pub fn step_times(
         resident_tokens_per_s: tokens as f64 / (resident / 1e3),
         train_tokens_per_s: tokens as f64 / (resident / 1e3),
         first_step_s: full.first_step_s,
+        first_step_module_s: full.first_step_creation.module_s,
+        first_step_pipeline_s: full.first_step_creation.pipeline_s,
         budget25_vs_resident: at[1].as_ref().map(|r| resident / r.ms),
         host_optimizer_at,
     })

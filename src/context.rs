@@ -74,7 +74,10 @@ impl Context {
     /// Opens the best adapter (see [`crate::device`]) and builds a context on it.
     pub async fn new(opts: &ContextOptions) -> Result<Context> {
         let gpu = Gpu::new(&opts.device).await?;
-        Self::from_gpu(gpu, opts)
+        crate::clock::startup_phase("device open");
+        let ctx = Self::from_gpu(gpu, opts)?;
+        crate::clock::startup_phase("pager ready");
+        Ok(ctx)
     }
 
     pub fn from_gpu(gpu: Gpu, opts: &ContextOptions) -> Result<Context> {

@@ -28,7 +28,7 @@
 pub mod autograd;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
-mod clock;
+pub mod clock;
 pub mod context;
 pub mod device;
 pub mod dist;

@@ -45,3 +45,24 @@ impl Rng {
         ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
     }
 }
+
+/// The 32-bit hash `fill_normal` in `shaders/elementwise.wgsl` mixes its counter with.
+fn mix32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x
+}
+
+/// Element `i` of a tensor the GPU filled with normal draws under `seed` (the `fill_normal`
+/// kernel): counter-based, so it needs no state and any thread computes any element.
+pub fn counter_normal(seed: u64, i: u32) -> f32 {
+    let (s0, s1) = (seed as u32, (seed >> 32) as u32);
+    let h1 = mix32(mix32(i ^ mix32(s0)) ^ s1);
+    let h2 = mix32(h1 ^ 0x9e37_79b9);
+    let u1 = ((h1 >> 8) as f32 + 1.0) / 16_777_216.0;
+    let u2 = (h2 >> 8) as f32 / 16_777_216.0;
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}

@@ -312,12 +312,25 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
     let mut t =
         Trainer::new(&ctx, TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) }, None).unwrap();
     assert_eq!(t.precision, pagetrain::train::Precision::F16);
+    use pagetrain::nn::Module;
+    let weights = |t: &Trainer| -> Vec<Vec<f32>> {
+        t.model.params().iter().map(|p| pollster::block_on(ctx.to_f32(&p.value)).unwrap()).collect()
+    };
+    let before = weights(&t);
     t.loss_scale = 2f32.powi(127);
-    let l: Vec<f32> = (0..20).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
-    assert!(t.skipped_steps >= 1, "no overflow was detected");
-    assert!(t.loss_scale < 2f32.powi(127));
+    let l: Vec<f32> = (0..5).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+    assert_eq!(t.skipped_steps, 5, "every step at 2^127 overflows");
+    assert_eq!(t.loss_scale, 2f32.powi(122), "each overflow halves the scale");
     assert!(l.iter().all(|v| v.is_finite()));
-    assert!(l[19] < l[0], "training went on after the skips: {l:?}");
+    assert!(weights(&t) == before, "a skipped step updated the weights");
+    // From the usual initial scale, training goes on: it settles after a skip or two, and the
+    // weights move.
+    t.loss_scale = pagetrain::train::trainer::INITIAL_LOSS_SCALE;
+    let l: Vec<f32> = (0..20).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+    assert!(t.skipped_steps <= 5 + 3, "the scale did not settle: {} skipped, losses {l:?}", t.skipped_steps);
+    assert!(weights(&t) != before, "training did not go on after the skips");
+    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+    assert!(mean(&l[15..]) < mean(&l[..5]) - 0.1, "the loss did not fall after the skips: {l:?}");
     // The scaler is part of the checkpoint: a resumed f16 run goes on exactly.
     pollster::block_on(t.save(&ctx, &out)).unwrap();
     let saved = (t.loss_scale, t.skipped_steps);

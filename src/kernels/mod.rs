@@ -7,6 +7,7 @@
 
 pub mod activation;
 pub mod attention;
+mod compile_ahead;
 pub mod cross_entropy;
 pub mod decode;
 pub mod elementwise;
@@ -244,6 +245,16 @@ impl Tuning {
     }
 }
 
+/// What creating shader modules (naga: parse, validate) and pipelines (driver compiles, or the
+/// pipeline cache) has cost so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Creation {
+    pub modules: u32,
+    pub module_s: f64,
+    pub pipelines: u32,
+    pub pipeline_s: f64,
+}
+
 /// A compiled pipeline and its bind group layout.
 type Compiled = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
 
@@ -263,6 +274,9 @@ pub struct Kernels {
     /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
     pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
     compiled: std::cell::Cell<bool>,
+    compile_ahead: compile_ahead::CompileAhead,
+    /// Shader modules and pipelines created so far and the seconds that took (start-up cost).
+    creation: std::cell::Cell<Creation>,
     /// A small f32 buffer that stands in for an unused read-write binding (the context's dummy
     /// is bound read-only beside it, and a buffer may not be both in one dispatch).
     write_dummy: RefCell<Option<View>>,
@@ -279,6 +293,7 @@ impl Kernels {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         Kernels {
+            compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
             tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
             gpu,
@@ -288,6 +303,7 @@ impl Kernels {
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
             compiled: std::cell::Cell::new(false),
+            creation: Default::default(),
             write_dummy: RefCell::new(None),
         }
     }
@@ -328,6 +344,11 @@ impl Kernels {
         &self.recorder
     }
 
+    /// Shader modules and pipelines created so far, and the seconds spent creating them.
+    pub fn creation(&self) -> Creation {
+        self.creation.get()
+    }
+
     /// Total dispatches recorded so far (for benchmarks).
     pub fn dispatch_count(&self) -> u64 {
         self.dispatch_count.get()
@@ -349,6 +370,7 @@ impl Kernels {
             ));
         }
         self.gpu.check("before compiling a shader")?;
+        let clock = crate::clock::Stopwatch::start();
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(specialize(shader, variant).into()),
@@ -365,6 +387,9 @@ impl Kernels {
             .check(shader.name)
             .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
         self.modules.borrow_mut().insert((shader.name, variant), module.clone());
+        let mut c = self.creation.get();
+        (c.modules, c.module_s) = (c.modules + 1, c.module_s + clock.seconds());
+        self.creation.set(c);
         Ok(module)
     }
 
@@ -377,24 +402,30 @@ impl Kernels {
         if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
+        let first_of_module = !self.modules.borrow().contains_key(&(shader.name, variant));
         let module = self.module(shader, variant)?;
-        let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                zero_initialize_workgroup_memory: !shader.writes_workgroup_first,
-                ..Default::default()
-            },
-            cache: self.pipeline_cache.as_ref().map(|c| &c.cache),
-        });
+        let clock = crate::clock::Stopwatch::start();
+        let cache = self.pipeline_cache.as_ref().map(|c| &c.cache);
+        if first_of_module {
+            self.compile_ahead.siblings(&self.gpu, &module, shader, entry, variant, cache);
+        }
         self.compiled.set(true);
-        self.gpu
-            .check(entry)
-            .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
-        let both = (pipeline.clone(), pipeline.get_bind_group_layout(0));
+        let both = match self.compile_ahead.take((shader.name, entry, variant)) {
+            Some(both) => both,
+            None => {
+                let pipeline = compile_ahead::create(&self.gpu.device, &module, shader, entry, cache);
+                self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
+                    kernel: format!("{}::{entry}", shader.name),
+                    msg: e.to_string(),
+                })?;
+                let layout = pipeline.get_bind_group_layout(0);
+                (pipeline, layout)
+            }
+        };
         self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
+        let mut c = self.creation.get();
+        (c.pipelines, c.pipeline_s) = (c.pipelines + 1, c.pipeline_s + clock.seconds());
+        self.creation.set(c);
         Ok(both)
     }
 

@@ -59,6 +59,8 @@ impl Linear {
         if !w.name.contains(pattern) {
             return Ok(self);
         }
+        // initial weights are drawn on the GPU: bring them home first
+        ctx.pager.sync_to_host(&[w.value.id()])?;
         let values = ctx.pager.read_now(w.value.id())?;
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&values);
         let (rows, cols) = (w.value.shape()[0], w.value.shape()[1]);

@@ -51,10 +51,20 @@ impl Param {
         }
     }
 
+    /// N(0, std²) draws made on the GPU (`fill_normal`), seeded by one draw of `rng`.
     pub fn normal(ctx: &Context, rng: &mut Rng, name: &str, shape: &[usize], std: f32) -> Result<Param> {
-        let n: usize = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
-        Self::new(ctx, name, shape, &data)
+        let value = ctx.empty(name, shape, crate::tensor::DType::F32, true)?;
+        {
+            let _op = ctx.op();
+            crate::kernels::elementwise::fill_normal(
+                &ctx.kernels,
+                &ctx.write(&value)?,
+                std,
+                rng.next_u64(),
+                value.len(),
+            )?;
+        }
+        Ok(Param { name: name.to_string(), value, grad: ctx.zeros(&format!("{name}.grad"), shape, false)?, half: None })
     }
 
     pub fn constant(ctx: &Context, name: &str, shape: &[usize], value: f32) -> Result<Param> {

@@ -66,4 +66,7 @@ pub struct RunSummary {
     /// Bytes of AdamW state in this rank's host store, and every rank's (sharded runs).
     pub optimizer_state_bytes: u64,
     pub optimizer_state_bytes_per_rank: Vec<u64>,
+    /// Seconds from the process's start to the end of this run's first step (its GPU work
+    /// included): what a user waits before training is under way. None when no step ran.
+    pub first_step_s: Option<f64>,
 }

@@ -124,8 +124,10 @@ impl Trainer {
             ));
         }
         data.check_fits(cfg.seq_len)?;
+        crate::clock::startup_phase("data open");
 
         let mut model = Gpt::new(ctx, config, cfg.seed)?;
+        crate::clock::startup_phase("model initialised");
         let dir: Option<std::path::PathBuf> = cfg.resume.clone().or(cfg.init_from.clone());
         let dir = dir.as_deref();
         if let Some(c) = &ckpt {
@@ -168,6 +170,7 @@ impl Trainer {
             (OptimizerOn::Host, None) => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
         };
+        crate::clock::startup_phase("optimizer state allocated");
         let mut step = 0;
         let mut data_seed = cfg.seed.wrapping_add(1);
         let fresh = LossScale { scale: INITIAL_LOSS_SCALE, good_steps: 0, skipped_steps: 0 };
@@ -450,10 +453,21 @@ impl Trainer {
         let lead = self.is_lead();
         let mut metrics = super::metrics::MetricsLog::open_if(lead, &self.cfg.out)?;
         let mut comm_total = crate::dist::CommStats::default();
+        let mut first_step_s = None;
         while self.step < self.cfg.steps {
             let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
             let loss = self.train_step(ctx).await?;
             losses.push(loss);
+            if first_step_s.is_none() {
+                // The GPU's work counts: wait for it once, after the first step.
+                ctx.sync()?;
+                let c = ctx.kernels.creation();
+                crate::clock::startup_phase(&format!(
+                    "first step done ({} shader modules in {:.3} s, {} pipelines in {:.3} s)",
+                    c.modules, c.module_s, c.pipelines, c.pipeline_s
+                ));
+                first_step_s = Some(crate::clock::since_process_start());
+            }
             let after = ctx.pager.counters();
             let comm = self.dist.as_ref().map(|d| d.take_comm());
             comm_total.add(comm.unwrap_or_default());
@@ -549,6 +563,7 @@ impl Trainer {
             ranks: self.ranks(),
             comm_per_step: comm_total.per_step(self.step - first_step),
             optimizer_state_bytes,
+            first_step_s,
             optimizer_state_bytes_per_rank: match &self.dist {
                 Some(d) => d.gather_u64(optimizer_state_bytes)?,
                 None => vec![optimizer_state_bytes],

@@ -54,6 +54,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    pagetrain::clock::mark_process_start();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {

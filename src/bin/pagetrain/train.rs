@@ -323,6 +323,9 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
         summary.steps,
         summary.params
     );
+    if let Some(s) = summary.first_step_s {
+        eprintln!("first step finished {s:.2} s after start");
+    }
     let per_step = |b: u64| b as f64 / summary.steps.max(1) as f64 / (1 << 20) as f64;
     eprintln!(
         "memory: footprint {:.1} MiB, GPU budget {:.1} MiB, GPU peak {:.1} MiB; per step {:.1} MiB up, {:.1} MiB back, {:.2} s stalled in all",
