@@ -2,7 +2,8 @@
 // contribute neither loss nor gradient. The mean over valid rows is taken by the reduce kernels.
 //   cross_entropy_forward:  losses (N) = lse - logits[target],  lse (N) = log sum exp logits
 //                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
-//   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target))
+//   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target)),
+//                           dlogits f32 or f16
 //                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
 // cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
@@ -22,7 +23,8 @@ struct Params {
 }
 
 // forward: 0 losses, 1 lse, 2 logits, 3 targets, 4 params
-@group(0) @binding(0) var<storage, read_write> losses: array<f32>;
+// (B0: f32 losses in forward; dlogits f32 or f16 in backward, f16 under mixed precision)
+@group(0) @binding(0) var<storage, read_write> losses: array<B0>;
 @group(0) @binding(1) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read> targets: array<u32>;
@@ -59,9 +61,9 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
         lse_out[p.row0 + row] = lse;
         let t = targets[p.row0 + row];
         if (t == p.ignore) {
-            losses[p.row0 + row] = 0.0;
+            losses[p.row0 + row] = B0(0.0);
         } else {
-            losses[p.row0 + row] = lse - logits[base + t];
+            losses[p.row0 + row] = B0(lse - logits[base + t]);
         }
     }
 }
@@ -80,7 +82,7 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     }
     let prob = exp(lg[i] - lse_in[pb.row0 + row]);
     let onehot = select(0.0, 1.0, j == t);
-    losses[i] += dloss[0] * pb.inv_count * (prob - onehot);
+    losses[i] = B0(f32(losses[i]) + dloss[0] * pb.inv_count * (prob - onehot));
 }
 
 @compute @workgroup_size(256)
@@ -101,5 +103,5 @@ fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     let lse = m + log(acc);
     lse_out[p.row0 + row] = lse;
     let t = targets[p.row0 + row];
-    losses[p.row0 + row] = select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore);
+    losses[p.row0 + row] = B0(select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore));
 }

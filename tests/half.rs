@@ -257,3 +257,32 @@ fn adamw_writes_the_f16_weight_copy_with_the_update() {
         assert_close(&format!("adamw half copy {n}"), &half.read(&ctx), &to64(&round_f16(&new_p)), 0.0, 0.0);
     }
 }
+
+#[test]
+fn cross_entropy_backward_writes_f16_dlogits() {
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(31);
+    let ignore = u32::MAX;
+    for &(rows, v) in &[(1, 1), (3, 17), (17, 1000), (129, 3)] {
+        let logits = randn(&mut rng, rows * v, 2.0);
+        let targets: Vec<u32> = (0..rows).map(|i| if i % 4 == 3 { ignore } else { rng.below(v) as u32 }).collect();
+        let (gl, gt) = (Guarded::new(&ctx, logits.len(), Some(&logits)), Guarded::from_u32(&ctx, &targets));
+        let (losses, lse) = (Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
+        let r = kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 };
+        kernels::cross_entropy::forward(&ctx.kernels, &losses.view(), &lse.view(), &gl.view(), &gt.view(), r).unwrap();
+        let count = targets.iter().filter(|&&t| t != ignore).count().max(1);
+        // a loss scale's worth of dloss, as mixed precision sends it
+        let dloss = Guarded::new(&ctx, 1, Some(&[4096.0]));
+        let d = Guarded::new_f16(&ctx, rows * v, Some(&vec![0.25; rows * v]));
+        let (dv, lv, tv, sv, gv) = (d.view(), gl.view(), gt.view(), lse.view(), dloss.view());
+        kernels::cross_entropy::backward(&ctx.kernels, &dv, &lv, &tv, &sv, &gv, r, 1.0 / count as f32).unwrap();
+        let want: Vec<f64> = r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 4096.0)
+            .iter()
+            .map(|g| g + 0.25)
+            .collect();
+        assert_close(&format!("f16 dlogits {rows}x{v}"), &d.read(&ctx), &want, 2e-3, 1e-3);
+    }
+}

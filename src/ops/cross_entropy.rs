@@ -185,7 +185,9 @@ impl Backward for HeadLossBackward {
             let n = self.per.min(rows - r0);
             let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
             head_chunk(ctx, &logits, &self.x, &self.wte, r0, n)?;
-            let dlogits = ctx.zeros("dlogits chunk", &[n, v], false)?;
+            // Under mixed precision (f16 x) dlogits are f16 too, so both products below run
+            // on tensor cores; the loss scale keeps their small values in f16's range.
+            let dlogits = ctx.zeros_of("dlogits chunk", &[n, v], self.x.dtype(), false)?;
             {
                 let _op = ctx.op();
                 let r = Rows { rows: n, v, ignore: self.ignore, row0: r0 };
