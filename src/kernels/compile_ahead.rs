@@ -5,8 +5,8 @@
 //! of a family's entries with the same variant (LayerNorm forward, backward, parameter
 //! gradients). An entry the run never dispatches costs a worker's time, not the main thread's.
 //!
-//! Only on real GPUs (on a CPU adapter the workers would take the cores the step runs on), not
-//! in the browser (no threads), and `PAGETRAIN_COMPILE_AHEAD=0` turns it off.
+//! Only on real GPUs (on a CPU adapter the workers would take the cores the step runs on), not on
+//! GL (one context), not in the browser (no threads); `PAGETRAIN_COMPILE_AHEAD=0` turns it off.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -59,7 +59,8 @@ pub(super) struct CompileAhead {
 
 impl CompileAhead {
     pub(super) fn new(gpu: &Gpu) -> Self {
-        let real_gpu = !matches!(gpu.info.device_type, wgpu::DeviceType::Cpu);
+        // GL serialises everything on one context: workers would only queue behind it
+        let real_gpu = !matches!(gpu.info.device_type, wgpu::DeviceType::Cpu) && gpu.info.backend != wgpu::Backend::Gl;
         let enabled = cfg!(not(target_arch = "wasm32"))
             && real_gpu
             && !std::env::var("PAGETRAIN_COMPILE_AHEAD").is_ok_and(|v| v == "0");
