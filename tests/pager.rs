@@ -53,6 +53,17 @@ fn offers(ctx: &Context, path: UploadPath) -> bool {
     }
 }
 
+/// A GPU and a host store in its pinned memory, on Vulkan (where it must be offered); `None`
+/// elsewhere.
+fn pinned_store() -> Option<(Gpu, pagetrain::pager::PinnedStore)> {
+    let gpu = gpu();
+    if gpu.info.backend != wgpu::Backend::Vulkan {
+        return None;
+    }
+    let store = pagetrain::pager::PinnedStore::new(&gpu.device).expect("pinned memory on a Vulkan adapter");
+    Some((gpu, store))
+}
+
 /// A path the adapter offers is the one taken (so its test cannot pass on the ring instead);
 /// one it does not offer falls back to the ring and says why.
 fn assert_offered_path_taken(ctx: &Context, path: UploadPath) {
@@ -221,6 +232,18 @@ proptest! {
         let budget = budget_kib * 1024;
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::Pinned, ..opts(budget, Policy::Belady) });
         assert_offered_path_taken(&ctx, UploadPath::Pinned);
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn pinned_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64, direct_uploads in any::<bool>()) {
+        // The host store in pinned memory (Vulkan): write-backs go by DMA straight into it, and
+        // uploads too on the pinned path (the ring memcpys from it otherwise).
+        let budget = budget_kib * 1024;
+        let Some((gpu, store)) = pinned_store() else { return Ok(()) };
+        let path = if direct_uploads { UploadPath::Pinned } else { UploadPath::Ring };
+        let ctx = Context::with_store(gpu, Box::new(store), &PagerOptions { upload: path, ..opts(budget, Policy::Belady) });
+        assert_eq!(ctx.pager.upload_path_kind(), path, "{}", ctx.pager.upload_path());
         run_against_model(&ctx, &ops, budget, None);
     }
 

@@ -11,14 +11,19 @@
 
 pub mod budget;
 mod copier;
+mod dma;
 mod host;
 pub mod plan;
+#[cfg(vulkan_hal)]
+mod pinned_store;
 mod pool;
+mod readback_ring;
 mod report;
 mod residency;
 mod staging;
 pub mod telemetry;
 mod transfers;
+mod upload_ring;
 mod upload_path;
 
 use std::cell::{RefCell, RefMut};
@@ -30,6 +35,8 @@ use copier::Copier;
 #[cfg(not(target_arch = "wasm32"))]
 pub use host::MmapStore;
 pub use host::{HostRange, HostStore, MemStore};
+#[cfg(vulkan_hal)]
+pub use pinned_store::PinnedStore;
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::Pool;
@@ -145,6 +152,20 @@ impl Entry {
     }
 }
 
+/// The host store for `--store memory`: pinned host memory where the adapter offers it (the
+/// GPU copies to and from it by DMA, see `pinned_store.rs`), else ordinary memory.
+/// `PAGETRAIN_PINNED_STORE=0` asks for ordinary memory.
+pub fn memory_store(device: &wgpu::Device) -> Box<dyn HostStore> {
+    #[cfg(vulkan_hal)]
+    if std::env::var("PAGETRAIN_PINNED_STORE").map_or(true, |v| v != "0") {
+        if let Ok(store) = PinnedStore::new(device) {
+            return Box::new(store);
+        }
+    }
+    let _ = device;
+    Box::new(MemStore::new())
+}
+
 /// Sizes and rules of a pager.
 #[derive(Clone, Debug)]
 pub struct PagerOptions {
@@ -240,6 +261,10 @@ struct State {
     copier: Arc<Copier>,
     upload: UploadRing,
     readback: ReadbackRing,
+    /// Copies straight between a pinned store and GPU buffers (see `dma.rs`).
+    dma: dma::DmaCopies,
+    /// Uploads from a pinned store go by DMA straight from it (the `Pinned` path).
+    direct_upload: bool,
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
@@ -293,6 +318,8 @@ impl Pager {
             upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
             readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,
+            dma: dma::DmaCopies::default(),
+            direct_upload: false,
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,
@@ -360,6 +387,9 @@ impl Pager {
                 needed: size_class(bytes),
                 budget: st.pool.budget(),
             });
+        }
+        for r in st.dma.ready_frees() {
+            st.store.free(r);
         }
         let host = st.store.alloc(bytes as usize)?;
         let id = st.next_id;
