@@ -61,11 +61,18 @@ pub trait HostStore {
     /// Hints that `r` will be read soon (starts reading it from disk).
     fn will_need(&self, _r: &HostRange) {}
     /// Where the GPU can copy `r`'s bytes to and from directly (a buffer over pinned host memory
-    /// and the offset of `r` in it), so transfers need no staging copy. `None`: through the rings.
+    /// and the offset of `r` in it), so transfers need no staging copy. `None`: not pinned (yet).
     fn dma(&self, _r: &HostRange) -> Option<(wgpu::Buffer, u64)> {
         None
     }
-    /// Whether the store's memory is pinned for the GPU (`dma` answers for its ranges).
+    /// Pins the memory holding `r` for DMA if it is not yet (the caller has let every
+    /// background copy into or out of the store finish: the bytes may move); false where it
+    /// cannot be.
+    fn pin(&mut self, _r: &HostRange) -> bool {
+        false
+    }
+    /// Whether the store's memory can be pinned for the GPU (`pin`, then `dma`, answer for its
+    /// ranges).
     fn is_pinned(&self) -> bool {
         false
     }

@@ -1,10 +1,13 @@
 //! A host store in pinned host memory (the `cudaHostAlloc` analogue, Vulkan through wgpu-hal):
-//! each segment is a buffer over host-visible, host-cached memory that the GPU copies to and
-//! from by DMA, so uploads and write-backs of its tensors need no staging copy and no copy
-//! threads ([`super::dma`]). The CPU reads and writes it as ordinary cached memory.
+//! segments become buffers over host-visible, host-cached memory that the GPU copies to and from
+//! by DMA, so uploads and write-backs of their tensors need no staging copy and no copy threads
+//! ([`super::dma`]). The CPU reads and writes them as ordinary cached memory.
 //!
-//! A segment the driver will not pin (out of pinnable memory, or larger than a buffer may be)
-//! is ordinary memory instead, and its tensors go through the staging rings; the store says so.
+//! A segment is pinned the first time the pager wants a DMA on it (its bytes copied over once):
+//! a run that never pages pins nothing (pinning a GPT-2's 9 GB up front added ~7 s before its
+//! first step on an H200). A segment the driver will not pin (out of pinnable memory, or larger
+//! than a buffer may be) stays ordinary memory, its tensors go through the staging rings, and
+//! the store says so.
 
 use super::host::{aligned, Allocator, HostRange, HostStore, SEGMENT_BYTES};
 use crate::error::{Error, Result};
@@ -57,26 +60,37 @@ impl PinnedStore {
         Ok(s)
     }
 
-    fn new_segment(&mut self, size: usize) -> Segment {
-        if self.refused.is_none() {
-            let label = format!("pinned store segment {}", self.segments.len());
-            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-            let made = if size as u64 > self.max_buffer {
-                Err(format!("a {size}-byte segment is larger than a buffer may be"))
-            } else {
-                self.pinned.create(&label, size as u64, usage)
-            };
-            match made {
-                Ok(b) => {
-                    // Vulkan leaves new memory undefined; the store hands out zeros, as `MemStore` does.
-                    // SAFETY: `b` maps `size` bytes for as long as it lives, and nothing else uses them yet.
-                    unsafe { std::ptr::write_bytes(b.as_ptr(), 0, size) };
-                    return Segment::Pinned(b);
+    /// Pins segment `i` (its bytes copied into pinned memory); false where the driver refuses.
+    fn pin_segment(&mut self, i: usize) -> bool {
+        let size = match &self.segments[i] {
+            Segment::Pinned(_) => return true,
+            Segment::Plain(v) => v.len(),
+        };
+        if self.refused.is_some() {
+            return false;
+        }
+        let label = format!("pinned store segment {i}");
+        let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let made = if size as u64 > self.max_buffer {
+            Err(format!("a {size}-byte segment is larger than a buffer may be"))
+        } else {
+            self.pinned.create(&label, size as u64, usage)
+        };
+        match made {
+            Ok(b) => {
+                if let Segment::Plain(v) = &self.segments[i] {
+                    // SAFETY: `b` maps `size` bytes for as long as it lives, nothing else uses them
+                    // yet, and `v` is `size` bytes long and a different allocation.
+                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), b.as_ptr(), size) };
                 }
-                Err(why) => self.refused = Some(why),
+                self.segments[i] = Segment::Pinned(b);
+                true
+            }
+            Err(why) => {
+                self.refused = Some(why);
+                false
             }
         }
-        Segment::Plain(vec![0; size])
     }
 }
 
@@ -87,8 +101,7 @@ impl HostStore for PinnedStore {
             return Ok(r);
         }
         let size = len.max(SEGMENT_BYTES);
-        let segment = self.new_segment(size);
-        self.segments.push(segment);
+        self.segments.push(Segment::Plain(vec![0; size]));
         self.alloc.add_segment(size);
         self.alloc.find(len).ok_or_else(|| Error::invalid("pinned store", format!("{len} bytes do not fit a new segment")))
     }
@@ -126,8 +139,13 @@ impl HostStore for PinnedStore {
         }
     }
 
+    fn pin(&mut self, r: &HostRange) -> bool {
+        self.segment(r).is_ok() && self.pin_segment(r.segment)
+    }
+
+    /// Until the driver refuses a segment (then the rings take the rest).
     fn is_pinned(&self) -> bool {
-        true
+        self.refused.is_none()
     }
 
     fn capacity(&self) -> usize {
@@ -137,9 +155,13 @@ impl HostStore for PinnedStore {
     fn describe(&self) -> String {
         let plain: usize =
             self.segments.iter().filter(|s| matches!(s, Segment::Plain(_))).map(Segment::len).sum::<usize>() >> 20;
-        let mut d = format!("pinned memory ({} MiB, {})", self.capacity() >> 20, self.pinned.what);
+        let mut d = format!(
+            "pinned memory as the GPU pages it ({} MiB, {plain} MiB not pinned yet; {})",
+            self.capacity() >> 20,
+            self.pinned.what
+        );
         if let Some(why) = &self.refused {
-            d.push_str(&format!("; {plain} MiB not pinned: {why}"));
+            d.push_str(&format!("; the driver pins no more: {why}"));
         }
         d
     }

@@ -53,7 +53,19 @@ impl State {
 
     /// Where the GPU copies `host` by DMA (a pinned store), with the bytes to move (`len`,
     /// trimmed to the range).
-    fn direct(&self, host: &HostRange, len: u64) -> Option<(wgpu::Buffer, u64, u64)> {
+    /// Pins its memory first if need be (once per segment), after the background copies into
+    /// and out of the store, since pinning moves the bytes.
+    fn direct(&mut self, host: &HostRange, len: u64) -> Option<(wgpu::Buffer, u64, u64)> {
+        if self.store.dma(host).is_none() {
+            if !self.store.is_pinned() {
+                return None;
+            }
+            self.upload.wait_fills();
+            self.readback.wait_deliveries();
+            if !self.store.pin(host) {
+                return None;
+            }
+        }
         let (buffer, offset) = self.store.dma(host)?;
         Some((buffer, offset, len.min(host.len as u64)))
     }
@@ -67,6 +79,11 @@ impl State {
         // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
         self.store.bytes_mut(&host)?;
         if let Some((to, offset, n)) = self.direct(&host, len) {
+            // A write-back of it still in the ring (from before its memory was pinned) lands
+            // first: it would overwrite this one's bytes.
+            if self.readback.has_jobs_for(id) {
+                self.settle_ring(recorder, id)?;
+            }
             self.dma.record(recorder, id, dma::Dir::Down, &buffer, 0, &to, offset, n);
         } else {
             let State { store, entries, readback, counters, .. } = self;
@@ -230,7 +247,28 @@ impl State {
     /// Whether the host bytes of `id` go to a buffer (`mapped`: zero-copy) by DMA straight from
     /// the store.
     fn uploads_direct(&self, id: TensorId, mapped: bool) -> bool {
-        !mapped && self.direct_upload && self.store.dma(&self.entries[&id].host).is_some()
+        !mapped && self.direct_upload && (self.store.is_pinned() || self.store.dma(&self.entries[&id].host).is_some())
+    }
+
+    /// The host bytes of `id` (`len` of `host`) into `buffer`, not mapped: by DMA straight from a
+    /// pinned store on the `Pinned` path, else through the ring.
+    fn upload_unmapped(
+        &mut self,
+        recorder: &Recorder,
+        id: TensorId,
+        host: HostRange,
+        len: usize,
+        buffer: &wgpu::Buffer,
+    ) -> Result<()> {
+        if self.uploads_direct(id, false) {
+            if let Some((from, offset, n)) = self.direct(&host, len as u64) {
+                self.dma.record(recorder, id, dma::Dir::Up, &from, offset, buffer, 0, n);
+                return Ok(());
+            }
+        }
+        let src = &self.store.bytes(&host)?[..len];
+        self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+        Ok(())
     }
 
     /// Host bytes of `id` into `buffer`: written in place when it is mapped, by DMA from a pinned
@@ -242,25 +280,23 @@ impl State {
         buffer: &wgpu::Buffer,
         mapped: bool,
     ) -> Result<()> {
-        let e = &self.entries[&id];
-        let len = e.copy_len() as usize;
+        let (host, len, bytes) = {
+            let e = &self.entries[&id];
+            (e.host, e.copy_len() as usize, e.bytes)
+        };
         let start = Stopwatch::start();
-        if self.uploads_direct(id, mapped) {
-            let (from, offset, n) = self.direct(&e.host, len as u64).expect("checked by uploads_direct");
-            self.dma.record(recorder, id, dma::Dir::Up, &from, offset, buffer, 0, n);
-        } else if mapped {
-            let src = &self.store.bytes(&e.host)?[..len];
+        if mapped {
+            let src = &self.store.bytes(&host)?[..len];
             let mut view = buffer
                 .get_mapped_range_mut(0..len as u64)
                 .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
             staging::fill_now(&self.copier, &mut view, src);
         } else {
-            let src = &self.store.bytes(&e.host)?[..len];
-            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+            self.upload_unmapped(recorder, id, host, len, buffer)?;
         }
         self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
-        self.counters.bytes_uploaded += e.bytes;
+        self.counters.bytes_uploaded += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
         e.uploads += 1;
         e.unread_writeback = 0;
@@ -311,13 +347,7 @@ impl State {
             }
         } else if let Some(buf) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
-            if self.uploads_direct(id, false) {
-                let (from, offset, n) = self.direct(&host, len as u64).expect("checked by uploads_direct");
-                self.dma.record(recorder, id, dma::Dir::Up, &from, offset, &buf, 0, n);
-            } else {
-                let src = &self.store.bytes(&host)?[..len];
-                self.counters.stall_s += self.upload.upload(recorder, Some(id), src, &buf, 0)?;
-            }
+            self.upload_unmapped(recorder, id, host, len, &buf)?;
         }
         Ok(())
     }

@@ -204,6 +204,7 @@ impl Pager {
                 for (i, x) in b.iter_mut().enumerate() {
                     *x = i as u8;
                 }
+                st.store.pin(&host);
                 st.store.dma(&host).ok_or_else(|| Error::invalid("probe", "host range not pinned"))?
             };
             let desc = wgpu::BufferDescriptor {
