@@ -56,7 +56,8 @@ impl Pager {
     /// GPU) the mapped ring is kept unmeasured: its PCIe transfer is the copy threads' memcpy,
     /// which runs beside the kernels, while the pinned ring's DMA copies run on wgpu's one queue
     /// in line with them. Measured on an H200 (2026-12-01): pinned 38 GB/s vs ring 31 GB/s
-    /// alone, yet GPT-2 small at a quarter budget stepped in 581 ms pinned vs 513 ms on the ring.
+    /// alone, yet GPT-2 small at a quarter budget stepped in 581 ms pinned vs 513 ms on the ring;
+    /// again with DMA straight from a pinned store (2026-12-02): 594 ms vs 468 ms on the ring.
     /// (A transfer queue of its own would change this.)
     fn measure_and_pick(&self, pinned: bool, unified: bool, pinned_why: Option<&str>) -> (UploadPath, String) {
         if !unified {
