@@ -205,6 +205,28 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
     assert!(ctx.pager.stats().peak_bytes <= budget);
 }
 
+#[test]
+fn pinning_a_store_segment_keeps_its_bytes_and_gives_the_gpu_a_buffer_over_them() {
+    let Some((_gpu, mut store)) = pinned_store() else { return };
+    let (a, b) = (store.alloc(1000).unwrap(), store.alloc(5000).unwrap());
+    let want: Vec<Vec<u8>> = [a, b].iter().map(|r| (0..r.len).map(|i| (i * 31 + r.offset + 7) as u8).collect()).collect();
+    for (r, w) in [a, b].iter().zip(&want) {
+        store.bytes_mut(r).unwrap().copy_from_slice(w);
+    }
+    assert!(store.dma(&a).is_none(), "nothing is pinned before the pager asks");
+    assert!(store.pin(&a));
+    let ((buf_a, off_a), (buf_b, off_b)) = (store.dma(&a).unwrap(), store.dma(&b).unwrap());
+    assert_eq!((off_a, off_b), (a.offset as u64, b.offset as u64));
+    assert_eq!(buf_a, buf_b, "one segment, one buffer");
+    assert!(buf_a.size() >= (b.offset + b.len) as u64);
+    for (r, w) in [a, b].iter().zip(&want) {
+        assert_eq!(store.bytes(r).unwrap(), &w[..], "bytes kept across pinning");
+    }
+    let bad = HostRange { segment: 7, offset: 0, len: 4 };
+    assert!(store.bytes(&bad).is_err() && store.dma(&bad).is_none() && !store.pin(&bad));
+    assert!(store.describe().starts_with("pinned memory"), "{}", store.describe());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
