@@ -209,7 +209,8 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
 fn pinning_a_store_segment_keeps_its_bytes_and_gives_the_gpu_a_buffer_over_them() {
     let Some((_gpu, mut store)) = pinned_store() else { return };
     let (a, b) = (store.alloc(1000).unwrap(), store.alloc(5000).unwrap());
-    let want: Vec<Vec<u8>> = [a, b].iter().map(|r| (0..r.len).map(|i| (i * 31 + r.offset + 7) as u8).collect()).collect();
+    let want: Vec<Vec<u8>> =
+        [a, b].iter().map(|r| (0..r.len).map(|i| (i * 31 + r.offset + 7) as u8).collect()).collect();
     for (r, w) in [a, b].iter().zip(&want) {
         store.bytes_mut(r).unwrap().copy_from_slice(w);
     }

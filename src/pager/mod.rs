@@ -14,9 +14,9 @@ mod copier;
 mod dma;
 mod host;
 mod options;
-pub mod plan;
 #[cfg(vulkan_hal)]
 mod pinned_store;
+pub mod plan;
 mod pool;
 mod readback_ring;
 mod report;
@@ -24,8 +24,8 @@ mod residency;
 mod staging;
 pub mod telemetry;
 mod transfers;
-mod upload_ring;
 mod upload_path;
+mod upload_ring;
 
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashMap, HashSet};

@@ -103,7 +103,9 @@ impl HostStore for PinnedStore {
         let size = len.max(SEGMENT_BYTES);
         self.segments.push(Segment::Plain(vec![0; size]));
         self.alloc.add_segment(size);
-        self.alloc.find(len).ok_or_else(|| Error::invalid("pinned store", format!("{len} bytes do not fit a new segment")))
+        self.alloc
+            .find(len)
+            .ok_or_else(|| Error::invalid("pinned store", format!("{len} bytes do not fit a new segment")))
     }
 
     fn free(&mut self, r: HostRange) {

@@ -77,7 +77,13 @@ impl Slot {
         None
     }
 
-    pub(super) fn new(device: &wgpu::Device, label: &str, bytes: u64, usage: wgpu::BufferUsages, mapped: bool) -> Rc<Slot> {
+    pub(super) fn new(
+        device: &wgpu::Device,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Rc<Slot> {
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes,

@@ -186,7 +186,10 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 }
             };
             if let Some(p) = args.percent.iter().find(|p| ![50, 25, 10].contains(*p)) {
-                return Err(Error::Invalid { what: "--percent", msg: format!("{p}: the step budgets are 50, 25 and 10") });
+                return Err(Error::Invalid {
+                    what: "--percent",
+                    msg: format!("{p}: the step budgets are 50, 25 and 10"),
+                });
             }
             let budgets: &[u64] = match (args.resident_only, args.percent.is_empty()) {
                 (true, _) => &[],
