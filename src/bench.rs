@@ -1,6 +1,6 @@
-//! Transfer benchmarks shared by `pagetrain bench` and `benches/`: the pager's staging ring
-//! against `queue.write_buffer` (the peer, measured in the same run) for uploads, and the
-//! readback ring for write-backs. Bandwidths are bytes of tensor data per second, end to end:
+//! Transfer benchmarks shared by `pagetrain bench` and `benches/`: the pager's upload paths
+//! (staging ring, pinned memory, zero-copy) against `queue.write_buffer` (the peer, measured in
+//! the same run), and write-backs (by DMA into a pinned store, else the readback ring). Bandwidths are bytes of tensor data per second, end to end:
 //! from host memory until the GPU has them (or back into the host store).
 
 pub mod kernels;
@@ -100,6 +100,9 @@ pub struct TransferReport {
     pub upload_write_buffer_gbps: f64,
     /// The path the pager picked on this adapter, and why.
     pub upload_path: String,
+    /// The host store the tensors live in (pinned memory: write-backs and pinned-path uploads
+    /// go by DMA straight to and from it).
+    pub host_store: String,
     /// The measured bandwidth of that path here.
     pub upload_chosen_gbps: f64,
     /// The budget `--gpu-budget auto` gives on this adapter, and how it was found.
@@ -146,6 +149,7 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
         upload_zero_copy_gbps: zero_copy,
         upload_write_buffer_gbps: wb,
         upload_path: chosen,
+        host_store: ctx.pager.describe_store(),
         budget_auto_bytes: ctx.pager.budget(),
         budget_auto_source: ctx.pager.budget_source().to_string(),
         upload_chosen_gbps: match kind {

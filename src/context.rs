@@ -9,14 +9,15 @@ use crate::autograd::{Backward, Tape};
 use crate::device::{DeviceOptions, Gpu};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels};
-use crate::pager::{Access, HostStore, MemStore, Pager, PagerOptions, View};
+use crate::pager::{Access, HostStore, Pager, PagerOptions, View};
 use crate::recorder::Recorder;
 use crate::tensor::{DType, Tensor};
 
 /// Where tensors live on the host.
 #[derive(Clone, Debug, Default)]
 pub enum StoreKind {
-    /// In memory (the default; the only choice in the browser).
+    /// In memory (the default; the only choice in the browser): pinned host memory the GPU copies
+    /// by DMA where the adapter offers it (`pager::memory_store`).
     #[default]
     Memory,
     /// In memory-mapped files under this directory: RAM is the page cache, the disk the tier below.
@@ -85,7 +86,7 @@ impl Context {
             crate::pager::budget::check_budget(&gpu, budget)?;
         }
         let store: Box<dyn HostStore> = match &opts.store {
-            StoreKind::Memory => Box::new(MemStore::new()),
+            StoreKind::Memory => crate::pager::memory_store(&gpu.device),
             #[cfg(not(target_arch = "wasm32"))]
             StoreKind::Mmap(dir) => Box::new(crate::pager::MmapStore::new(dir)?),
             #[cfg(target_arch = "wasm32")]

@@ -114,6 +114,25 @@ fn a_quarter_budget_gives_the_resident_losses_on_every_upload_path() {
         assert_eq!(t.micro_batch, cfg(&out).batch_size, "{path:?}: the micro-batch fits");
         assert_close(&format!("losses at 25% budget, {path:?}"), &l, &to64(&full), 0.0, 1e-6);
     }
+    // The host store in pinned memory (Vulkan): write-backs by DMA straight into it, uploads
+    // by DMA straight from it (pinned path) or through the mapped ring.
+    for path in [UploadPath::Pinned, UploadPath::Ring] {
+        let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter");
+        if gpu.info.backend != wgpu::Backend::Vulkan {
+            break;
+        }
+        let store = pagetrain::pager::PinnedStore::new(&gpu.device).expect("pinned memory on Vulkan");
+        let opts = PagerOptions { budget: Some(budget), slot_bytes: 64 << 10, upload: path, ..Default::default() };
+        let paged = Context::with_store(gpu, Box::new(store), &opts);
+        assert!(paged.pager.describe_store().starts_with("pinned"), "{}", paged.pager.describe_store());
+        assert_eq!(paged.pager.upload_path_kind(), path, "{}", paged.pager.upload_path());
+        let (l, t) = losses(&paged, cfg(&out), steps);
+        let c = paged.pager.counters();
+        assert!(c.evictions > 0 && c.uploads > 0 && c.bytes_written_back > 0, "pinned store, {path:?}: {c:?}");
+        assert_eq!(paged.pager.staging_bytes().1, 0, "pinned store: no readback ring was needed");
+        assert_eq!(t.micro_batch, cfg(&out).batch_size, "pinned store, {path:?}: the micro-batch fits");
+        assert_close(&format!("losses at 25% budget, pinned store, {path:?}"), &l, &to64(&full), 0.0, 1e-6);
+    }
 }
 
 #[test]

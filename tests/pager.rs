@@ -53,6 +53,17 @@ fn offers(ctx: &Context, path: UploadPath) -> bool {
     }
 }
 
+/// A GPU and a host store in its pinned memory, on Vulkan (where it must be offered); `None`
+/// elsewhere.
+fn pinned_store() -> Option<(Gpu, pagetrain::pager::PinnedStore)> {
+    let gpu = gpu();
+    if gpu.info.backend != wgpu::Backend::Vulkan {
+        return None;
+    }
+    let store = pagetrain::pager::PinnedStore::new(&gpu.device).expect("pinned memory on a Vulkan adapter");
+    Some((gpu, store))
+}
+
 /// A path the adapter offers is the one taken (so its test cannot pass on the ring instead);
 /// one it does not offer falls back to the ring and says why.
 fn assert_offered_path_taken(ctx: &Context, path: UploadPath) {
@@ -194,6 +205,29 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
     assert!(ctx.pager.stats().peak_bytes <= budget);
 }
 
+#[test]
+fn pinning_a_store_segment_keeps_its_bytes_and_gives_the_gpu_a_buffer_over_them() {
+    let Some((_gpu, mut store)) = pinned_store() else { return };
+    let (a, b) = (store.alloc(1000).unwrap(), store.alloc(5000).unwrap());
+    let want: Vec<Vec<u8>> =
+        [a, b].iter().map(|r| (0..r.len).map(|i| (i * 31 + r.offset + 7) as u8).collect()).collect();
+    for (r, w) in [a, b].iter().zip(&want) {
+        store.bytes_mut(r).unwrap().copy_from_slice(w);
+    }
+    assert!(store.dma(&a).is_none(), "nothing is pinned before the pager asks");
+    assert!(store.pin(&a));
+    let ((buf_a, off_a), (buf_b, off_b)) = (store.dma(&a).unwrap(), store.dma(&b).unwrap());
+    assert_eq!((off_a, off_b), (a.offset as u64, b.offset as u64));
+    assert_eq!(buf_a, buf_b, "one segment, one buffer");
+    assert!(buf_a.size() >= (b.offset + b.len) as u64);
+    for (r, w) in [a, b].iter().zip(&want) {
+        assert_eq!(store.bytes(r).unwrap(), &w[..], "bytes kept across pinning");
+    }
+    let bad = HostRange { segment: 7, offset: 0, len: 4 };
+    assert!(store.bytes(&bad).is_err() && store.dma(&bad).is_none() && !store.pin(&bad));
+    assert!(store.describe().starts_with("pinned memory"), "{}", store.describe());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -221,6 +255,18 @@ proptest! {
         let budget = budget_kib * 1024;
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::Pinned, ..opts(budget, Policy::Belady) });
         assert_offered_path_taken(&ctx, UploadPath::Pinned);
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn pinned_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64, direct_uploads in any::<bool>()) {
+        // The host store in pinned memory (Vulkan): write-backs go by DMA straight into it, and
+        // uploads too on the pinned path (the ring memcpys from it otherwise).
+        let budget = budget_kib * 1024;
+        let Some((gpu, store)) = pinned_store() else { return Ok(()) };
+        let path = if direct_uploads { UploadPath::Pinned } else { UploadPath::Ring };
+        let ctx = Context::with_store(gpu, Box::new(store), &PagerOptions { upload: path, ..opts(budget, Policy::Belady) });
+        assert_eq!(ctx.pager.upload_path_kind(), path, "{}", ctx.pager.upload_path());
         run_against_model(&ctx, &ops, budget, None);
     }
 

@@ -60,6 +60,22 @@ pub trait HostStore {
     }
     /// Hints that `r` will be read soon (starts reading it from disk).
     fn will_need(&self, _r: &HostRange) {}
+    /// Where the GPU can copy `r`'s bytes to and from directly (a buffer over pinned host memory
+    /// and the offset of `r` in it), so transfers need no staging copy. `None`: not pinned (yet).
+    fn dma(&self, _r: &HostRange) -> Option<(wgpu::Buffer, u64)> {
+        None
+    }
+    /// Pins the memory holding `r` for DMA if it is not yet (the caller has let every
+    /// background copy into or out of the store finish: the bytes may move); false where it
+    /// cannot be.
+    fn pin(&mut self, _r: &HostRange) -> bool {
+        false
+    }
+    /// Whether the store's memory can be pinned for the GPU (`pin`, then `dma`, answer for its
+    /// ranges).
+    fn is_pinned(&self) -> bool {
+        false
+    }
     /// Bytes reserved in all segments.
     fn capacity(&self) -> usize;
     fn describe(&self) -> String;
@@ -67,14 +83,14 @@ pub trait HostStore {
 
 /// First-fit free lists over segments, with coalescing.
 #[derive(Default)]
-struct Allocator {
+pub(super) struct Allocator {
     /// Per segment: free (offset, len) runs sorted by offset.
     free: Vec<Vec<(usize, usize)>>,
-    sizes: Vec<usize>,
+    pub(super) sizes: Vec<usize>,
 }
 
 impl Allocator {
-    fn find(&mut self, len: usize) -> Option<HostRange> {
+    pub(super) fn find(&mut self, len: usize) -> Option<HostRange> {
         for (segment, runs) in self.free.iter_mut().enumerate() {
             if let Some(i) = runs.iter().position(|&(_, l)| l >= len) {
                 let (offset, l) = runs[i];
@@ -89,13 +105,13 @@ impl Allocator {
         None
     }
 
-    fn add_segment(&mut self, size: usize) -> usize {
+    pub(super) fn add_segment(&mut self, size: usize) -> usize {
         self.free.push(vec![(0, size)]);
         self.sizes.push(size);
         self.free.len() - 1
     }
 
-    fn release(&mut self, r: HostRange) {
+    pub(super) fn release(&mut self, r: HostRange) {
         let runs = &mut self.free[r.segment];
         let i = runs.partition_point(|&(o, _)| o < r.offset);
         runs.insert(i, (r.offset, r.len));
@@ -111,7 +127,7 @@ impl Allocator {
     }
 }
 
-fn aligned(len: usize) -> usize {
+pub(super) fn aligned(len: usize) -> usize {
     len.max(1).div_ceil(HOST_ALIGN) * HOST_ALIGN
 }
 

@@ -11,15 +11,21 @@
 
 pub mod budget;
 mod copier;
+mod dma;
 mod host;
+mod options;
+#[cfg(vulkan_hal)]
+mod pinned_store;
 pub mod plan;
 mod pool;
+mod readback_ring;
 mod report;
 mod residency;
 mod staging;
 pub mod telemetry;
 mod transfers;
 mod upload_path;
+mod upload_ring;
 
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashMap, HashSet};
@@ -30,6 +36,9 @@ use copier::Copier;
 #[cfg(not(target_arch = "wasm32"))]
 pub use host::MmapStore;
 pub use host::{HostRange, HostStore, MemStore};
+pub use options::{memory_store, PagerOptions};
+#[cfg(vulkan_hal)]
+pub use pinned_store::PinnedStore;
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::Pool;
@@ -145,67 +154,6 @@ impl Entry {
     }
 }
 
-/// Sizes and rules of a pager.
-#[derive(Clone, Debug)]
-pub struct PagerOptions {
-    /// GPU byte budget; `None`: from the device's memory ([`budget::auto_budget`]).
-    pub budget: Option<u64>,
-    pub policy: Policy,
-    /// Most staging buffers for uploads and for write-backs, each `slot_bytes`; made as needed.
-    /// A mapped upload ring on a discrete GPU (VRAM) stays within a quarter of the budget
-    /// ([`budget::ring_slots`]).
-    /// A tensor takes whole slots, so many small slots keep more tensors in flight: on an H200,
-    /// GPT-2 (f16) at a quarter budget stepped in 1113 ms with 128 + 128 slots of 8 MiB, 1335 ms
-    /// with 16 + 32 of 32 MiB, 1415 ms with 512 + 512 of 2 MiB.
-    pub upload_slots: usize,
-    pub readback_slots: usize,
-    pub slot_bytes: u64,
-    /// Accesses to look ahead for uploads.
-    pub prefetch_window: usize,
-    pub upload: UploadPath,
-    /// Evict a dirty tensor without writing it back when the previous step freed it unread and
-    /// it has no access left in this step (off: every dirty eviction is written back).
-    pub drop_dead_writebacks: bool,
-    /// Whether a synchronous call may block on the GPU (natively, yes). The browser cannot: a
-    /// map completes only once control returns to it. Without blocking waits the pager waits
-    /// only in its futures (`read`, `settle`), evicts a dirty tensor only when the step's plan
-    /// says it is not used again before the step ends (its write-back lands at the next await),
-    /// and a staging ring that is full grows or falls back to `queue.write_buffer`. Off natively
-    /// for tests of the browser's behaviour.
-    pub blocking_waits: bool,
-}
-
-impl PagerOptions {
-    /// For the browser: no blocking waits (see [`PagerOptions::blocking_waits`]) and staging
-    /// slots of 64 KiB (a tensor takes whole slots; the demo's tensors are small).
-    pub fn browser(budget: Option<u64>) -> PagerOptions {
-        PagerOptions {
-            budget,
-            upload_slots: 32,
-            readback_slots: 32,
-            slot_bytes: 64 << 10,
-            blocking_waits: false,
-            ..PagerOptions::default()
-        }
-    }
-}
-
-impl Default for PagerOptions {
-    fn default() -> Self {
-        PagerOptions {
-            budget: None,
-            policy: Policy::Belady,
-            upload_slots: 128,
-            readback_slots: 128,
-            slot_bytes: 8 << 20,
-            prefetch_window: 32,
-            upload: UploadPath::Auto,
-            drop_dead_writebacks: true,
-            blocking_waits: !cfg!(target_arch = "wasm32"),
-        }
-    }
-}
-
 pub struct Pager {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
@@ -240,6 +188,10 @@ struct State {
     copier: Arc<Copier>,
     upload: UploadRing,
     readback: ReadbackRing,
+    /// Copies straight between a pinned store and GPU buffers (see `dma.rs`).
+    dma: dma::DmaCopies,
+    /// Uploads from a pinned store go by DMA straight from it (the `Pinned` path).
+    direct_upload: bool,
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
@@ -293,6 +245,8 @@ impl Pager {
             upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
             readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,
+            dma: dma::DmaCopies::default(),
+            direct_upload: false,
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,
@@ -360,6 +314,9 @@ impl Pager {
                 needed: size_class(bytes),
                 budget: st.pool.budget(),
             });
+        }
+        for r in st.dma.ready_frees() {
+            st.store.free(r);
         }
         let host = st.store.alloc(bytes as usize)?;
         let id = st.next_id;

@@ -87,7 +87,7 @@ impl Pager {
                     Location::HostRam
                 },
                 dirty: e.dirty,
-                in_flight: st.readback.in_flight_for(id) || st.upload.has_fills_for(id),
+                in_flight: st.readback.in_flight_for(id) || st.upload.has_fills_for(id) || st.dma.busy(id, None),
                 shape: e.layout.as_ref().map(|(s, _)| s.to_vec()).unwrap_or_default(),
                 dtype: e.layout.as_ref().map(|(_, d)| d.name()).unwrap_or("bytes"),
                 uploads: e.uploads,

@@ -24,15 +24,50 @@ impl State {
     pub(super) fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
         counters.stall_s += readback.drain(recorder, wait, &mut |job| host_target(store.as_mut(), entries, job))?;
+        if wait {
+            counters.stall_s += self.dma.wait(recorder, None)?;
+        }
+        self.dma.reap();
+        for r in self.dma.ready_frees() {
+            self.store.free(r);
+        }
         Ok(())
     }
 
-    /// Delivers the write-backs of `id` still in flight (and the older ones before them).
+    /// Delivers the write-backs of `id` still in flight (and the older ones before them), and
+    /// waits for the direct copies of its host bytes: the CPU may then read or change them.
     pub(super) fn settle(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
+        self.settle_ring(recorder, id)?;
+        self.counters.stall_s += self.dma.wait(recorder, Some(id))?;
+        Ok(())
+    }
+
+    /// Delivers the ring's write-backs of `id` (and older ones); direct copies stay in flight
+    /// (what the GPU does next with the tensor's host bytes is ordered after them on the GPU).
+    fn settle_ring(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
         counters.stall_s +=
             readback.deliver_through(recorder, id, &mut |job| host_target(store.as_mut(), entries, job))?;
         Ok(())
+    }
+
+    /// Where the GPU copies `host` by DMA (a pinned store), with the bytes to move (`len`,
+    /// trimmed to the range).
+    /// Pins its memory first if need be (once per segment), after the background copies into
+    /// and out of the store, since pinning moves the bytes.
+    fn direct(&mut self, host: &HostRange, len: u64) -> Option<(wgpu::Buffer, u64, u64)> {
+        if self.store.dma(host).is_none() {
+            if !self.store.is_pinned() {
+                return None;
+            }
+            self.upload.wait_fills();
+            self.readback.wait_deliveries();
+            if !self.store.pin(host) {
+                return None;
+            }
+        }
+        let (buffer, offset) = self.store.dma(host)?;
+        Some((buffer, offset, len.min(host.len as u64)))
     }
 
     /// Records the write-back of a dirty resident tensor (it stays resident, now clean).
@@ -43,11 +78,20 @@ impl State {
         };
         // Fail before anything moves if the host cannot take the bytes: the GPU copy stays.
         self.store.bytes_mut(&host)?;
-        let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s +=
-            readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?;
-        counters.writebacks += 1;
-        counters.bytes_written_back += bytes;
+        if let Some((to, offset, n)) = self.direct(&host, len) {
+            // A write-back of it still in the ring (from before its memory was pinned) lands
+            // first: it would overwrite this one's bytes.
+            if self.readback.has_jobs_for(id) {
+                self.settle_ring(recorder, id)?;
+            }
+            self.dma.record(recorder, id, dma::Dir::Down, &buffer, 0, &to, offset, n);
+        } else {
+            let State { store, entries, readback, counters, .. } = self;
+            counters.stall_s +=
+                readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?;
+        }
+        self.counters.writebacks += 1;
+        self.counters.bytes_written_back += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
         e.unread_writeback += bytes;
         e.dirty = false;
@@ -166,7 +210,12 @@ impl State {
     /// Gives a freshly placed buffer the tensor's contents (nothing when the kernel will
     /// `overwrite` it all), and unmaps a zero-copy buffer so kernels can use it.
     pub(super) fn fill(&mut self, recorder: &Recorder, id: TensorId, taken: &Taken, overwrite: bool) -> Result<()> {
-        self.settle(recorder, id)?;
+        // A direct upload is ordered after a direct write-back on the GPU: no wait for it here.
+        if self.uploads_direct(id, taken.mapped) {
+            self.settle_ring(recorder, id)?;
+        } else {
+            self.settle(recorder, id)?;
+        }
         let e = self.entries.get_mut(&id).expect("exists");
         if overwrite {
             e.lost = None;
@@ -195,7 +244,35 @@ impl State {
         result
     }
 
-    /// Host bytes of `id` into `buffer`: written in place when it is mapped, else through the ring.
+    /// Whether the host bytes of `id` go to a buffer (`mapped`: zero-copy) by DMA straight from
+    /// the store.
+    fn uploads_direct(&self, id: TensorId, mapped: bool) -> bool {
+        !mapped && self.direct_upload && (self.store.is_pinned() || self.store.dma(&self.entries[&id].host).is_some())
+    }
+
+    /// The host bytes of `id` (`len` of `host`) into `buffer`, not mapped: by DMA straight from a
+    /// pinned store on the `Pinned` path, else through the ring.
+    fn upload_unmapped(
+        &mut self,
+        recorder: &Recorder,
+        id: TensorId,
+        host: HostRange,
+        len: usize,
+        buffer: &wgpu::Buffer,
+    ) -> Result<()> {
+        if self.uploads_direct(id, false) {
+            if let Some((from, offset, n)) = self.direct(&host, len as u64) {
+                self.dma.record(recorder, id, dma::Dir::Up, &from, offset, buffer, 0, n);
+                return Ok(());
+            }
+        }
+        let src = &self.store.bytes(&host)?[..len];
+        self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+        Ok(())
+    }
+
+    /// Host bytes of `id` into `buffer`: written in place when it is mapped, by DMA from a pinned
+    /// store on the `Pinned` path, else through the ring.
     pub(super) fn upload(
         &mut self,
         recorder: &Recorder,
@@ -203,21 +280,23 @@ impl State {
         buffer: &wgpu::Buffer,
         mapped: bool,
     ) -> Result<()> {
-        let e = &self.entries[&id];
-        let len = e.copy_len() as usize;
-        let src = &self.store.bytes(&e.host)?[..len];
+        let (host, len, bytes) = {
+            let e = &self.entries[&id];
+            (e.host, e.copy_len() as usize, e.bytes)
+        };
         let start = Stopwatch::start();
         if mapped {
+            let src = &self.store.bytes(&host)?[..len];
             let mut view = buffer
                 .get_mapped_range_mut(0..len as u64)
                 .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
             staging::fill_now(&self.copier, &mut view, src);
         } else {
-            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+            self.upload_unmapped(recorder, id, host, len, buffer)?;
         }
         self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
-        self.counters.bytes_uploaded += e.bytes;
+        self.counters.bytes_uploaded += bytes;
         let e = self.entries.get_mut(&id).expect("exists");
         e.uploads += 1;
         e.unread_writeback = 0;
@@ -238,7 +317,10 @@ impl State {
             if let Some(buf) = e.gpu {
                 self.pool.give(buf);
             }
-            self.store.free(e.host);
+            // A direct copy still using the bytes holds them back until it is done.
+            if let Some(r) = self.dma.free_when_done(e.host, id) {
+                self.store.free(r);
+            }
         }
     }
 
@@ -265,8 +347,7 @@ impl State {
             }
         } else if let Some(buf) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
-            let src = &self.store.bytes(&host)?[..len];
-            self.counters.stall_s += self.upload.upload(recorder, Some(id), src, &buf, 0)?;
+            self.upload_unmapped(recorder, id, host, len, &buf)?;
         }
         Ok(())
     }

@@ -72,6 +72,10 @@ impl Pager {
             let name = st.entries.get(id).map_or(format!("#{id}"), |e| e.name.clone());
             return Err(Error::invalid("update_host", format!("`{name}` is written but not among the tensors given")));
         }
+        // Direct copies reading or writing these host bytes finish first.
+        for &id in ids {
+            st.counters.stall_s += st.dma.wait(recorder, Some(id))?;
+        }
         let mut ranges = Vec::with_capacity(ids.len());
         for &id in ids {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
@@ -109,6 +113,7 @@ impl Pager {
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
         let mut st = self.state();
+        st.counters.stall_s += st.dma.wait(&self.recorder, Some(id))?;
         if let Some(e) = st.entries.get_mut(&id) {
             e.unread_writeback = 0;
             e.read_on_host = true;
@@ -135,7 +140,7 @@ impl Pager {
             if dirty {
                 st.write_back(recorder, id)?;
             }
-            any |= dirty || st.readback.has_jobs_for(id);
+            any |= dirty || st.readback.has_jobs_for(id) || st.dma.busy(id, None);
         }
         if any {
             recorder.flush();

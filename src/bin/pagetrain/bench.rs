@@ -60,6 +60,9 @@ pub(crate) struct BenchArgs {
     /// Only time the resident step (no 50/25/10 % budgets).
     #[arg(long)]
     pub(crate) resident_only: bool,
+    /// Time the steps at only these of the 50/25/10 % budgets (repeatable; default all three).
+    #[arg(long)]
+    pub(crate) percent: Vec<u64>,
     /// Also time the steps at this GPU budget in bytes, e.g. 2GiB (repeatable).
     #[arg(long, value_parser = parse_bytes)]
     pub(crate) budget: Vec<u64>,
@@ -182,7 +185,17 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                     pagetrain::train::Dataset::from_text(pagetrain::train::corpus::DEMO, "demo corpus", None)
                 }
             };
-            let budgets: &[u64] = if args.resident_only { &[] } else { &[50, 25, 10] };
+            if let Some(p) = args.percent.iter().find(|p| ![50, 25, 10].contains(*p)) {
+                return Err(Error::Invalid {
+                    what: "--percent",
+                    msg: format!("{p}: the step budgets are 50, 25 and 10"),
+                });
+            }
+            let budgets: &[u64] = match (args.resident_only, args.percent.is_empty()) {
+                (true, _) => &[],
+                (false, true) => &[50, 25, 10],
+                (false, false) => &args.percent,
+            };
             Some(pagetrain::bench::step_times(
                 &make,
                 &cfg,
@@ -220,7 +233,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
             "  upload, queue.write_buffer:  {:8.2} GB/s  (ring is {:.2}x)",
             r.upload_write_buffer_gbps, r.upload_ring_vs_write_buffer
         );
-        println!("  write-back, readback ring:   {:8.2} GB/s", r.writeback_gbps);
+        println!("  write-back:                  {:8.2} GB/s", r.writeback_gbps);
+        println!("  host store: {}", r.host_store);
         println!("  the pager uploads by: {}", r.upload_path);
         if let Some(m) = &mm {
             println!(

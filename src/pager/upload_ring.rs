@@ -1,0 +1,202 @@
+//! The upload ring: `MAP_WRITE | COPY_SRC` buffers (or pinned host memory) filled on the copy
+//! threads and copied into GPU buffers (see `staging.rs`).
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::copier::{Copier, Ticket};
+use super::staging::{MapWait, Slot, MAPPED};
+use crate::error::{Error, Result};
+use crate::recorder::Recorder;
+use crate::tensor::TensorId;
+#[cfg(vulkan_hal)]
+use crate::vulkan_hal::PinnedAllocator;
+
+/// Ring of `MAP_WRITE | COPY_SRC` buffers for uploads.
+pub struct UploadRing {
+    device: wgpu::Device,
+    copier: Arc<Copier>,
+    /// Fills not yet known to be done, by the tensor whose host bytes they read (those bytes must
+    /// not change or be freed until then; `None`: the caller's own buffer, e.g. a probe).
+    pending: RefCell<Vec<(Option<TensorId>, Ticket)>>,
+    /// Grown on demand up to `max`: a ring that is busy gets another slot before anyone waits.
+    slots: RefCell<Vec<Rc<Slot>>>,
+    max: usize,
+    slot_bytes: u64,
+    next: Cell<usize>,
+    /// New slots come from pinned host memory (DMA uploads) instead of `MAP_WRITE` buffers.
+    #[cfg(vulkan_hal)]
+    pinned: Option<Rc<PinnedAllocator>>,
+    /// False in the browser: no slot mapped means `queue.write_buffer`, not a wait.
+    may_block: bool,
+}
+
+impl UploadRing {
+    pub fn new(device: &wgpu::Device, copier: Arc<Copier>, max: usize, slot_bytes: u64, may_block: bool) -> Self {
+        UploadRing {
+            device: device.clone(),
+            copier,
+            pending: RefCell::new(Vec::new()),
+            slots: RefCell::new(Vec::new()),
+            max: max.max(1),
+            slot_bytes,
+            next: Cell::new(0),
+            #[cfg(vulkan_hal)]
+            pinned: None,
+            may_block,
+        }
+    }
+
+    /// Makes the ring's slots pinned host memory from `alloc` (`None`: `MAP_WRITE` buffers).
+    /// Every slot made so far is let go: the caller has submitted and waited for their copies.
+    #[cfg(vulkan_hal)]
+    pub fn set_pinned(&mut self, alloc: Option<Rc<PinnedAllocator>>) {
+        self.wait_fills();
+        self.slots.borrow_mut().clear();
+        self.next.set(0);
+        self.pinned = alloc;
+    }
+
+    /// Lets the ring grow to `max` slots (fewer: the extra ones are let go; the caller has
+    /// submitted and waited for their copies).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() > self.max {
+            slots.truncate(self.max);
+            self.next.set(0);
+        }
+    }
+
+    /// Whether the ring's slots are pinned host memory.
+    pub fn is_pinned(&self) -> bool {
+        #[cfg(vulkan_hal)]
+        return self.pinned.is_some();
+        #[cfg(not(vulkan_hal))]
+        false
+    }
+
+    fn new_slot(&self, index: usize) -> Result<Rc<Slot>> {
+        let label = format!("upload ring {index}");
+        #[cfg(vulkan_hal)]
+        if let Some(alloc) = &self.pinned {
+            return Slot::pinned(alloc, &label, self.slot_bytes);
+        }
+        let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
+        Ok(Slot::new(&self.device, &label, self.slot_bytes, usage, true))
+    }
+
+    /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
+    /// turn (waited for; `None` where the ring may not block). Returns it and the seconds waited.
+    fn acquire(&self, recorder: &Recorder) -> Result<Option<(Rc<Slot>, f64)>> {
+        recorder.poll();
+        let mut slots = self.slots.borrow_mut();
+        if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
+            return Ok(Some((slot.clone(), 0.0)));
+        }
+        if slots.len() < self.max {
+            let slot = self.new_slot(slots.len())?;
+            slots.push(slot.clone());
+            return Ok(Some((slot, 0.0)));
+        }
+        if !self.may_block {
+            return Ok(None);
+        }
+        let slot = slots[self.next.get() % slots.len()].clone();
+        self.next.set((self.next.get() + 1) % slots.len());
+        drop(slots);
+        let waited = slot.wait_mapped(recorder, true)?;
+        Ok(Some((slot, waited)))
+    }
+
+    /// Waits for every slot still in flight (the browser's step boundary: the next step finds
+    /// them mapped).
+    pub fn map_waits(&self, recorder: &Rc<Recorder>) -> Vec<MapWait> {
+        let slots = self.slots.borrow();
+        slots.iter().filter(|s| s.pending()).map(|s| MapWait { slot: s.clone(), recorder: recorder.clone() }).collect()
+    }
+
+    /// Records the upload of `src` (length a multiple of 4, the host bytes of `owner`) into `dst`
+    /// at `dst_offset`; the bytes are copied into staging in the background until the next
+    /// submission. `src` must stay as it is until then (see [`UploadRing::wait_fills_for`]).
+    /// Returns the seconds spent waiting for a free slot (a stall).
+    pub fn upload(
+        &self,
+        recorder: &Recorder,
+        owner: Option<TensorId>,
+        src: &[u8],
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+    ) -> Result<f64> {
+        debug_assert!(src.len().is_multiple_of(4));
+        self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
+        let mut stalled = 0.0;
+        for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
+            let offset = dst_offset + i as u64 * self.slot_bytes;
+            let Some((slot, waited)) = self.acquire(recorder)? else {
+                // The browser, every slot in flight: the queue's own staging. Its writes land
+                // before the next submission, so what is recorded so far is submitted first.
+                recorder.flush();
+                recorder.gpu().queue.write_buffer(dst, offset, chunk);
+                continue;
+            };
+            stalled += waited;
+            let len = chunk.len() as u64;
+            let (to, mut view) = match slot.pinned_ptr() {
+                Some(p) => (p, None),
+                None => {
+                    let mut view = slot
+                        .buffer
+                        .get_mapped_range_mut(0..len)
+                        .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
+                    (view.slice(..).as_raw_element_ptr().as_ptr(), Some(view))
+                }
+            };
+            // SAFETY: the view (or, pinned, the slot's own mapping, which lives as long as the slot,
+            // held by the hook below) stays mapped until the hook has waited for the copy, and the
+            // slot is not filled again before the GPU has read it (state MAPPED only then);
+            // `chunk` is host-store memory that the pager neither changes nor frees while fills
+            // are pending (it calls `wait_fills_for` first).
+            let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
+            self.pending.borrow_mut().push((owner, ticket.clone()));
+            recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
+            let filled = slot.clone();
+            recorder.before_submit(move || {
+                ticket.wait();
+                if let Some(view) = view.take() {
+                    drop(view);
+                    filled.buffer.unmap();
+                }
+            });
+            slot.remap_after_submit(recorder, wgpu::MapMode::Write);
+            recorder.staged(len);
+        }
+        Ok(stalled)
+    }
+
+    /// Waits for every background fill: the host bytes they read may change after this.
+    pub fn wait_fills(&self) {
+        for (_, t) in self.pending.borrow_mut().drain(..) {
+            t.wait();
+        }
+    }
+
+    /// Whether a background fill reading the host bytes of `tensor` may still be running.
+    pub fn has_fills_for(&self, tensor: TensorId) -> bool {
+        self.pending.borrow().iter().any(|(owner, t)| *owner == Some(tensor) && !t.is_done())
+    }
+
+    /// Bytes of staging buffers made so far.
+    pub fn held_bytes(&self) -> u64 {
+        self.slots.borrow().len() as u64 * self.slot_bytes
+    }
+
+    /// Waits for the background fills reading the host bytes of `ids` (before they change or are
+    /// freed); others go on.
+    pub fn wait_fills_for(&self, ids: &[TensorId]) {
+        for (_, t) in self.pending.borrow().iter().filter(|(owner, _)| owner.is_some_and(|o| ids.contains(&o))) {
+            t.wait();
+        }
+    }
+}
