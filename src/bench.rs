@@ -253,8 +253,16 @@ pub fn time_steps(
     ctx.sync()?;
     let before = ctx.pager.counters();
     let start = Instant::now();
+    // As the training loop runs: a step's loss is read once the next step is recorded.
+    let mut pending = None;
     for _ in 0..steps {
-        pollster::block_on(t.train_step(&ctx))?;
+        let loss = pollster::block_on(t.train_step_pending(&ctx))?;
+        if let Some(prev) = pending.replace(loss) {
+            pollster::block_on(prev.get(&ctx))?;
+        }
+    }
+    if let Some(last) = pending {
+        pollster::block_on(last.get(&ctx))?;
     }
     ctx.sync()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;

@@ -7,6 +7,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod bindings;
 pub mod cross_entropy;
 pub mod decode;
 pub mod elementwise;
@@ -17,6 +18,7 @@ pub mod optim;
 pub mod pipeline_cache;
 pub mod reduce;
 pub mod softmax;
+pub mod sumsq;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -76,6 +78,7 @@ pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenabl
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
+pub const SUMSQ: Shader = shader!("sumsq");
 
 /// How one compiled variant of a family differs from another. Kernels that can read or write f16
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
@@ -125,6 +128,7 @@ pub const ALL: &[Shader] = &[
     OPTIM,
     REDUCE,
     SOFTMAX,
+    SUMSQ,
 ];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
@@ -244,17 +248,17 @@ impl Tuning {
     }
 }
 
-/// A compiled pipeline and its bind group layout.
-type Compiled = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+/// A compiled pipeline and its layout.
+type Compiled = (wgpu::ComputePipeline, bindings::Layout);
 
 /// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
 /// dispatch recording.
 pub struct Kernels {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
-    modules: RefCell<HashMap<(&'static str, Variant), wgpu::ShaderModule>>,
-    /// Each pipeline with its bind group layout (fetched once: wgpu registers a new handle per
-    /// `get_bind_group_layout` call, and every dispatch needs it).
+    /// Each module with the binding signature of its entry points.
+    modules: RefCell<HashMap<(&'static str, Variant), (wgpu::ShaderModule, Rc<HashMap<String, bindings::Signature>>)>>,
+    /// Each pipeline with its layout.
     pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
@@ -266,6 +270,7 @@ pub struct Kernels {
     /// A small f32 buffer that stands in for an unused read-write binding (the context's dummy
     /// is bound read-only beside it, and a buffer may not be both in one dispatch).
     write_dummy: RefCell<Option<View>>,
+    bindings: bindings::Bindings,
 }
 
 impl Drop for Kernels {
@@ -282,13 +287,14 @@ impl Kernels {
             pipeline_cache,
             tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
             gpu,
-            recorder,
+            recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
             profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
             compiled: std::cell::Cell::new(false),
             write_dummy: RefCell::new(None),
+            bindings: bindings::Bindings::new(recorder.clone()),
         }
     }
 
@@ -333,7 +339,17 @@ impl Kernels {
         self.dispatch_count.get()
     }
 
-    fn module(&self, shader: Shader, variant: Variant) -> Result<wgpu::ShaderModule> {
+    /// Bind groups created so far (a warm training step creates none).
+    pub fn bind_groups_created(&self) -> u64 {
+        self.bindings.created()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn module(
+        &self,
+        shader: Shader,
+        variant: Variant,
+    ) -> Result<(wgpu::ShaderModule, Rc<HashMap<String, bindings::Signature>>)> {
         if let Some(m) = self.modules.borrow().get(&(shader.name, variant)) {
             return Ok(m.clone());
         }
@@ -349,10 +365,9 @@ impl Kernels {
             ));
         }
         self.gpu.check("before compiling a shader")?;
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(specialize(shader, variant).into()),
-        };
+        let source = specialize(shader, variant);
+        let signatures = Rc::new(bindings::reflect(shader.name, &source)?);
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
         let module = if self.gpu.shader_checks {
             self.gpu.device.create_shader_module(desc)
         } else {
@@ -364,8 +379,9 @@ impl Kernels {
         self.gpu
             .check(shader.name)
             .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
-        self.modules.borrow_mut().insert((shader.name, variant), module.clone());
-        Ok(module)
+        let both = (module, signatures);
+        self.modules.borrow_mut().insert((shader.name, variant), both.clone());
+        Ok(both)
     }
 
     /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
@@ -377,10 +393,14 @@ impl Kernels {
         if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
-        let module = self.module(shader, variant)?;
+        let (module, signatures) = self.module(shader, variant)?;
+        let sig = signatures
+            .get(entry)
+            .ok_or_else(|| Error::invalid(shader.name, format!("has no entry point `{entry}`")))?;
+        let layout = self.bindings.layout(sig);
         let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
-            layout: None,
+            layout: Some(&layout.pipeline),
             module: &module,
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
@@ -393,7 +413,7 @@ impl Kernels {
         self.gpu
             .check(entry)
             .map_err(|e| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: e.to_string() })?;
-        let both = (pipeline.clone(), pipeline.get_bind_group_layout(0));
+        let both = (pipeline, layout);
         self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
         Ok(both)
     }
@@ -441,38 +461,17 @@ impl Kernels {
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
         let (pipeline, layout) = self.pipeline_and_layout(shader, entry, Variant { f16_bindings, ..variant })?;
-        let bytes = bytemuck::bytes_of(params);
-        let (arena, offset) = self.recorder.uniform(bytes);
-        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, v)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &v.buffer,
-                    offset: v.offset,
-                    size: wgpu::BufferSize::new(v.size),
-                }),
-            })
-            .collect();
-        entries.push(wgpu::BindGroupEntry {
-            binding: buffers.len() as u32,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &arena,
-                offset,
-                size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
-            }),
-        });
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &layout,
-            entries: &entries,
-        });
-        self.recorder.record(|encoder| {
-            let mut pass =
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+        if layout.sig_len != buffers.len() {
+            return Err(Error::invalid(
+                entry,
+                format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
+            ));
+        }
+        let bind_group = self.bindings.group(&layout, buffers);
+        let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
+        self.recorder.dispatch(|pass| {
             pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
         self.dispatch_count.set(self.dispatch_count.get() + 1);

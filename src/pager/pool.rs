@@ -1,6 +1,8 @@
 //! GPU buffer pool: buffers reused by size class, every byte counted against a budget.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use crate::error::{Error, Result};
 
@@ -33,11 +35,13 @@ pub struct Pool {
     in_use: u64,
     peak: u64,
     budget: u64,
+    /// Counts dropped buffers (shared with the recorder: bind groups kept over them go too).
+    retired: Rc<Cell<u64>>,
 }
 
 impl Pool {
-    pub fn new(budget: u64) -> Self {
-        Pool { free: HashMap::new(), zero_copy: false, held: 0, in_use: 0, peak: 0, budget }
+    pub fn new(budget: u64, retired: Rc<Cell<u64>>) -> Self {
+        Pool { free: HashMap::new(), zero_copy: false, held: 0, in_use: 0, peak: 0, budget, retired }
     }
 
     pub fn set_zero_copy(&mut self, on: bool) {
@@ -126,6 +130,7 @@ impl Pool {
         // wgpu frees it once they are done.
         if self.free.get_mut(&class).and_then(|v| v.pop()).is_some() {
             self.held -= class;
+            self.retired.set(self.retired.get() + 1);
             return true;
         }
         false

@@ -7,6 +7,7 @@ pub mod data;
 pub mod generate;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
+pub mod pending_loss;
 mod optimizer;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
