@@ -23,6 +23,12 @@ const SUBMIT_EVERY: u64 = 96;
 /// older ones.
 const SUBMIT_BYTES: u64 = 64 << 20;
 
+/// Records a clear as a dispatch in the open compute pass (`kernels::fill`); false when it cannot
+/// bind the range (the recorder then records `clear_buffer`).
+pub trait Clearer {
+    fn clear(&self, recorder: &Recorder, buffer: &wgpu::Buffer, offset: u64, len: u64) -> bool;
+}
+
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
 type PreHook = Box<dyn FnOnce()>;
 
@@ -33,6 +39,7 @@ pub struct Recorder {
     pass: RefCell<Option<wgpu::ComputePass<'static>>>,
     encoder: RefCell<Option<wgpu::CommandEncoder>>,
     passes: Cell<u64>,
+    clearer: RefCell<Option<Rc<dyn Clearer>>>,
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
     before_submit: RefCell<Vec<PreHook>>,
@@ -57,6 +64,7 @@ impl Recorder {
             encoder: RefCell::new(None),
             pass: RefCell::new(None),
             passes: Cell::new(0),
+            clearer: RefCell::new(None),
             uniforms: RefCell::new(Vec::new()),
             arena,
             before_submit: RefCell::new(Vec::new()),
@@ -99,6 +107,21 @@ impl Recorder {
         }
         self.commands.set(self.commands.get() + 1);
         f(pass.as_mut().expect("opened above"))
+    }
+
+    /// Sets what records clears inside the compute pass (the kernels do, when they are made).
+    pub fn set_clearer(&self, clearer: Rc<dyn Clearer>) {
+        *self.clearer.borrow_mut() = Some(clearer);
+    }
+
+    /// Zeroes `len` bytes of `buffer` from `offset`, in order with everything recorded: a fill
+    /// dispatch in the open pass where the clearer can bind the range, else `clear_buffer`.
+    pub fn clear(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) {
+        let clearer = self.clearer.borrow().clone();
+        if clearer.is_some_and(|c| c.clear(self, buffer, offset, len)) {
+            return;
+        }
+        self.record(|enc| enc.clear_buffer(buffer, offset, Some(len)));
     }
 
     /// Ends the open compute pass (its commands go into the encoder).

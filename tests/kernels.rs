@@ -635,3 +635,33 @@ fn sumsq_groups_respect_count_and_bytes() {
     assert_eq!(g, vec![0..2, 2..3, 3..4, 4..5]);
     assert_eq!(partials_for(&[10, 10, 10, 100, 10], &g), 5);
 }
+
+#[test]
+fn in_pass_clears_zero_exactly_their_range() {
+    let ctx = ctx();
+    let mut rng = Rng::new(41);
+    let sumsq = Guarded::new(&ctx, 3, Some(&[4.0, 9.0, 3.0]));
+    for &n in AWKWARD.iter().chain(&[70_001]) {
+        let x = randn(&mut rng, n + 8, 1.0);
+        let g = Guarded::new(&ctx, n + 8, Some(&x));
+        let clip = Guarded::new(&ctx, 2, None);
+        // A dispatch, the clear, a dispatch: one compute pass, in order.
+        let passes = ctx.recorder.passes();
+        kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 1.0, 1.0).unwrap();
+        ctx.recorder.clear(&g.buffer, 0, n as u64 * 4);
+        ctx.recorder.clear(&clip.buffer, 0, 8);
+        kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 2, 1.0, 1.0).unwrap();
+        assert_eq!(ctx.recorder.passes() - passes, 1, "a clear ended the compute pass");
+        let mut want = vec![0.0f64; n];
+        want.extend(to64(&x[n..]));
+        assert_close(&format!("clear {n}"), &g.read(&ctx), &want, 0.0, 0.0);
+        assert_close(&format!("after clear {n}"), &clip.read(&ctx), &[1.0 / 13f64.sqrt(), 13f64.sqrt()], 1e-5, 1e-6);
+    }
+    // A range the kernel cannot bind (offset not storage-aligned) is cleared by the encoder.
+    let x = randn(&mut rng, 16, 1.0);
+    let g = Guarded::new(&ctx, 16, Some(&x));
+    ctx.recorder.clear(&g.buffer, 4, 8);
+    let mut want = to64(&x);
+    want[1..3].fill(0.0);
+    assert_close("unaligned clear", &g.read(&ctx), &want, 0.0, 0.0);
+}

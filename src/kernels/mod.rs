@@ -12,6 +12,7 @@ pub mod cross_entropy;
 pub mod decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod fill;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
@@ -70,6 +71,7 @@ pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
+pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
@@ -122,6 +124,7 @@ pub const ALL: &[Shader] = &[
     DECODE,
     ELEMENTWISE,
     EMBEDDING,
+    FILL,
     LAYERNORM,
     MATMUL,
     MATMUL_COOP,
@@ -283,6 +286,7 @@ impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
+        recorder.set_clearer(Rc::new(fill::Filler::new(&gpu.device, &gpu.limits)));
         Kernels {
             pipeline_cache,
             tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
