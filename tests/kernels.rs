@@ -611,7 +611,13 @@ fn sumsq_multi_matches_reference() {
         let mut want = vec![1.0, 2.0, 3.0, 4.0, 5.0];
         for x in &xs {
             for g in 0..blocks {
-                want.push(x.iter().enumerate().filter(|(i, _)| (i / 256) % blocks == g).map(|(_, v)| (*v as f64).powi(2)).sum());
+                want.push(
+                    x.iter()
+                        .enumerate()
+                        .filter(|(i, _)| (i / 256) % blocks == g)
+                        .map(|(_, v)| (*v as f64).powi(2))
+                        .sum(),
+                );
             }
         }
         assert_close(&format!("sumsq_multi {group:?}"), &out.read(&ctx), &want, 1e-5, 1e-5);

@@ -43,7 +43,8 @@ impl Filler {
                 label: Some("fill"),
                 source: wgpu::ShaderSource::Wgsl(specialize(FILL, Variant::default()).into()),
             });
-            let buffer = |ty, dynamic| wgpu::BindingType::Buffer { ty, has_dynamic_offset: dynamic, min_binding_size: None };
+            let buffer =
+                |ty, dynamic| wgpu::BindingType::Buffer { ty, has_dynamic_offset: dynamic, min_binding_size: None };
             let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
                 binding,
                 visibility: wgpu::ShaderStages::COMPUTE,

@@ -371,7 +371,8 @@ impl Kernels {
         self.gpu.check("before compiling a shader")?;
         let source = specialize(shader, variant);
         let signatures = Rc::new(bindings::reflect(shader.name, &source)?);
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
         let module = if self.gpu.shader_checks {
             self.gpu.device.create_shader_module(desc)
         } else {

@@ -7,8 +7,8 @@ pub mod data;
 pub mod generate;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
-pub mod pending_loss;
 mod optimizer;
+pub mod pending_loss;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
 mod report;

@@ -78,7 +78,8 @@ impl PendingLosses {
         }
         let (rx, index) = self.map.take().expect("submitted above");
         ctx.recorder.wait(index)?;
-        let mapped = rx.await.map_err(|_| Error::Gpu { context: "loss readback".into(), msg: "map callback dropped".into() })?;
+        let mapped =
+            rx.await.map_err(|_| Error::Gpu { context: "loss readback".into(), msg: "map callback dropped".into() })?;
         mapped.map_err(|e| Error::Gpu { context: "loss readback".into(), msg: e.to_string() })?;
         let values: Vec<f32> = {
             let range = self
@@ -89,7 +90,10 @@ impl PendingLosses {
         };
         self.buffer.unmap();
         if self.recorded != self.count {
-            return Err(Error::invalid("loss", format!("{} of {} micro-batch losses recorded", self.recorded, self.count)));
+            return Err(Error::invalid(
+                "loss",
+                format!("{} of {} micro-batch losses recorded", self.recorded, self.count),
+            ));
         }
         let mut total = 0.0f32;
         for v in values {
