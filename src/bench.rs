@@ -201,6 +201,12 @@ pub struct StepReport {
     /// Of `first_step_s`: seconds creating shader modules (naga) and pipelines (the driver).
     pub first_step_module_s: f64,
     pub first_step_pipeline_s: f64,
+    /// Per resident step: kernel dispatches, compute passes they were recorded in (a copy or
+    /// clear ends one), submissions, and bind groups created (none once warm).
+    pub dispatches_per_step: f64,
+    pub compute_passes_per_step: f64,
+    pub submissions_per_step: f64,
+    pub bind_groups_per_step: f64,
     pub budget25_vs_resident: Option<f64>,
     /// Budgets (percent) where the GPU optimizer's working set did not fit and AdamW ran on the
     /// host instead (as `--optimizer-on auto` would choose).
@@ -237,6 +243,8 @@ pub struct StepTiming {
     pub first_step_s: f64,
     /// Of those, seconds creating shader modules and pipelines.
     pub first_step_creation: crate::kernels::Creation,
+    /// Per timed step: dispatches, compute passes, submissions, bind groups created.
+    pub recording: [f64; 4],
 }
 
 /// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
@@ -263,12 +271,29 @@ pub fn time_steps(
     }
     ctx.sync()?;
     let before = ctx.pager.counters();
+    let recording = || {
+        let (k, r) = (&ctx.kernels, &ctx.recorder);
+        [k.dispatch_count(), r.passes(), r.submissions(), k.bind_groups_created()].map(|c| c as f64)
+    };
+    let recorded_before = recording();
     let start = Instant::now();
+    // As the training loop runs: a step's loss is read once the next step is recorded.
+    let mut pending = None;
     for _ in 0..steps {
-        pollster::block_on(t.train_step(&ctx))?;
+        let loss = pollster::block_on(t.train_step_pending(&ctx))?;
+        if let Some(prev) = pending.replace(loss) {
+            pollster::block_on(prev.get(&ctx))?;
+        }
+    }
+    if let Some(last) = pending {
+        pollster::block_on(last.get(&ctx))?;
     }
     ctx.sync()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let mut per_step = recording();
+    for (after, before) in per_step.iter_mut().zip(recorded_before) {
+        *after = (*after - before) / steps.max(1) as f64;
+    }
     // PAGETRAIN_PROFILE=1: GPU time per kernel entry and step (warm-up steps included).
     for (entry, n, secs) in ctx.kernels.profile() {
         let per = (warmup + steps) as f64;
@@ -286,6 +311,7 @@ pub fn time_steps(
         upload_path: ctx.pager.upload_path(),
         first_step_s: first_step_s.unwrap_or_default(),
         first_step_creation,
+        recording: per_step,
     })
 }
 
@@ -386,6 +412,10 @@ pub fn step_times(
         first_step_s: full.first_step_s,
         first_step_module_s: full.first_step_creation.module_s,
         first_step_pipeline_s: full.first_step_creation.pipeline_s,
+        dispatches_per_step: full.recording[0],
+        compute_passes_per_step: full.recording[1],
+        submissions_per_step: full.recording[2],
+        bind_groups_per_step: full.recording[3],
         budget25_vs_resident: at[1].as_ref().map(|r| resident / r.ms),
         host_optimizer_at,
     })

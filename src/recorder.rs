@@ -3,13 +3,18 @@
 //! tensor. `flush` runs the hooks that must come before a submission (background fills of
 //! staging slots are waited for, the slots unmapped), submits everything, and then runs the hooks
 //! waiting for a submission (the staging rings re-map their buffers there).
+//!
+//! Consecutive dispatches go into one compute pass (wgpu still puts the barriers each needs
+//! between them); a copy or clear ends it, and the next dispatch opens another. A pass per
+//! dispatch cost the small models more CPU time than their kernels took on the GPU.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::device::Gpu;
 
-const UNIFORM_SLOT: u64 = 256;
+/// Bytes of each kernel's uniform slot in the arena (also the bound size of the uniform).
+pub const UNIFORM_SLOT: u64 = 256;
 const ARENA_SLOTS: u64 = 4096;
 /// Recorded commands after which work is submitted, so the GPU starts while the CPU records on.
 const SUBMIT_EVERY: u64 = 96;
@@ -18,12 +23,23 @@ const SUBMIT_EVERY: u64 = 96;
 /// older ones.
 const SUBMIT_BYTES: u64 = 64 << 20;
 
+/// Records a clear as a dispatch in the open compute pass (`kernels::fill`); false when it cannot
+/// bind the range (the recorder then records `clear_buffer`).
+pub trait Clearer {
+    fn clear(&self, recorder: &Recorder, buffer: &wgpu::Buffer, offset: u64, len: u64) -> bool;
+}
+
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
 type PreHook = Box<dyn FnOnce()>;
 
 pub struct Recorder {
     gpu: Rc<Gpu>,
+    /// The open compute pass over `encoder` (which is locked while it lives: `record` ends it).
+    /// Declared first so that it is dropped before the encoder.
+    pass: RefCell<Option<wgpu::ComputePass<'static>>>,
     encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    passes: Cell<u64>,
+    clearer: RefCell<Option<Rc<dyn Clearer>>>,
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
     before_submit: RefCell<Vec<PreHook>>,
@@ -31,6 +47,8 @@ pub struct Recorder {
     commands: Cell<u64>,
     staged_bytes: Cell<u64>,
     submissions: Cell<u64>,
+    /// Pool buffers dropped so far (kept bind groups holding them are let go: `kernels::bindings`).
+    retired: Rc<Cell<u64>>,
 }
 
 impl Recorder {
@@ -44,6 +62,9 @@ impl Recorder {
         Recorder {
             gpu,
             encoder: RefCell::new(None),
+            pass: RefCell::new(None),
+            passes: Cell::new(0),
+            clearer: RefCell::new(None),
             uniforms: RefCell::new(Vec::new()),
             arena,
             before_submit: RefCell::new(Vec::new()),
@@ -51,6 +72,7 @@ impl Recorder {
             commands: Cell::new(0),
             staged_bytes: Cell::new(0),
             submissions: Cell::new(0),
+            retired: Rc::new(Cell::new(0)),
         }
     }
 
@@ -58,8 +80,9 @@ impl Recorder {
         &self.gpu
     }
 
-    /// Runs `f` on the pending encoder.
+    /// Runs `f` on the pending encoder (ending the open compute pass first).
     pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        self.end_pass();
         let mut enc = self.encoder.borrow_mut();
         let device = &self.gpu.device;
         let encoder = enc.get_or_insert_with(|| {
@@ -67,6 +90,43 @@ impl Recorder {
         });
         self.commands.set(self.commands.get() + 1);
         f(encoder)
+    }
+
+    /// Runs `f` on the open compute pass, opening one after the last copy or clear if needed.
+    pub fn dispatch<R>(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) -> R) -> R {
+        let mut pass = self.pass.borrow_mut();
+        if pass.is_none() {
+            let mut enc = self.encoder.borrow_mut();
+            let device = &self.gpu.device;
+            let encoder = enc.get_or_insert_with(|| {
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("pagetrain") })
+            });
+            let p = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            *pass = Some(p.forget_lifetime());
+            self.passes.set(self.passes.get() + 1);
+        }
+        self.commands.set(self.commands.get() + 1);
+        f(pass.as_mut().expect("opened above"))
+    }
+
+    /// Sets what records clears inside the compute pass (the kernels do, when they are made).
+    pub fn set_clearer(&self, clearer: Rc<dyn Clearer>) {
+        *self.clearer.borrow_mut() = Some(clearer);
+    }
+
+    /// Zeroes `len` bytes of `buffer` from `offset`, in order with everything recorded: a fill
+    /// dispatch in the open pass where the clearer can bind the range, else `clear_buffer`.
+    pub fn clear(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) {
+        let clearer = self.clearer.borrow().clone();
+        if clearer.is_some_and(|c| c.clear(self, buffer, offset, len)) {
+            return;
+        }
+        self.record(|enc| enc.clear_buffer(buffer, offset, Some(len)));
+    }
+
+    /// Ends the open compute pass (its commands go into the encoder).
+    fn end_pass(&self) {
+        drop(self.pass.borrow_mut().take());
     }
 
     /// Stores a kernel's uniforms for the next submission; returns the arena and the offset.
@@ -111,6 +171,7 @@ impl Recorder {
 
     /// Submits everything recorded so far (and runs the after-submit hooks).
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
+        self.end_pass();
         let encoder = self.encoder.borrow_mut().take();
         for hook in std::mem::take(&mut *self.before_submit.borrow_mut()) {
             hook();
@@ -159,5 +220,25 @@ impl Recorder {
 
     pub fn submissions(&self) -> u64 {
         self.submissions.get()
+    }
+
+    /// The uniform arena (one buffer for the recorder's life: bind groups are kept over it).
+    pub fn arena(&self) -> wgpu::Buffer {
+        self.arena.clone()
+    }
+
+    /// The counter the buffer pool adds to when it drops a buffer.
+    pub fn retired_counter(&self) -> Rc<Cell<u64>> {
+        self.retired.clone()
+    }
+
+    /// Pool buffers dropped so far.
+    pub fn retired(&self) -> u64 {
+        self.retired.get()
+    }
+
+    /// Compute passes opened so far.
+    pub fn passes(&self) -> u64 {
+        self.passes.get()
     }
 }

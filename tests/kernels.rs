@@ -614,3 +614,87 @@ fn optimizers_match_reference() {
     kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 0.25, 0.125).unwrap();
     assert_close("clip of unscaled gradients", &clip.read(&ctx), &[0.5, 0.5], 1e-5, 1e-6);
 }
+
+#[test]
+fn sumsq_multi_matches_reference() {
+    use kernels::sumsq::{blocks_for, sumsq_multi, TENSORS};
+    let ctx = ctx();
+    let mut rng = Rng::new(31);
+    // Groups of 1, 3 and 7 tensors of awkward lengths; one long enough for several blocks.
+    let lens: Vec<usize> = AWKWARD.iter().copied().chain([9000, 70_001, 5]).collect();
+    for group in [&lens[..1], &lens[2..5], &lens[3..10]] {
+        let xs: Vec<Vec<f32>> = group.iter().map(|&n| randn(&mut rng, n, 1.0)).collect();
+        let guarded: Vec<Guarded> = xs.iter().map(|x| Guarded::new(&ctx, x.len(), Some(x))).collect();
+        let views: Vec<_> = guarded.iter().map(|g| g.view()).collect();
+        let args: Vec<_> = views.iter().zip(group).map(|(v, &n)| (v, n)).collect();
+        let blocks = blocks_for(*group.iter().max().unwrap());
+        let base = 5;
+        // Before `base` the output keeps its values; the partials follow.
+        let mut init = vec![f32::NAN; base + group.len() * blocks];
+        init[..base].copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        let out = Guarded::new(&ctx, init.len(), Some(&init));
+        let written = sumsq_multi(&ctx.kernels, &out.view(), &args, base).unwrap();
+        assert_eq!(written, group.len() * blocks);
+        let mut want = vec![1.0, 2.0, 3.0, 4.0, 5.0];
+        for x in &xs {
+            for g in 0..blocks {
+                want.push(
+                    x.iter()
+                        .enumerate()
+                        .filter(|(i, _)| (i / 256) % blocks == g)
+                        .map(|(_, v)| (*v as f64).powi(2))
+                        .sum(),
+                );
+            }
+        }
+        assert_close(&format!("sumsq_multi {group:?}"), &out.read(&ctx), &want, 1e-5, 1e-5);
+    }
+    let g = Guarded::new(&ctx, 4, Some(&[1.0; 4]));
+    let v = g.view();
+    let too_many: Vec<_> = (0..TENSORS + 1).map(|_| (&v, 4)).collect();
+    let err = sumsq_multi(&ctx.kernels, &g.view(), &too_many, 0).unwrap_err();
+    assert!(err.to_string().contains("1 to 7"), "{err}");
+}
+
+#[test]
+fn sumsq_groups_respect_count_and_bytes() {
+    use kernels::sumsq::{groups, partials_for, TENSORS};
+    let lens = vec![10usize; 16];
+    let g = groups(&lens, u64::MAX);
+    assert_eq!(g, vec![0..TENSORS, TENSORS..2 * TENSORS, 2 * TENSORS..16]);
+    assert_eq!(partials_for(&lens, &g), 16);
+    // 100 bytes a group: two tensors of 40 bytes, and a tensor over the limit alone.
+    let g = groups(&[10, 10, 10, 100, 10], 100);
+    assert_eq!(g, vec![0..2, 2..3, 3..4, 4..5]);
+    assert_eq!(partials_for(&[10, 10, 10, 100, 10], &g), 5);
+}
+
+#[test]
+fn in_pass_clears_zero_exactly_their_range() {
+    let ctx = ctx();
+    let mut rng = Rng::new(41);
+    let sumsq = Guarded::new(&ctx, 3, Some(&[4.0, 9.0, 3.0]));
+    for &n in AWKWARD.iter().chain(&[70_001]) {
+        let x = randn(&mut rng, n + 8, 1.0);
+        let g = Guarded::new(&ctx, n + 8, Some(&x));
+        let clip = Guarded::new(&ctx, 2, None);
+        // A dispatch, the clear, a dispatch: one compute pass, in order.
+        let passes = ctx.recorder.passes();
+        kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 3, 1.0, 1.0).unwrap();
+        ctx.recorder.clear(&g.buffer, 0, n as u64 * 4);
+        ctx.recorder.clear(&clip.buffer, 0, 8);
+        kernels::optim::clip_scale(&ctx.kernels, &clip.view(), &sumsq.view(), 2, 1.0, 1.0).unwrap();
+        assert_eq!(ctx.recorder.passes() - passes, 1, "a clear ended the compute pass");
+        let mut want = vec![0.0f64; n];
+        want.extend(to64(&x[n..]));
+        assert_close(&format!("clear {n}"), &g.read(&ctx), &want, 0.0, 0.0);
+        assert_close(&format!("after clear {n}"), &clip.read(&ctx), &[1.0 / 13f64.sqrt(), 13f64.sqrt()], 1e-5, 1e-6);
+    }
+    // A range the kernel cannot bind (offset not storage-aligned) is cleared by the encoder.
+    let x = randn(&mut rng, 16, 1.0);
+    let g = Guarded::new(&ctx, 16, Some(&x));
+    ctx.recorder.clear(&g.buffer, 4, 8);
+    let mut want = to64(&x);
+    want[1..3].fill(0.0);
+    assert_close("unaligned clear", &g.read(&ctx), &want, 0.0, 0.0);
+}

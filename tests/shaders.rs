@@ -50,3 +50,26 @@ fn every_shader_validates_with_naga() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(count, pagetrain::kernels::ALL.len(), "kernels::ALL lists a shader that is not in shaders/");
 }
+
+/// Kernels are dispatched with storage buffers at 0..n and their `Params` uniform at n (bound
+/// with a dynamic offset into the uniform arena): every entry point of every family follows it.
+#[test]
+fn every_entry_binds_storage_then_one_uniform() {
+    for shader in pagetrain::kernels::ALL {
+        for f16_bindings in [0, u32::MAX >> 24] {
+            let src = specialize(*shader, Variant { f16_bindings, dim: 64, tile: 32, flags: 0 });
+            let sigs = pagetrain::kernels::bindings::reflect(shader.name, &src).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!sigs.is_empty(), "{}: no entry points", shader.name);
+            // Every kernel writes something: at least one storage binding is read-write.
+            for (entry, sig) in &sigs {
+                assert!(sig.iter().any(|read_only| !read_only), "{}::{entry} writes nothing: {sig:?}", shader.name);
+            }
+        }
+    }
+    // A module that breaks the convention is refused, naming the entry.
+    let bad = "@group(0) @binding(0) var<uniform> p: vec4<f32>;\n\
+               @group(0) @binding(1) var<storage, read_write> out: array<f32>;\n\
+               @compute @workgroup_size(1) fn broken() { out[0] = p.x; }";
+    let err = pagetrain::kernels::bindings::reflect("bad", bad).unwrap_err();
+    assert!(err.to_string().contains("broken"), "{err}");
+}

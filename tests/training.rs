@@ -348,3 +348,29 @@ fn an_out_that_cannot_be_written_fails_before_any_step() {
     assert!(err.to_string().contains(&file.display().to_string()), "{err}");
     assert_eq!(t.step, 0, "no work is done that could not be saved");
 }
+
+/// Losses read a step late (as the training loop and the bench read them, so the GPU works while
+/// the next step is recorded) are the losses a read inside each step gives, bit for bit; and a
+/// warm step creates no bind groups (they are kept across steps). Zero-copy uploads (unified
+/// memory, picked when measured fastest) take a fresh mapped buffer per upload by design, so the
+/// run uses the staging ring.
+#[test]
+fn losses_read_a_step_late_are_exact_and_warm_steps_create_no_bind_groups() {
+    let ctx = ctx();
+    ctx.pager.set_upload_path(pagetrain::pager::UploadPath::Ring);
+    let out = tmpdir("late-loss");
+    let want = losses(&mut Trainer::new(&ctx, small_cfg(&out), None).unwrap(), &ctx, 5);
+    let mut t = Trainer::new(&ctx, small_cfg(&out), None).unwrap();
+    let (mut got, mut pending) = (Vec::new(), None);
+    let mut created = Vec::new();
+    for _ in 0..5 {
+        let loss = pollster::block_on(t.train_step_pending(&ctx)).unwrap();
+        if let Some(prev) = pending.replace(loss) {
+            got.push(pollster::block_on(prev.get(&ctx)).unwrap());
+        }
+        created.push(ctx.kernels.bind_groups_created());
+    }
+    got.push(pollster::block_on(pending.unwrap().get(&ctx)).unwrap());
+    assert_eq!(got, want, "losses read a step late differ");
+    assert_eq!(created[4], created[2], "warm steps created bind groups: {created:?}");
+}

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::mpsc;
 
-use super::{Compiled, Shader, Variant};
+use super::{Shader, Variant};
 use crate::device::Gpu;
 
 /// How one pipeline is created, on the main thread or a worker.
@@ -21,11 +21,12 @@ pub(super) fn create(
     module: &wgpu::ShaderModule,
     shader: Shader,
     entry: &str,
+    layout: &wgpu::PipelineLayout,
     cache: Option<&wgpu::PipelineCache>,
 ) -> wgpu::ComputePipeline {
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(entry),
-        layout: None,
+        layout: Some(layout),
         module,
         entry_point: Some(entry),
         compilation_options: wgpu::PipelineCompilationOptions {
@@ -54,7 +55,7 @@ type Key = (&'static str, &'static str, Variant);
 /// Pipelines being compiled on workers, each answered once.
 pub(super) struct CompileAhead {
     enabled: bool,
-    pending: RefCell<HashMap<Key, mpsc::Receiver<Option<Compiled>>>>,
+    pending: RefCell<HashMap<Key, mpsc::Receiver<Option<wgpu::ComputePipeline>>>>,
 }
 
 impl CompileAhead {
@@ -67,13 +68,14 @@ impl CompileAhead {
         CompileAhead { enabled, pending: RefCell::new(HashMap::new()) }
     }
 
-    /// Starts compiling `shader`'s entries other than `wanted` as `variant` on worker threads.
+    /// Starts compiling `siblings` (entries of `shader` and their layouts) as `variant` on
+    /// worker threads.
     pub(super) fn siblings(
         &self,
         gpu: &Gpu,
         module: &wgpu::ShaderModule,
         shader: Shader,
-        wanted: &str,
+        siblings: Vec<(&'static str, wgpu::PipelineLayout)>,
         variant: Variant,
         cache: Option<&wgpu::PipelineCache>,
     ) {
@@ -81,8 +83,8 @@ impl CompileAhead {
             return;
         }
         let mut pending = self.pending.borrow_mut();
-        for entry in entry_points(shader.source) {
-            if entry == wanted || pending.contains_key(&(shader.name, entry, variant)) {
+        for (entry, layout) in siblings {
+            if pending.contains_key(&(shader.name, entry, variant)) {
                 continue;
             }
             let (device, module, cache) = (gpu.device.clone(), module.clone(), cache.cloned());
@@ -92,9 +94,9 @@ impl CompileAhead {
                 // this thread's own error scope; the main thread compiles it again if a
                 // dispatch needs it, and reports the error then.
                 let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-                let pipeline = create(&device, &module, shader, entry, cache.as_ref());
+                let pipeline = create(&device, &module, shader, entry, &layout, cache.as_ref());
                 let failed = pollster::block_on(scope.pop()).is_some();
-                let _ = tx.send((!failed).then(|| (pipeline.clone(), pipeline.get_bind_group_layout(0))));
+                let _ = tx.send((!failed).then_some(pipeline));
             });
             if spawned.is_ok() {
                 pending.insert((shader.name, entry, variant), rx);
@@ -103,7 +105,7 @@ impl CompileAhead {
     }
 
     /// The pipeline a worker compiled for `key` (waiting for it), if one was started and worked.
-    pub(super) fn take(&self, key: Key) -> Option<Compiled> {
+    pub(super) fn take(&self, key: Key) -> Option<wgpu::ComputePipeline> {
         let rx = self.pending.borrow_mut().remove(&key)?;
         rx.recv().ok().flatten()
     }

@@ -8,16 +8,19 @@
 pub mod activation;
 pub mod attention;
 mod compile_ahead;
+pub mod bindings;
 pub mod cross_entropy;
 pub mod decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod fill;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
 pub mod pipeline_cache;
 pub mod reduce;
 pub mod softmax;
+pub mod sumsq;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -69,6 +72,7 @@ pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
+pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
@@ -77,6 +81,7 @@ pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenabl
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
+pub const SUMSQ: Shader = shader!("sumsq");
 
 /// How one compiled variant of a family differs from another. Kernels that can read or write f16
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
@@ -120,12 +125,14 @@ pub const ALL: &[Shader] = &[
     DECODE,
     ELEMENTWISE,
     EMBEDDING,
+    FILL,
     LAYERNORM,
     MATMUL,
     MATMUL_COOP,
     OPTIM,
     REDUCE,
     SOFTMAX,
+    SUMSQ,
 ];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
@@ -255,17 +262,17 @@ pub struct Creation {
     pub pipeline_s: f64,
 }
 
-/// A compiled pipeline and its bind group layout.
-type Compiled = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+/// A compiled pipeline and its layout.
+type Compiled = (wgpu::ComputePipeline, bindings::Layout);
 
 /// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
 /// dispatch recording.
 pub struct Kernels {
     gpu: Rc<Gpu>,
     recorder: Rc<Recorder>,
-    modules: RefCell<HashMap<(&'static str, Variant), wgpu::ShaderModule>>,
-    /// Each pipeline with its bind group layout (fetched once: wgpu registers a new handle per
-    /// `get_bind_group_layout` call, and every dispatch needs it).
+    /// Each module with the binding signature of its entry points.
+    modules: RefCell<HashMap<(&'static str, Variant), (wgpu::ShaderModule, Rc<HashMap<String, bindings::Signature>>)>>,
+    /// Each pipeline with its layout.
     pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
@@ -280,6 +287,7 @@ pub struct Kernels {
     /// A small f32 buffer that stands in for an unused read-write binding (the context's dummy
     /// is bound read-only beside it, and a buffer may not be both in one dispatch).
     write_dummy: RefCell<Option<View>>,
+    bindings: bindings::Bindings,
 }
 
 impl Drop for Kernels {
@@ -292,12 +300,13 @@ impl Kernels {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
+        recorder.set_clearer(Rc::new(fill::Filler::new(&gpu.device, &gpu.limits)));
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
             tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
             gpu,
-            recorder,
+            recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
@@ -305,6 +314,7 @@ impl Kernels {
             compiled: std::cell::Cell::new(false),
             creation: Default::default(),
             write_dummy: RefCell::new(None),
+            bindings: bindings::Bindings::new(recorder.clone()),
         }
     }
 
@@ -354,7 +364,17 @@ impl Kernels {
         self.dispatch_count.get()
     }
 
-    fn module(&self, shader: Shader, variant: Variant) -> Result<wgpu::ShaderModule> {
+    /// Bind groups created so far (a warm training step creates none).
+    pub fn bind_groups_created(&self) -> u64 {
+        self.bindings.created()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn module(
+        &self,
+        shader: Shader,
+        variant: Variant,
+    ) -> Result<(wgpu::ShaderModule, Rc<HashMap<String, bindings::Signature>>)> {
         if let Some(m) = self.modules.borrow().get(&(shader.name, variant)) {
             return Ok(m.clone());
         }
@@ -371,10 +391,10 @@ impl Kernels {
         }
         self.gpu.check("before compiling a shader")?;
         let clock = crate::clock::Stopwatch::start();
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(specialize(shader, variant).into()),
-        };
+        let source = specialize(shader, variant);
+        let signatures = Rc::new(bindings::reflect(shader.name, &source)?);
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(source.into()) };
         let module = if self.gpu.shader_checks {
             self.gpu.device.create_shader_module(desc)
         } else {
@@ -386,11 +406,12 @@ impl Kernels {
         self.gpu
             .check(shader.name)
             .map_err(|e| Error::ShaderCompile { kernel: shader.name.into(), msg: e.to_string() })?;
-        self.modules.borrow_mut().insert((shader.name, variant), module.clone());
+        let both = (module, signatures);
+        self.modules.borrow_mut().insert((shader.name, variant), both.clone());
         let mut c = self.creation.get();
         (c.modules, c.module_s) = (c.modules + 1, c.module_s + clock.seconds());
         self.creation.set(c);
-        Ok(module)
+        Ok(both)
     }
 
     /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
@@ -403,25 +424,34 @@ impl Kernels {
             return Ok(p.clone());
         }
         let first_of_module = !self.modules.borrow().contains_key(&(shader.name, variant));
-        let module = self.module(shader, variant)?;
+        let (module, signatures) = self.module(shader, variant)?;
         let clock = crate::clock::Stopwatch::start();
+        let sig = signatures
+            .get(entry)
+            .ok_or_else(|| Error::invalid(shader.name, format!("has no entry point `{entry}`")))?;
+        let layout = self.bindings.layout(sig);
         let cache = self.pipeline_cache.as_ref().map(|c| &c.cache);
         if first_of_module {
-            self.compile_ahead.siblings(&self.gpu, &module, shader, entry, variant, cache);
+            let siblings = compile_ahead::entry_points(shader.source)
+                .into_iter()
+                .filter(|&e| e != entry)
+                .filter_map(|e| Some((e, self.bindings.layout(signatures.get(e)?).pipeline)))
+                .collect();
+            self.compile_ahead.siblings(&self.gpu, &module, shader, siblings, variant, cache);
         }
         self.compiled.set(true);
-        let both = match self.compile_ahead.take((shader.name, entry, variant)) {
-            Some(both) => both,
+        let pipeline = match self.compile_ahead.take((shader.name, entry, variant)) {
+            Some(pipeline) => pipeline,
             None => {
-                let pipeline = compile_ahead::create(&self.gpu.device, &module, shader, entry, cache);
+                let pipeline = compile_ahead::create(&self.gpu.device, &module, shader, entry, &layout.pipeline, cache);
                 self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
                     kernel: format!("{}::{entry}", shader.name),
                     msg: e.to_string(),
                 })?;
-                let layout = pipeline.get_bind_group_layout(0);
-                (pipeline, layout)
+                pipeline
             }
         };
+        let both = (pipeline, layout);
         self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
         let mut c = self.creation.get();
         (c.pipelines, c.pipeline_s) = (c.pipelines + 1, c.pipeline_s + clock.seconds());
@@ -472,38 +502,17 @@ impl Kernels {
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
         let (pipeline, layout) = self.pipeline_and_layout(shader, entry, Variant { f16_bindings, ..variant })?;
-        let bytes = bytemuck::bytes_of(params);
-        let (arena, offset) = self.recorder.uniform(bytes);
-        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, v)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &v.buffer,
-                    offset: v.offset,
-                    size: wgpu::BufferSize::new(v.size),
-                }),
-            })
-            .collect();
-        entries.push(wgpu::BindGroupEntry {
-            binding: buffers.len() as u32,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &arena,
-                offset,
-                size: wgpu::BufferSize::new(bytes.len().div_ceil(16) as u64 * 16),
-            }),
-        });
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &layout,
-            entries: &entries,
-        });
-        self.recorder.record(|encoder| {
-            let mut pass =
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+        if layout.sig_len != buffers.len() {
+            return Err(Error::invalid(
+                entry,
+                format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
+            ));
+        }
+        let bind_group = self.bindings.group(&layout, buffers);
+        let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
+        self.recorder.dispatch(|pass| {
             pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
         self.dispatch_count.set(self.dispatch_count.get() + 1);

@@ -1,42 +1,69 @@
 //! Global gradient-norm clipping, computed on the GPU so no step waits for a readback: the sums
-//! of squares of every gradient land in one buffer, one kernel turns them into a clip factor that
-//! the optimizer kernels read.
+//! of squares of every gradient land in one buffer (partial sums, seven gradients a dispatch),
+//! one kernel turns them into a clip factor that the optimizer kernels read.
+
+use std::cell::RefCell;
 
 use crate::context::Context;
 use crate::error::Result;
-use crate::kernels::{optim, reduce};
+use crate::kernels::{optim, reduce, sumsq};
 use crate::nn::Param;
 use crate::tensor::{DType, Tensor};
 
 pub struct GradClip {
     /// clip[0]: factor the gradients are multiplied by; clip[1]: the global norm before clipping.
     pub clip: Tensor,
-    sumsq: Tensor,
+    /// Partial sums of squares (grown to what the gradients' sizes need).
+    sumsq: RefCell<Tensor>,
 }
 
 impl GradClip {
     pub fn new(ctx: &Context, n_params: usize) -> Result<Self> {
         Ok(GradClip {
             clip: ctx.empty("grad clip", &[2], DType::F32, false)?,
-            sumsq: ctx.empty("grad sumsq", &[n_params.max(1)], DType::F32, false)?,
+            sumsq: RefCell::new(ctx.empty("grad sumsq", &[n_params.max(1)], DType::F32, false)?),
         })
     }
 
     /// Records the norm of all `params`' gradients and the clip factor for `max_norm` (≤ 0: none).
     /// `grad_scale` multiplies the gradients before the norm is taken (1 / loss scale).
     pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32, grad_scale: f32) -> Result<()> {
-        for (i, p) in params.iter().enumerate() {
-            let _op = ctx.op();
-            let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: i, accumulate: false };
-            let (sumsq, grad, partials) = (ctx.modify(&self.sumsq)?, ctx.read(&p.grad)?, ctx.partials()?);
-            reduce::sum(&ctx.kernels, &sumsq, &grad, &partials, p.grad.len(), spec)?;
-        }
+        let multi = ctx.gpu.limits.max_storage_buffers_per_shader_stage >= sumsq::STORAGE_BINDINGS
+            && params.iter().all(|p| p.grad.dtype() == DType::F32);
+        let count = if multi {
+            let lens: Vec<usize> = params.iter().map(|p| p.grad.len()).collect();
+            // A quarter of the budget at most, so the gradients of a group fit beside the rest.
+            let groups = sumsq::groups(&lens, ctx.pager.budget() / 4);
+            let needed = sumsq::partials_for(&lens, &groups);
+            if self.sumsq.borrow().len() < needed {
+                *self.sumsq.borrow_mut() = ctx.empty("grad sumsq", &[needed], DType::F32, false)?;
+            }
+            let mut base = 0;
+            for range in groups {
+                let group = &params[range];
+                let _op = ctx.op();
+                let grads = group.iter().map(|p| ctx.read(&p.grad)).collect::<Result<Vec<_>>>()?;
+                let xs: Vec<_> = grads.iter().zip(group).map(|(g, p)| (g, p.grad.len())).collect();
+                base += sumsq::sumsq_multi(&ctx.kernels, &ctx.modify(&self.sumsq.borrow())?, &xs, base)?;
+            }
+            base
+        } else {
+            // Adapters with fewer storage bindings: one or two dispatches per gradient.
+            for (i, p) in params.iter().enumerate() {
+                let _op = ctx.op();
+                let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: i, accumulate: false };
+                let sumsq = ctx.modify(&self.sumsq.borrow())?;
+                let (grad, partials) = (ctx.read(&p.grad)?, ctx.partials()?);
+                reduce::sum(&ctx.kernels, &sumsq, &grad, &partials, p.grad.len(), spec)?;
+            }
+            params.len()
+        };
         let _op = ctx.op();
         optim::clip_scale(
             &ctx.kernels,
             &ctx.write(&self.clip)?,
-            &ctx.read(&self.sumsq)?,
-            params.len(),
+            &ctx.read(&self.sumsq.borrow())?,
+            count,
             max_norm,
             grad_scale,
         )

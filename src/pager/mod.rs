@@ -241,7 +241,7 @@ impl Pager {
             store,
             entries: HashMap::new(),
             next_id: 1,
-            pool: Pool::new(budget),
+            pool: Pool::new(budget, recorder.retired_counter()),
             upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
             readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,

@@ -1,6 +1,8 @@
 //! GPU buffer pool: buffers reused by size class, every byte counted against a budget.
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 
 use crate::error::{Error, Result};
 
@@ -24,7 +26,13 @@ pub struct Taken {
 }
 
 pub struct Pool {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    /// Free buffers by size class, each by its serial: the oldest is reused first, so the same
+    /// sequence of takes and gives hands out the same buffers whatever order a batch of tensors
+    /// was dropped in (bind groups kept over them then serve every step: `kernels::bindings`).
+    free: HashMap<u64, BTreeMap<u64, wgpu::Buffer>>,
+    /// Creation serial of every buffer the pool holds.
+    serials: HashMap<wgpu::Buffer, u64>,
+    next_serial: u64,
     /// Zero-copy mode (unified memory): buffers are host-visible, and those that receive host
     /// bytes are created mapped so the bytes go straight in.
     zero_copy: bool,
@@ -33,11 +41,23 @@ pub struct Pool {
     in_use: u64,
     peak: u64,
     budget: u64,
+    /// Counts dropped buffers (shared with the recorder: bind groups kept over them go too).
+    retired: Rc<Cell<u64>>,
 }
 
 impl Pool {
-    pub fn new(budget: u64) -> Self {
-        Pool { free: HashMap::new(), zero_copy: false, held: 0, in_use: 0, peak: 0, budget }
+    pub fn new(budget: u64, retired: Rc<Cell<u64>>) -> Self {
+        Pool {
+            free: HashMap::new(),
+            serials: HashMap::new(),
+            next_serial: 0,
+            zero_copy: false,
+            held: 0,
+            in_use: 0,
+            peak: 0,
+            budget,
+            retired,
+        }
     }
 
     pub fn set_zero_copy(&mut self, on: bool) {
@@ -72,7 +92,7 @@ impl Pool {
             return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
         }
         if !mapped {
-            if let Some(buffer) = self.free.get_mut(&class).and_then(|v| v.pop()) {
+            if let Some((_, buffer)) = self.free.get_mut(&class).and_then(|v| v.pop_first()) {
                 self.in_use += class;
                 return Ok(Taken { buffer, mapped: false });
             }
@@ -108,6 +128,8 @@ impl Pool {
         self.held += class;
         self.in_use += class;
         self.peak = self.peak.max(self.held);
+        self.serials.insert(buffer.clone(), self.next_serial);
+        self.next_serial += 1;
         Ok(Taken { buffer, mapped })
     }
 
@@ -115,7 +137,16 @@ impl Pool {
     pub fn give(&mut self, buf: wgpu::Buffer) {
         let class = buf.size();
         self.in_use -= class;
-        self.free.entry(class).or_default().push(buf);
+        let serial = match self.serials.get(&buf) {
+            Some(&s) => s,
+            None => {
+                // Not made here (cannot happen today): give it a serial of its own.
+                self.next_serial += 1;
+                self.serials.insert(buf.clone(), self.next_serial - 1);
+                self.next_serial - 1
+            }
+        };
+        self.free.entry(class).or_default().insert(serial, buf);
     }
 
     fn destroy_one_free(&mut self) -> bool {
@@ -124,8 +155,10 @@ impl Pool {
         };
         // Dropped, not destroyed: commands recorded but not yet submitted may still use it, and
         // wgpu frees it once they are done.
-        if self.free.get_mut(&class).and_then(|v| v.pop()).is_some() {
+        if let Some((_, buf)) = self.free.get_mut(&class).and_then(|v| v.pop_last()) {
+            self.serials.remove(&buf);
             self.held -= class;
+            self.retired.set(self.retired.get() + 1);
             return true;
         }
         false

@@ -233,7 +233,7 @@ impl State {
             // A buffer created mapped starts zeroed.
             (_, Contents::Zero, true) => Ok(()),
             (_, Contents::Zero, false) => {
-                recorder.record(|enc| enc.clear_buffer(&taken.buffer, 0, Some(len)));
+                recorder.clear(&taken.buffer, 0, len);
                 Ok(())
             }
             (_, Contents::Host, mapped) => self.upload(recorder, id, &taken.buffer, mapped),

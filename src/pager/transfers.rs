@@ -46,7 +46,7 @@ impl Pager {
         let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if let Some(buf) = &e.gpu {
             let len = e.copy_len();
-            recorder.record(|enc| enc.clear_buffer(buf, 0, Some(len)));
+            recorder.clear(buf, 0, len);
         }
         e.contents = Contents::Zero;
         e.dirty = false;

@@ -8,6 +8,7 @@ pub mod generate;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
 mod optimizer;
+pub mod pending_loss;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
 mod report;

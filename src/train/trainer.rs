@@ -12,6 +12,7 @@ use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
 pub use super::optimizer::Optimizer;
+use super::pending_loss::{PendingLosses, StepLoss};
 pub use super::report::{Quiet, Reporter, RunSummary, StepReport};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
@@ -241,12 +242,13 @@ impl Trainer {
         self.dist.as_ref().is_none_or(|d| d.is_lead())
     }
 
-    /// Forward and backward over one step's batch in micro-batches; returns the mean loss.
-    async fn accumulate(&mut self, ctx: &Context, x: &[u32], y: &[u32]) -> Result<f32> {
+    /// Forward and backward over one step's batch in micro-batches; their losses are copied
+    /// into `losses` (read later: no wait here).
+    fn accumulate(&mut self, ctx: &Context, x: &[u32], y: &[u32]) -> Result<PendingLosses> {
         let t = self.cfg.seq_len;
         let micro = self.micro_batch;
         let n_micro = self.effective_batch() / micro;
-        let mut total = 0.0;
+        let mut losses = PendingLosses::new(ctx, n_micro);
         for i in 0..n_micro {
             let rows = i * micro * t..(i + 1) * micro * t;
             let tokens = ctx.from_u32("tokens", &[micro, t], &x[rows.clone()])?;
@@ -260,13 +262,21 @@ impl Trainer {
             }
             let mut grads = self.model.grads();
             ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
-            total += ctx.to_f32(&loss).await?[0];
+            losses.push(ctx, &loss)?;
         }
-        Ok(total / n_micro as f32)
+        Ok(losses)
     }
 
-    /// One optimizer step on the step's batch; returns the mean loss before the update.
+    /// One optimizer step on the step's batch; returns the mean loss before the update (waits
+    /// for the step's GPU work: [`Trainer::train_step_pending`] does not).
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
+        self.train_step_pending(ctx).await?.get(ctx).await
+    }
+
+    /// One optimizer step, submitted; its loss is read when asked for ([`StepLoss::get`]), so a
+    /// loop that asks after recording the next step keeps the GPU busy. A non-finite loss is an
+    /// error then.
+    pub async fn train_step_pending(&mut self, ctx: &Context) -> Result<StepLoss> {
         let clock = crate::clock::Stopwatch::start();
         let (b, t) = (self.global_batch(), self.cfg.seq_len);
         let (x, y) = match &self.prefetch {
@@ -279,8 +289,8 @@ impl Trainer {
         };
         let loss = loop {
             ctx.pager.begin_step();
-            match self.accumulate(ctx, x, y).await {
-                Ok(loss) => break loss,
+            match self.accumulate(ctx, x, y) {
+                Ok(losses) => break losses,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
                     // Throw the partial step away and run it again in smaller pieces.
                     ctx.tape().clear();
@@ -301,9 +311,10 @@ impl Trainer {
                 Err(e) => return Err(e),
             }
         };
-        let loss = match &self.dist {
-            Some(d) => d.mean(loss)?,
-            None => loss,
+        // Ranks agree on the mean at once (it is a collective); alone, it is read later.
+        let mut loss = match &self.dist {
+            Some(d) => StepLoss::known(self.step, d.mean(loss.mean(ctx).await?)?),
+            None => StepLoss::pending(self.step, loss),
         };
         let forward_backward_s = clock.seconds();
         let lr = self.cfg.lr_at(self.step);
@@ -336,9 +347,7 @@ impl Trainer {
                 (total - forward_backward_s) * 1e3
             );
         }
-        if !loss.is_finite() {
-            return Err(Error::invalid("training", format!("loss became {loss} at step {}", self.step)));
-        }
+        loss.submit(ctx);
         self.step += 1;
         Ok(loss)
     }
@@ -453,11 +462,15 @@ impl Trainer {
         let lead = self.is_lead();
         let mut metrics = super::metrics::MetricsLog::open_if(lead, &self.cfg.out)?;
         let mut comm_total = crate::dist::CommStats::default();
+        // A step's loss is read after the next step is recorded (the GPU works on one while the
+        // CPU records the other); evaluations and checkpoints read it first.
+        let mut recorded: Option<super::metrics::StepLine> = None;
+        let mut pending: Option<StepLoss> = None;
+        let mut last_done = std::time::Instant::now();
         let mut first_step_s = None;
         while self.step < self.cfg.steps {
-            let (before, clock) = (ctx.pager.counters(), std::time::Instant::now());
-            let loss = self.train_step(ctx).await?;
-            losses.push(loss);
+            let before = ctx.pager.counters();
+            let loss = self.train_step_pending(ctx).await?;
             if first_step_s.is_none() {
                 // The GPU's work counts: wait for it once, after the first step.
                 ctx.sync()?;
@@ -473,26 +486,42 @@ impl Trainer {
             comm_total.add(comm.unwrap_or_default());
             let line = super::metrics::StepLine {
                 step: self.step,
-                loss,
+                loss: f32::NAN,
                 lr: self.cfg.lr_at(self.step - 1),
-                tokens_per_s: tokens_per_step / clock.elapsed().as_secs_f64().max(1e-9),
+                tokens_per_s: 0.0,
                 bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
                 bytes_written_back: after.bytes_written_back - before.bytes_written_back,
                 stall_s: after.stall_s - before.stall_s,
                 micro_batch: self.micro_batch,
                 comm,
             };
-            metrics.step(&line)?;
-            let elapsed = start.elapsed().as_secs_f64();
-            let r = StepReport {
-                step: self.step,
-                loss,
-                lr: self.cfg.lr_at(self.step - 1),
-                tokens_per_s: (self.step - first_step) as f64 * tokens_per_step / elapsed.max(1e-9),
-                micro_batch: self.micro_batch,
-            };
-            reporter.on_step(&r);
             ctx.pager.publish();
+            let boundary = (self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every))
+                || (self.cfg.checkpoint_every > 0 && self.step.is_multiple_of(self.cfg.checkpoint_every))
+                || self.step >= self.cfg.steps;
+            let mut ready: Vec<(super::metrics::StepLine, StepLoss)> = Vec::new();
+            ready.extend(recorded.take().zip(pending.take()));
+            if boundary {
+                ready.push((line, loss));
+            } else {
+                (recorded, pending) = (Some(line), Some(loss));
+            }
+            for (mut line, loss) in ready {
+                line.loss = loss.get(ctx).await?;
+                let now = std::time::Instant::now();
+                line.tokens_per_s = tokens_per_step / (now - last_done).as_secs_f64().max(1e-9);
+                last_done = now;
+                losses.push(line.loss);
+                metrics.step(&line)?;
+                let elapsed = start.elapsed().as_secs_f64();
+                reporter.on_step(&StepReport {
+                    step: line.step,
+                    loss: line.loss,
+                    lr: line.lr,
+                    tokens_per_s: (line.step - first_step) as f64 * tokens_per_step / elapsed.max(1e-9),
+                    micro_batch: line.micro_batch,
+                });
+            }
             if lead
                 && self.cfg.eval_every > 0
                 && self.step.is_multiple_of(self.cfg.eval_every)
