@@ -64,6 +64,7 @@ macro_rules! shader {
 
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
+pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -115,6 +116,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
 pub const ALL: &[Shader] = &[
     ACTIVATION,
     ATTENTION,
+    ATTENTION_BLOCKED,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -176,6 +178,10 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
+    /// Attention runs the blocked kernels where the head size allows (`attention::pick`): not on
+    /// OpenGL (the old per-row kernels' short tiles keep its compiles short), not under
+    /// `PAGETRAIN_ATTENTION=rows`.
+    pub attention_blocked: bool,
     /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
@@ -224,7 +230,9 @@ impl Tuning {
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        Tuning { matmul, attention_tile, coop_f16: false }
+        let attention_blocked = info.backend != wgpu::Backend::Gl
+            && std::env::var("PAGETRAIN_ATTENTION").map_or(true, |v| v != "rows");
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
