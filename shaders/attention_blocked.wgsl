@@ -127,9 +127,11 @@ fn store_p(po: u32, s: array<vec4<f32>, 4>, ty: u32, tx: u32, rb4: u32) {
     }
 }
 
-// acc[4·n + i] += Σ_j P[ty + rb4·i][j] · B[j][tx + CB4·n] over the CB columns of the probability
-// rows at po and the CB data rows at bo.
-fn accumulate(acc: ptr<function, array<vec4<f32>, 4u * NC>>, po: u32, bo: u32, ty: u32, tx: u32, rb4: u32) {
+// acc[4·n + i] + Σ_j P[ty + rb4·i][j] · B[j][tx + CB4·n] over the CB columns of the probability
+// rows at po and the CB data rows at bo. (By value, not through a pointer: the accumulators must
+// stay registers once the compiler inlines this.)
+fn accumulate(acc0: array<vec4<f32>, 4u * NC>, po: u32, bo: u32, ty: u32, tx: u32, rb4: u32) -> array<vec4<f32>, 4u * NC> {
+    var acc = acc0;
     for (var j4 = 0u; j4 < CB4; j4++) {
         var a: array<vec4<f32>, 4>;
         for (var i = 0u; i < 4u; i++) {
@@ -140,11 +142,12 @@ fn accumulate(acc: ptr<function, array<vec4<f32>, 4u * NC>>, po: u32, bo: u32, t
             for (var n = 0u; n < NC; n++) {
                 let bv = sm[brow + min(tx + CB4 * n, DP4 - 1u)];
                 for (var i = 0u; i < 4u; i++) {
-                    (*acc)[4u * n + i] += a[i][jj] * bv;
+                    acc[4u * n + i] += a[i][jj] * bv;
                 }
             }
         }
     }
+    return acc;
 }
 
 // out rows r0 + ty + rb4·i (below T) = mul[i]·acc (forward). (Few branches: lavapipe compiles
@@ -231,7 +234,7 @@ fn blocked_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup
         }
         store_p(P0, s, ty, tx, rb4);
         workgroupBarrier();
-        accumulate(&acc, P0, T1, ty, tx, rb4);
+        acc = accumulate(acc, P0, T1, ty, tx, rb4);
         workgroupBarrier();
     }
     // Row sums: each thread holds the part over its own key columns.
@@ -300,7 +303,7 @@ fn blocked_backward_q(@builtin(local_invocation_index) lid: u32, @builtin(workgr
         }
         store_p(P0, s, ty, tx, CB4);
         workgroupBarrier();
-        accumulate(&dq, P0, T0, ty, tx, CB4);
+        dq = accumulate(dq, P0, T0, ty, tx, CB4);
         workgroupBarrier();
     }
     add_rows(pq, bh, q0, 0u, dq, pq.scale, ty, tx, CB4);
@@ -346,8 +349,8 @@ fn blocked_backward_kv(@builtin(local_invocation_index) lid: u32, @builtin(workg
         store_p(P0, s, ty, tx, CB4);
         store_p(P0 + CB * PS4, ds, ty, tx, CB4);
         workgroupBarrier();
-        accumulate(&dv, P0, T1, ty, tx, CB4);
-        accumulate(&dk, P0 + CB * PS4, T0, ty, tx, CB4);
+        dv = accumulate(dv, P0, T1, ty, tx, CB4);
+        dk = accumulate(dk, P0 + CB * PS4, T0, ty, tx, CB4);
         workgroupBarrier();
     }
     add_rows(pk, bh, k0, 1u, dk, pk.scale, ty, tx, CB4);

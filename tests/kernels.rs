@@ -549,7 +549,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
     // T below, at and past a block, ragged last tiles, odd B·H, head sizes 1, 5 (padded), 16, 32, 64
     let ctx = ctx();
     let mut rng = Rng::new(41);
-    let cases = [(1, 1, 1, 1), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 24)];
+    let cases = [(1, 1, 1, 1), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 32)];
     let mut blocked_runs = 0;
     for &(b, t, h, d) in &cases {
         let c = h * d;
@@ -572,7 +572,6 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         let dims = kernels::attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
         for kernel in attention_kernels(&ctx, d) {
             let what = format!("attention {kernel:?} b{b} t{t} h{h} d{d}");
-            let t0 = std::time::Instant::now();
             blocked_runs += matches!(kernel, kernels::attention::Kernel::Blocked { .. }) as usize;
             let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
             let (out, lse) = (Guarded::new(&ctx, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
@@ -596,7 +595,6 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
             .unwrap();
             assert_close(&format!("{what} delta"), &delta.read(&ctx), &want_delta, 1e-4, 1e-5);
             assert_close(&format!("{what} dqkv"), &gdq.read(&ctx), &want_d, 1e-4, 1e-4);
-            eprintln!("TIMING {what} {:.1}s", t0.elapsed().as_secs_f64());
         }
     }
     assert!(blocked_runs > 0, "the blocked kernels fit no tile on {}", ctx.gpu.describe());

@@ -38,8 +38,9 @@ pub struct MatmulReport {
     /// shader-f16.
     pub attention_f16_tflops: Option<f64>,
     pub attention_f16_backward_tflops: Option<f64>,
-    /// The kernels attention ran on (`attention::pick` at head size 64).
+    /// The kernels attention ran on (`attention::pick` at head size 64), forward and backward.
     pub attention_kernel: String,
+    pub attention_backward_kernel: String,
 }
 
 /// (forward, backward) TFLOP/s of fused attention at B=8, T=1024, H=12, D=64 with qkv, out and
@@ -157,7 +158,8 @@ pub fn matmuls(ctx: &Context, iters: usize, repeats: usize) -> Result<MatmulRepo
         attention_backward_tflops,
         attention_f16_tflops: f16_attention.map(|a| a.0),
         attention_f16_backward_tflops: f16_attention.map(|a| a.1),
-        attention_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64)),
+        attention_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, false)),
+        attention_backward_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, true)),
         matmul_f32_4096_tflops: f32s[0],
         matmul_f32_4096_nt_tflops: f32s[1],
         matmul_f32_4096_tn_tflops: f32s[2],

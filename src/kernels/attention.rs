@@ -1,6 +1,7 @@
 //! Launchers for fused causal self-attention that never stores the (T,T) scores, compiled per
-//! head size: `shaders/attention_blocked.wgsl` (blocks of rows, 2-D register tiles) for head
-//! sizes up to 64, `shaders/attention.wgsl` (a thread per row) for larger ones and on OpenGL.
+//! head size: `shaders/attention_blocked.wgsl` (blocks of rows, 2-D register tiles; head sizes up
+//! to 64) and `shaders/attention.wgsl` (a thread per row). Either backward takes either
+//! forward's `out` and `lse` (the same quantities); [`pick`] chooses per pass.
 
 use super::{Kernels, ATTENTION, ATTENTION_BLOCKED, MAX_GROUPS};
 use crate::error::{Error, Result};
@@ -35,10 +36,12 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
     16 * (4 * cb * (dp4 + 1) + 2 * cb * (cb4 + 1)) + 4 * 2 * cb * cb4
 }
 
-/// The kernel for head size `d` on this adapter: blocked with the largest tile whose workgroup
-/// memory fits, unless the tuning says rows (OpenGL, `PAGETRAIN_ATTENTION=rows`) or `d` > 64.
-pub fn pick(k: &Kernels, d: usize) -> Kernel {
-    if !k.tuning.attention_blocked || d > BLOCKED_MAX_HEAD_DIM {
+/// The kernel for head size `d` on this adapter, for the forward (`backward` false) or the
+/// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
+/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows.
+pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
+    let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
+    if !blocked || d > BLOCKED_MAX_HEAD_DIM {
         return Kernel::Rows;
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
@@ -105,7 +108,7 @@ impl Dims {
 
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
-    forward_with(k, pick(k, dims.d), out, lse, qkv, dims)
+    forward_with(k, pick(k, dims.d, false), out, lse, qkv, dims)
 }
 
 /// [`forward`] on an explicit kernel (tests check each one).
@@ -138,7 +141,7 @@ pub fn backward(
     lse: &View,
     dims: Dims,
 ) -> Result<()> {
-    backward_with(k, pick(k, dims.d), dqkv, delta, qkv, out, dout, lse, dims)
+    backward_with(k, pick(k, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims)
 }
 
 /// [`backward`] on an explicit kernel (tests check each one).

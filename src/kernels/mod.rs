@@ -178,10 +178,12 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
-    /// Attention runs the blocked kernels where the head size allows (`attention::pick`): not on
-    /// OpenGL (the old per-row kernels' short tiles keep its compiles short), not under
-    /// `PAGETRAIN_ATTENTION=rows`.
-    pub attention_blocked: bool,
+    /// Which passes of attention run the blocked kernels where the head size allows
+    /// (`attention::pick`): the forward (H200, GPT-2 small: 31.8 against 48.8 ms a step), not the
+    /// backward (137 + 63 against 39 + 20 ms: the per-row kernels stay), nothing on OpenGL (the
+    /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
+    /// puts both passes on one kind.
+    pub attention_blocked: (bool, bool),
     /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
@@ -230,8 +232,12 @@ impl Tuning {
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        let attention_blocked = info.backend != wgpu::Backend::Gl
-            && std::env::var("PAGETRAIN_ATTENTION").map_or(true, |v| v != "rows");
+        let attention_blocked = match std::env::var("PAGETRAIN_ATTENTION").as_deref() {
+            Ok("rows") => (false, false),
+            Ok("blocked") => (true, true),
+            _ if info.backend == wgpu::Backend::Gl => (false, false),
+            _ => (true, false),
+        };
         Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
     }
 
