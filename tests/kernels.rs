@@ -540,7 +540,8 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
     use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
-    let blocked = BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
+    let blocked =
+        BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
     std::iter::once(Kernel::Rows).chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
 }
 
@@ -558,11 +559,8 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         let dqkv0 = randn(&mut rng, qkv.len(), 1.0);
         let (q64, g64) = (to64(&qkv), to64(&dout));
         let want = r::attention_forward(&q64, b, t, c, h);
-        let want_d: Vec<f64> = r::attention_backward(&q64, &g64, b, t, c, h)
-            .iter()
-            .zip(&dqkv0)
-            .map(|(g, &g0)| g + g0 as f64)
-            .collect();
+        let want_d: Vec<f64> =
+            r::attention_backward(&q64, &g64, b, t, c, h).iter().zip(&dqkv0).map(|(g, &g0)| g + g0 as f64).collect();
         let want_delta: Vec<f64> = (0..b * h * t)
             .map(|row| {
                 let (bi, hi, i) = (row / (h * t), (row / t) % h, row % t);

@@ -176,7 +176,9 @@ pub fn attention_backward(qkv: &[f64], dout: &[f64], b: usize, t: usize, c: usiz
         for hi in 0..h {
             for i in 0..t {
                 let s: Vec<f64> = (0..=i)
-                    .map(|j| (0..d).map(|dd| qkv[at(bi, i, 0, hi, dd)] * qkv[at(bi, j, 1, hi, dd)]).sum::<f64>() * scale)
+                    .map(|j| {
+                        (0..d).map(|dd| qkv[at(bi, i, 0, hi, dd)] * qkv[at(bi, j, 1, hi, dd)]).sum::<f64>() * scale
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
