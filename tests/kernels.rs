@@ -536,21 +536,24 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
     assert!(err.to_string().contains("head size"), "{err}");
 }
 
-/// The attention kernels this adapter runs: rows, and blocked at every tile that fits.
+/// The attention kernels this adapter runs: blocked at every tile that fits, and rows at head
+/// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
+/// gradcheck covers them at others).
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
     use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
     let blocked =
         BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
-    std::iter::once(Kernel::Rows).chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
+    let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
+    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
 }
 
 #[test]
 fn every_attention_kernel_matches_the_reference_forward_and_backward() {
-    // T below, at and past a block, ragged last tiles, odd B·H, head sizes 1, 5 (padded), 16, 32, 64
+    // T of 1, below, at and past a block, ragged last tiles, odd B·H, head sizes 5 (padded), 16, 32, 64
     let ctx = ctx();
     let mut rng = Rng::new(41);
-    let cases = [(1, 1, 1, 1), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 32)];
+    let cases = [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16)];
     let mut blocked_runs = 0;
     for &(b, t, h, d) in &cases {
         let c = h * d;
