@@ -243,6 +243,18 @@ fn attention_backward_matches_finite_differences() {
 }
 
 #[test]
+fn the_reference_attention_backward_matches_finite_differences() {
+    // tests/kernels.rs checks every attention kernel's backward against this CPU reference
+    let mut rng = Rng::new(42);
+    let (b, t, c, h) = (2, 6, 6, 2);
+    let qkv = to64(&randn(&mut rng, b * t * 3 * c, 1.0));
+    let w = to64(&randn(&mut rng, b * t * c, 1.0));
+    let fd = finite_diff(&qkv, 1e-5, |x| dot(&r::attention_forward(x, b, t, c, h), &w));
+    let got: Vec<f32> = r::attention_backward(&qkv, &w, b, t, c, h).iter().map(|&g| g as f32).collect();
+    assert_close("reference attention backward", &got, &fd, 1e-5, 1e-6);
+}
+
+#[test]
 fn attention_across_row_blocks_and_tiles_matches_finite_differences() {
     // T = 70: two row blocks of 64 queries (keys) and three key (query) tiles of 32, the last ragged.
     let ctx = ctx();

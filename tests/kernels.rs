@@ -563,6 +563,79 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
     assert!(err.to_string().contains("head size"), "{err}");
 }
 
+/// The attention kernels this adapter runs: blocked at every tile that fits, and rows at head
+/// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
+/// gradcheck covers them at others).
+fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
+    use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
+    let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
+    let blocked =
+        BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
+    let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
+    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
+}
+
+#[test]
+fn every_attention_kernel_matches_the_reference_forward_and_backward() {
+    // T of 1, below, at and past a block, ragged last tiles, odd B·H, head sizes 5 (padded), 16, 32, 64
+    let ctx = ctx();
+    let mut rng = Rng::new(41);
+    let cases = [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16)];
+    let mut blocked_runs = 0;
+    for &(b, t, h, d) in &cases {
+        let c = h * d;
+        let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+        let dout = randn(&mut rng, b * t * c, 1.0);
+        let dqkv0 = randn(&mut rng, qkv.len(), 1.0);
+        let (q64, g64) = (to64(&qkv), to64(&dout));
+        let want = r::attention_forward(&q64, b, t, c, h);
+        let want_d: Vec<f64> =
+            r::attention_backward(&q64, &g64, b, t, c, h).iter().zip(&dqkv0).map(|(g, &g0)| g + g0 as f64).collect();
+        let want_delta: Vec<f64> = (0..b * h * t)
+            .map(|row| {
+                let (bi, hi, i) = (row / (h * t), (row / t) % h, row % t);
+                (0..d).map(|dd| want[(bi * t + i) * c + hi * d + dd] * g64[(bi * t + i) * c + hi * d + dd]).sum()
+            })
+            .collect();
+        let dims = kernels::attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
+        for kernel in attention_kernels(&ctx, d) {
+            let what = format!("attention {kernel:?} b{b} t{t} h{h} d{d}");
+            blocked_runs += matches!(kernel, kernels::attention::Kernel::Blocked { .. }) as usize;
+            let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
+            let (out, lse) = (Guarded::new(&ctx, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
+            kernels::attention::forward_with(&ctx.kernels, kernel, &out.view(), &lse.view(), &gqkv.view(), dims)
+                .unwrap();
+            assert_close(&what, &out.read(&ctx), &want, 1e-4, 1e-5);
+            let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
+            let gdq = Guarded::new(&ctx, qkv.len(), Some(&dqkv0));
+            let v = |g: &Guarded| g.view();
+            kernels::attention::backward_with(
+                &ctx.kernels,
+                kernel,
+                &v(&gdq),
+                &v(&delta),
+                &v(&gqkv),
+                &v(&out),
+                &v(&gd),
+                &v(&lse),
+                dims,
+            )
+            .unwrap();
+            assert_close(&format!("{what} delta"), &delta.read(&ctx), &want_delta, 1e-4, 1e-5);
+            assert_close(&format!("{what} dqkv"), &gdq.read(&ctx), &want_d, 1e-4, 1e-4);
+        }
+    }
+    assert!(blocked_runs > 0, "the blocked kernels fit no tile on {}", ctx.gpu.describe());
+    // A tile that is not offered, and head sizes past the blocked kernels, are errors.
+    let g = Guarded::new(&ctx, 3 * 65, Some(&vec![1.0; 3 * 65]));
+    for (d, tile) in [(65, 16), (4, 8)] {
+        let dims = kernels::attention::Dims { b: 1, t: 1, h: 1, d, scale: 1.0 };
+        let blocked = kernels::attention::Kernel::Blocked { tile };
+        let err = kernels::attention::forward_with(&ctx.kernels, blocked, &g.view(), &g.view(), &g.view(), dims);
+        assert!(err.unwrap_err().to_string().contains("head size"));
+    }
+}
+
 #[test]
 fn optimizers_match_reference() {
     let ctx = ctx();

@@ -73,3 +73,21 @@ fn every_entry_binds_storage_then_one_uniform() {
     let err = pagetrain::kernels::bindings::reflect("bad", bad).unwrap_err();
     assert!(err.to_string().contains("broken"), "{err}");
 }
+
+#[test]
+fn blocked_attention_workgroup_memory_is_what_the_launcher_budgets() {
+    // attention::pick chooses tiles by blocked_workgroup_bytes; it must match what naga lays out
+    use pagetrain::kernels::attention::blocked_workgroup_bytes;
+    for (d, tile) in [(64, 32), (64, 16), (5, 16), (1, 32), (33, 32)] {
+        let shader = pagetrain::kernels::ATTENTION_BLOCKED;
+        let src = specialize(shader, Variant { dim: d as u32, tile, ..Default::default() });
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let bytes: u64 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
+            .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
+            .sum();
+        assert_eq!(bytes, blocked_workgroup_bytes(d, tile), "head size {d}, tile {tile}");
+    }
+}

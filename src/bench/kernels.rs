@@ -34,15 +34,24 @@ pub struct MatmulReport {
     /// backward (5 products of the same size: 2.5× the forward's FLOPs).
     pub attention_tflops: f64,
     pub attention_backward_tflops: f64,
+    /// The same with f16 qkv, out and gradients (what `--precision f16` runs); absent without
+    /// shader-f16.
+    pub attention_f16_tflops: Option<f64>,
+    pub attention_f16_backward_tflops: Option<f64>,
+    /// The kernels attention ran on (`attention::pick` at head size 64), forward and backward.
+    pub attention_kernel: String,
+    pub attention_backward_kernel: String,
 }
 
-/// (forward, backward) TFLOP/s of fused attention at B=8, T=1024, H=12, D=64 (see the report).
-pub fn attention(ctx: &Context, iters: usize, repeats: usize) -> Result<(f64, f64)> {
+/// (forward, backward) TFLOP/s of fused attention at B=8, T=1024, H=12, D=64 with qkv, out and
+/// their gradients as `dtype` (see the report).
+pub fn attention(ctx: &Context, dtype: DType, iters: usize, repeats: usize) -> Result<(f64, f64)> {
     let (b, t, h, d) = (8, 1024, 12, 64);
     let dims = attention::Dims { b, t, h, d, scale: 0.125 };
     let f32v = |n, seed| buffer(ctx, n, seed, DType::F32);
+    let tv = |n, seed| buffer(ctx, n, seed, dtype);
     let (qkv, out, dout, dqkv) =
-        (f32v(b * t * 3 * h * d, 1), f32v(b * t * h * d, 2), f32v(b * t * h * d, 3), f32v(b * t * 3 * h * d, 4));
+        (tv(b * t * 3 * h * d, 1), tv(b * t * h * d, 2), tv(b * t * h * d, 3), tv(b * t * 3 * h * d, 4));
     let (lse, delta) = (f32v(b * h * t, 5), f32v(b * h * t, 6));
     let flop = 2.0 * (b * h * t * t * d) as f64;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
@@ -142,10 +151,15 @@ pub fn matmuls(ctx: &Context, iters: usize, repeats: usize) -> Result<MatmulRepo
             *t = Some(time_matmul(ctx, g, None, DType::F16, iters, repeats)?);
         }
     }
-    let (attention_tflops, attention_backward_tflops) = attention(ctx, iters / 4, repeats)?;
+    let (attention_tflops, attention_backward_tflops) = attention(ctx, DType::F32, iters / 4, repeats)?;
+    let f16_attention = if has_f16 { Some(attention(ctx, DType::F16, iters / 4, repeats)?) } else { None };
     Ok(MatmulReport {
         attention_tflops,
         attention_backward_tflops,
+        attention_f16_tflops: f16_attention.map(|a| a.0),
+        attention_f16_backward_tflops: f16_attention.map(|a| a.1),
+        attention_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, false)),
+        attention_backward_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, true)),
         matmul_f32_4096_tflops: f32s[0],
         matmul_f32_4096_nt_tflops: f32s[1],
         matmul_f32_4096_tn_tflops: f32s[2],

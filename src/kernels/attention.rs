@@ -1,7 +1,9 @@
-//! Launchers for `shaders/attention.wgsl`: fused causal self-attention that never stores the
-//! (T,T) scores, compiled per head size.
+//! Launchers for fused causal self-attention that never stores the (T,T) scores, compiled per
+//! head size: `shaders/attention_blocked.wgsl` (blocks of rows, 2-D register tiles; head sizes up
+//! to 64) and `shaders/attention.wgsl` (a thread per row). Either backward takes either
+//! forward's `out` and `lse` (the same quantities); [`pick`] chooses per pass.
 
-use super::{Kernels, ATTENTION, MAX_GROUPS};
+use super::{Kernels, ATTENTION, ATTENTION_BLOCKED, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -9,6 +11,45 @@ use crate::pager::View;
 const ROWS: usize = 64;
 /// Largest head size: q, the accumulators and the streamed tiles must fit registers and 16 KiB.
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// Largest head size of the blocked kernels (their per-thread accumulators grow with it).
+pub const BLOCKED_MAX_HEAD_DIM: usize = 64;
+/// Rows of the blocked kernels' streamed tiles, largest first (a multiple of 4; the forward's
+/// query blocks are twice as tall).
+pub const BLOCKED_TILES: [u32; 2] = [32, 16];
+
+/// Which kernels run attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// A thread per query (key) row (`attention.wgsl`), any head size up to [`MAX_HEAD_DIM`].
+    Rows,
+    /// Blocks of rows, tiles of `tile` rows streamed through workgroup memory
+    /// (`attention_blocked.wgsl`), head sizes up to [`BLOCKED_MAX_HEAD_DIM`].
+    Blocked { tile: u32 },
+}
+
+/// Workgroup memory the blocked kernels declare for head size `d` and `tile` rows: `sm` (four
+/// regions of 2·tile or tile rows of d+4 padded floats, and 2·tile probability rows of tile+4)
+/// and `stat` (2·tile·tile/4 floats). Mirrors the constants in `attention_blocked.wgsl`.
+pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
+    let (cb, cb4, dp4) = (tile as u64, tile as u64 / 4, (d as u64).div_ceil(4));
+    16 * (4 * cb * (dp4 + 1) + 2 * cb * (cb4 + 1)) + 4 * 2 * cb * cb4
+}
+
+/// The kernel for head size `d` on this adapter, for the forward (`backward` false) or the
+/// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
+/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows.
+pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
+    let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
+    if !blocked || d > BLOCKED_MAX_HEAD_DIM {
+        return Kernel::Rows;
+    }
+    let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
+    match BLOCKED_TILES.iter().find(|&&t| blocked_workgroup_bytes(d, t) <= limit) {
+        Some(&tile) => Kernel::Blocked { tile },
+        None => Kernel::Rows,
+    }
+}
 
 /// Shape of one attention call: qkv (B,T,3·H·D), out (B,T,H·D), lse and delta (B,H,T).
 #[derive(Clone, Copy, Debug)]
@@ -41,19 +82,50 @@ impl Dims {
         Ok(Params { b: self.b as u32, t: self.t as u32, h: self.h as u32, scale: self.scale })
     }
 
-    /// Row blocks in x, the B·H heads folded into y and z.
-    fn grid(&self) -> [u32; 3] {
+    /// Blocks of `rows` rows in x, the B·H heads folded into y and z.
+    fn grid(&self, rows: usize) -> [u32; 3] {
         let bh = self.b * self.h;
         let z = bh.div_ceil(MAX_GROUPS as usize);
-        [self.t.div_ceil(ROWS) as u32, bh.div_ceil(z) as u32, z as u32]
+        [self.t.div_ceil(rows) as u32, bh.div_ceil(z) as u32, z as u32]
+    }
+
+    /// Whether `kernel` takes this head size and fits the adapter's workgroup memory.
+    fn check(&self, k: &Kernels, kernel: Kernel) -> Result<()> {
+        let Kernel::Blocked { tile } = kernel else {
+            return Ok(());
+        };
+        let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
+        let bytes = blocked_workgroup_bytes(self.d, tile);
+        if self.d > BLOCKED_MAX_HEAD_DIM || !BLOCKED_TILES.contains(&tile) || bytes > limit {
+            return Err(Error::invalid(
+                "attention",
+                format!("{kernel:?} for head size {}: needs head size <= {BLOCKED_MAX_HEAD_DIM}, a tile of {BLOCKED_TILES:?} and {bytes} bytes of workgroup memory (adapter: {limit})", self.d),
+            ));
+        }
+        Ok(())
     }
 }
 
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
+    forward_with(k, pick(k, dims.d, false), out, lse, qkv, dims)
+}
+
+/// [`forward`] on an explicit kernel (tests check each one).
+pub fn forward_with(k: &Kernels, kernel: Kernel, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
     let p = dims.params()?;
-    let sizes = (dims.d as u32, k.tuning.attention_tile_rows(dims.d));
-    k.dispatch_unrolled(ATTENTION, "attention_forward", sizes, &[out, lse, qkv], &p, dims.grid())
+    dims.check(k, kernel)?;
+    let d = dims.d as u32;
+    match kernel {
+        Kernel::Rows => {
+            let sizes = (d, k.tuning.attention_tile_rows(dims.d));
+            k.dispatch_unrolled(ATTENTION, "attention_forward", sizes, &[out, lse, qkv], &p, dims.grid(ROWS))
+        }
+        Kernel::Blocked { tile } => {
+            let grid = dims.grid(2 * tile as usize);
+            k.dispatch_unrolled(ATTENTION_BLOCKED, "blocked_forward", (d, tile), &[out, lse, qkv], &p, grid)
+        }
+    }
 }
 
 /// dqkv (B,T,3C) += the gradient through attention, given the saved `out` and `lse` and the
@@ -69,15 +141,37 @@ pub fn backward(
     lse: &View,
     dims: Dims,
 ) -> Result<()> {
+    backward_with(k, pick(k, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims)
+}
+
+/// [`backward`] on an explicit kernel (tests check each one).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with(
+    k: &Kernels,
+    kernel: Kernel,
+    dqkv: &View,
+    delta: &View,
+    qkv: &View,
+    out: &View,
+    dout: &View,
+    lse: &View,
+    dims: Dims,
+) -> Result<()> {
     let p = dims.params()?;
-    let sizes = (dims.d as u32, k.tuning.attention_tile_rows(dims.d));
-    k.dispatch_unrolled(
-        ATTENTION,
-        "attention_backward_q",
-        sizes,
-        &[dqkv, delta, qkv, dout, lse, out],
-        &p,
-        dims.grid(),
-    )?;
-    k.dispatch_unrolled(ATTENTION, "attention_backward_kv", sizes, &[dqkv, delta, qkv, dout, lse], &p, dims.grid())
+    dims.check(k, kernel)?;
+    let d = dims.d as u32;
+    let (shader, names, sizes, rows) = match kernel {
+        Kernel::Rows => (
+            ATTENTION,
+            ["attention_backward_q", "attention_backward_kv"],
+            (d, k.tuning.attention_tile_rows(dims.d)),
+            ROWS,
+        ),
+        Kernel::Blocked { tile } => {
+            (ATTENTION_BLOCKED, ["blocked_backward_q", "blocked_backward_kv"], (d, tile), tile as usize)
+        }
+    };
+    // backward_kv reads the delta backward_q writes
+    k.dispatch_unrolled(shader, names[0], sizes, &[dqkv, delta, qkv, dout, lse, out], &p, dims.grid(rows))?;
+    k.dispatch_unrolled(shader, names[1], sizes, &[dqkv, delta, qkv, dout, lse], &p, dims.grid(rows))
 }

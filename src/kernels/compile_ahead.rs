@@ -95,7 +95,8 @@ impl CompileAhead {
                 // dispatch needs it, and reports the error then.
                 let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
                 let pipeline = create(&device, &module, shader, entry, &layout, cache.as_ref());
-                let failed = pollster::block_on(scope.pop()).is_some();
+                // native wgpu answers at once (as the pool's out-of-memory check relies on)
+                let failed = !matches!(futures::FutureExt::now_or_never(scope.pop()), Some(None));
                 let _ = tx.send((!failed).then_some(pipeline));
             });
             if spawned.is_ok() {

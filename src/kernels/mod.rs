@@ -68,6 +68,7 @@ macro_rules! shader {
 
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
+pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -121,6 +122,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
 pub const ALL: &[Shader] = &[
     ACTIVATION,
     ATTENTION,
+    ATTENTION_BLOCKED,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -184,6 +186,12 @@ pub struct Tuning {
     /// tile are unrolled, which OpenGL drivers compile slowly (llvmpipe: 69 s at 32 rows for head
     /// size 64, 2.7 s at 8), so GL gets short tiles.
     pub attention_tile: u32,
+    /// Which passes of attention run the blocked kernels where the head size allows
+    /// (`attention::pick`): the forward (H200, GPT-2 small: 31.8 against 48.8 ms a step), not the
+    /// backward (137 + 63 against 39 + 20 ms: the per-row kernels stay), nothing on OpenGL (the
+    /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
+    /// puts both passes on one kind.
+    pub attention_blocked: (bool, bool),
     /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
@@ -232,7 +240,13 @@ impl Tuning {
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
-        Tuning { matmul, attention_tile, coop_f16: false }
+        let attention_blocked = match std::env::var("PAGETRAIN_ATTENTION").as_deref() {
+            Ok("rows") => (false, false),
+            Ok("blocked") => (true, true),
+            _ if info.backend == wgpu::Backend::Gl => (false, false),
+            _ => (true, false),
+        };
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.

@@ -165,6 +165,42 @@ pub fn attention_forward(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) ->
     out
 }
 
+/// Gradient of Σ attention_forward(qkv)·dout with respect to qkv (B,T,3C): the textbook
+/// backward through the (T,T) probabilities, checked against finite differences in gradcheck.
+pub fn attention_backward(qkv: &[f64], dout: &[f64], b: usize, t: usize, c: usize, h: usize) -> Vec<f64> {
+    let d = c / h;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut dqkv = vec![0.0; qkv.len()];
+    let at = |bi: usize, j: usize, part: usize, hi: usize, dd: usize| (bi * t + j) * 3 * c + part * c + hi * d + dd;
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..t {
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        (0..d).map(|dd| qkv[at(bi, i, 0, hi, dd)] * qkv[at(bi, j, 1, hi, dd)]).sum::<f64>() * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
+                let g = |dd: usize| dout[(bi * t + i) * c + hi * d + dd];
+                // dp_j = dout_i · v_j; ds_j = p_j (dp_j − Σ_k p_k dp_k)
+                let dp: Vec<f64> = (0..=i).map(|j| (0..d).map(|dd| g(dd) * qkv[at(bi, j, 2, hi, dd)]).sum()).collect();
+                let mean: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - mean) * scale;
+                    for dd in 0..d {
+                        dqkv[at(bi, i, 0, hi, dd)] += ds * qkv[at(bi, j, 1, hi, dd)];
+                        dqkv[at(bi, j, 1, hi, dd)] += ds * qkv[at(bi, i, 0, hi, dd)];
+                        dqkv[at(bi, j, 2, hi, dd)] += p[j] * g(dd);
+                    }
+                }
+            }
+        }
+    }
+    dqkv
+}
+
 /// tokens (N), wte (V,C), wpe (maxT,C) → (N,C), row r at position r % t.
 pub fn embedding_forward(tokens: &[u32], wte: &[f64], wpe: &[f64], t: usize, c: usize) -> Vec<f64> {
     let mut out = vec![0.0; tokens.len() * c];
