@@ -279,10 +279,8 @@ fn cross_entropy_backward_writes_f16_dlogits() {
         let d = Guarded::new_f16(&ctx, rows * v, Some(&vec![0.25; rows * v]));
         let (dv, lv, tv, sv, gv) = (d.view(), gl.view(), gt.view(), lse.view(), dloss.view());
         kernels::cross_entropy::backward(&ctx.kernels, &dv, &lv, &tv, &sv, &gv, r, 1.0 / count as f32).unwrap();
-        let want: Vec<f64> = r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 4096.0)
-            .iter()
-            .map(|g| g + 0.25)
-            .collect();
+        let want: Vec<f64> =
+            r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 4096.0).iter().map(|g| g + 0.25).collect();
         assert_close(&format!("f16 dlogits {rows}x{v}"), &d.read(&ctx), &want, 2e-3, 1e-3);
     }
 }

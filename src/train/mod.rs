@@ -13,6 +13,8 @@ pub mod pending_loss;
 pub mod prepare;
 mod report;
 pub mod run_file;
+#[cfg(not(target_arch = "wasm32"))]
+mod run_loop;
 mod run_setup;
 pub mod tensor_file;
 pub mod tokenizer;
