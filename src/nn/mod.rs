@@ -28,12 +28,13 @@ pub struct Param {
 impl Param {
     /// A parameter initialised from `init` (host data, row-major `shape`), gradient zeroed.
     pub fn new(ctx: &Context, name: &str, shape: &[usize], init: &[f32]) -> Result<Param> {
-        Ok(Param {
-            name: name.to_string(),
-            value: ctx.from_f32(name, shape, init, true)?,
-            grad: ctx.zeros(&format!("{name}.grad"), shape, false)?,
-            half: None,
-        })
+        Self::of_value(ctx, name, ctx.from_f32(name, shape, init, true)?)
+    }
+
+    /// A parameter holding `value`, gradient zeroed.
+    fn of_value(ctx: &Context, name: &str, value: Tensor) -> Result<Param> {
+        let grad = ctx.zeros(&format!("{name}.grad"), value.shape(), false)?;
+        Ok(Param { name: name.to_string(), value, grad, half: None })
     }
 
     /// This parameter with an f16 copy of its value (see [`Param::half`]).
@@ -64,7 +65,7 @@ impl Param {
                 value.len(),
             )?;
         }
-        Ok(Param { name: name.to_string(), value, grad: ctx.zeros(&format!("{name}.grad"), shape, false)?, half: None })
+        Self::of_value(ctx, name, value)
     }
 
     pub fn constant(ctx: &Context, name: &str, shape: &[usize], value: f32) -> Result<Param> {
