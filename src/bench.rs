@@ -201,6 +201,8 @@ pub struct StepReport {
     /// Of `first_step_s`: seconds creating shader modules (naga) and pipelines (the driver).
     pub first_step_module_s: f64,
     pub first_step_pipeline_s: f64,
+    /// Of `first_step_s`: seconds waiting for pipelines compiling on workers.
+    pub first_step_pipeline_wait_s: f64,
     /// Per resident step: kernel dispatches, compute passes they were recorded in (a copy or
     /// clear ends one), submissions, and bind groups created (none once warm).
     pub dispatches_per_step: f64,
@@ -412,6 +414,7 @@ pub fn step_times(
         first_step_s: full.first_step_s,
         first_step_module_s: full.first_step_creation.module_s,
         first_step_pipeline_s: full.first_step_creation.pipeline_s,
+        first_step_pipeline_wait_s: full.first_step_creation.pipeline_wait_s,
         dispatches_per_step: full.recording[0],
         compute_passes_per_step: full.recording[1],
         submissions_per_step: full.recording[2],

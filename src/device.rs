@@ -234,6 +234,13 @@ impl Gpu {
         Ok(())
     }
 
+    /// Leaves `msg` for the next [`Gpu::check`] (an error found where it cannot be returned).
+    pub fn report_error(&self, msg: String) {
+        if let Ok(mut errs) = self.errors.lock() {
+            errs.push(msg);
+        }
+    }
+
     /// Whether storage buffers can be mapped: GPU and host share memory (integrated GPUs, Apple
     /// silicon, CPU drivers), and the pager can fill tensors without a staging copy.
     pub fn unified_memory(&self) -> bool {

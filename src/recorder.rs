@@ -31,6 +31,7 @@ pub trait Clearer {
 
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
 type PreHook = Box<dyn FnOnce()>;
+type PassCommand = Box<dyn FnOnce(&mut wgpu::ComputePass<'static>)>;
 
 pub struct Recorder {
     gpu: Rc<Gpu>,
@@ -39,6 +40,11 @@ pub struct Recorder {
     pass: RefCell<Option<wgpu::ComputePass<'static>>>,
     encoder: RefCell<Option<wgpu::CommandEncoder>>,
     passes: Cell<u64>,
+    /// Dispatches waiting for a pipeline still compiling on a worker, and every dispatch after
+    /// them (order is kept): encoded when the pass ends, so a step's new pipelines compile in
+    /// parallel instead of one after the other.
+    deferred: RefCell<Vec<PassCommand>>,
+    deferred_count: Cell<u64>,
     clearer: RefCell<Option<Rc<dyn Clearer>>>,
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
@@ -64,6 +70,8 @@ impl Recorder {
             encoder: RefCell::new(None),
             pass: RefCell::new(None),
             passes: Cell::new(0),
+            deferred: RefCell::new(Vec::new()),
+            deferred_count: Cell::new(0),
             clearer: RefCell::new(None),
             uniforms: RefCell::new(Vec::new()),
             arena,
@@ -92,8 +100,28 @@ impl Recorder {
         f(encoder)
     }
 
-    /// Runs `f` on the open compute pass, opening one after the last copy or clear if needed.
-    pub fn dispatch<R>(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) -> R) -> R {
+    /// Runs `f` on the open compute pass, opening one after the last copy or clear if needed
+    /// (later, in order, while an earlier dispatch is deferred).
+    pub fn dispatch(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
+        self.commands.set(self.commands.get() + 1);
+        let mut deferred = self.deferred.borrow_mut();
+        if deferred.is_empty() {
+            drop(deferred);
+            self.with_pass(f);
+        } else {
+            deferred.push(Box::new(f));
+        }
+    }
+
+    /// Records `f` into the pass when the pass ends (`f` may wait there for a pipeline compiling
+    /// on a worker); dispatches after it follow it.
+    pub fn dispatch_deferred(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
+        self.commands.set(self.commands.get() + 1);
+        self.deferred_count.set(self.deferred_count.get() + 1);
+        self.deferred.borrow_mut().push(Box::new(f));
+    }
+
+    fn with_pass(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>)) {
         let mut pass = self.pass.borrow_mut();
         if pass.is_none() {
             let mut enc = self.encoder.borrow_mut();
@@ -105,7 +133,6 @@ impl Recorder {
             *pass = Some(p.forget_lifetime());
             self.passes.set(self.passes.get() + 1);
         }
-        self.commands.set(self.commands.get() + 1);
         f(pass.as_mut().expect("opened above"))
     }
 
@@ -124,8 +151,12 @@ impl Recorder {
         self.record(|enc| enc.clear_buffer(buffer, offset, Some(len)));
     }
 
-    /// Ends the open compute pass (its commands go into the encoder).
+    /// Ends the open compute pass (its commands, deferred ones included, go into the encoder).
     fn end_pass(&self) {
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        for f in deferred {
+            self.with_pass(f);
+        }
         drop(self.pass.borrow_mut().take());
     }
 
@@ -235,6 +266,11 @@ impl Recorder {
     /// Pool buffers dropped so far.
     pub fn retired(&self) -> u64 {
         self.retired.get()
+    }
+
+    /// Dispatches that waited for their pipeline's worker so far.
+    pub fn deferred_dispatches(&self) -> u64 {
+        self.deferred_count.get()
     }
 
     /// Compute passes opened so far.

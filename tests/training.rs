@@ -355,6 +355,22 @@ fn an_out_that_cannot_be_written_fails_before_any_step() {
 /// memory, picked when measured fastest) take a fresh mapped buffer per upload by design, so the
 /// run uses the staging ring.
 #[test]
+fn pipelines_compiled_on_workers_give_the_same_losses() {
+    let out = tmpdir("workers");
+    let ctx_here = ctx();
+    let want = losses(&mut Trainer::new(&ctx_here, small_cfg(&out), None).unwrap(), &ctx_here, 3);
+    // a fresh context: every pipeline is new, and each dispatch waits for its worker
+    let ctx = ctx();
+    ctx.kernels.compile_on_workers(true);
+    let got = losses(&mut Trainer::new(&ctx, small_cfg(&out), None).unwrap(), &ctx, 3);
+    assert_eq!(got, want, "losses with pipelines compiled on workers differ");
+    let deferred = ctx.recorder.deferred_dispatches();
+    if ctx.gpu.info.backend != wgpu::Backend::Gl {
+        assert!(deferred > 10, "only {deferred} dispatches waited for a worker's pipeline");
+    }
+}
+
+#[test]
 fn losses_read_a_step_late_are_exact_and_warm_steps_create_no_bind_groups() {
     let ctx = ctx();
     ctx.pager.set_upload_path(pagetrain::pager::UploadPath::Ring);

@@ -16,7 +16,10 @@ pub struct Creation {
     pub modules: u32,
     pub module_s: f64,
     pub pipelines: u32,
+    /// Seconds the main thread spent creating pipelines (or fetching them from the cache).
     pub pipeline_s: f64,
+    /// Seconds the main thread waited for pipelines compiling on workers.
+    pub pipeline_wait_s: f64,
 }
 
 impl Kernels {
@@ -67,7 +70,10 @@ impl Kernels {
 
     /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
     pub fn pipeline(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<wgpu::ComputePipeline> {
-        Ok(self.pipeline_and_layout(shader, entry, variant)?.0)
+        let slot = self.pipeline_and_layout(shader, entry, variant)?.0;
+        let pipeline = slot.get().cloned();
+        self.gpu.check(entry)?;
+        pipeline.ok_or_else(|| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: "failed".into() })
     }
 
     pub(super) fn pipeline_and_layout(
@@ -96,18 +102,28 @@ impl Kernels {
             self.compile_ahead.siblings(&self.gpu, &module, shader, siblings, variant, cache);
         }
         self.compiled.set(true);
-        let pipeline = match self.compile_ahead.take((shader.name, entry, variant)) {
-            Some(pipeline) => pipeline,
+        let key = (shader.name, entry, variant);
+        let slot = match self.compile_ahead.take_or_spawn(key, &self.gpu.device, &module, shader, &layout.pipeline, cache) {
+            Some(answer) => compile_ahead::PipelineSlot::compiling(
+                answer,
+                self.gpu.clone(),
+                module,
+                shader,
+                entry,
+                layout.pipeline.clone(),
+                cache.cloned(),
+                self.compile_ahead.waited(),
+            ),
             None => {
                 let pipeline = compile_ahead::create(&self.gpu.device, &module, shader, entry, &layout.pipeline, cache);
                 self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
                     kernel: format!("{}::{entry}", shader.name),
                     msg: e.to_string(),
                 })?;
-                pipeline
+                compile_ahead::PipelineSlot::ready(pipeline)
             }
         };
-        let both = (pipeline, layout);
+        let both = (slot, layout);
         self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
         let mut c = self.creation.get();
         (c.pipelines, c.pipeline_s) = (c.pipelines + 1, c.pipeline_s + clock.seconds());

@@ -127,7 +127,7 @@ impl Clearer for Filler {
         let words = len / 4;
         let (_, at) = recorder.uniform(bytemuck::bytes_of(&Params { n: words as u32, ..Default::default() }));
         let groups = grid_1d(words);
-        recorder.dispatch(|pass| {
+        recorder.dispatch(move |pass| {
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &group, &[at as u32]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);

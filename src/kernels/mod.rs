@@ -270,7 +270,7 @@ impl Tuning {
 pub use compile::Creation;
 
 /// A compiled pipeline and its layout.
-type Compiled = (wgpu::ComputePipeline, bindings::Layout);
+type Compiled = (Rc<compile_ahead::PipelineSlot>, bindings::Layout);
 
 /// Pipelines (compiled once, with or without shader runtime checks), per-adapter tuning, and
 /// dispatch recording.
@@ -363,7 +363,7 @@ impl Kernels {
 
     /// Shader modules and pipelines created so far, and the seconds spent creating them.
     pub fn creation(&self) -> Creation {
-        self.creation.get()
+        Creation { pipeline_wait_s: self.compile_ahead.waited().get(), ..self.creation.get() }
     }
 
     /// Total dispatches recorded so far (for benchmarks).
@@ -427,11 +427,20 @@ impl Kernels {
         }
         let bind_group = self.bindings.group(&layout, buffers);
         let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
-        self.recorder.dispatch(|pass| {
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[offset as u32]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        });
+        let ready = pipeline.is_ready();
+        let record = move |pass: &mut wgpu::ComputePass<'static>| {
+            // a pipeline that failed to build records nothing; its error is the device's
+            if let Some(pipeline) = pipeline.get() {
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &bind_group, &[offset as u32]);
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            }
+        };
+        if ready {
+            self.recorder.dispatch(record);
+        } else {
+            self.recorder.dispatch_deferred(record);
+        }
         self.dispatch_count.set(self.dispatch_count.get() + 1);
         if let Some(profile) = &self.profile {
             self.recorder.flush();
@@ -445,6 +454,12 @@ impl Kernels {
             self.recorder.maybe_submit();
         }
         Ok(())
+    }
+
+    /// Compiles new pipelines on worker threads (on by default on real GPUs, off on CPU
+    /// adapters, which need their cores for the step; ignored on GL and in the browser).
+    pub fn compile_on_workers(&self, on: bool) {
+        self.compile_ahead.set_enabled(on && self.gpu.info.backend != wgpu::Backend::Gl);
     }
 
     /// Per-entry (dispatches, seconds) when `PAGETRAIN_PROFILE=1`, slowest first.

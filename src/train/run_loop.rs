@@ -39,8 +39,8 @@ impl Trainer {
                 ctx.sync()?;
                 let c = ctx.kernels.creation();
                 crate::clock::startup_phase(&format!(
-                    "first step done ({} shader modules in {:.3} s, {} pipelines in {:.3} s)",
-                    c.modules, c.module_s, c.pipelines, c.pipeline_s
+                    "first step done ({} shader modules in {:.3} s, {} pipelines in {:.3} s, {:.3} s waiting for workers)",
+                    c.modules, c.module_s, c.pipelines, c.pipeline_s, c.pipeline_wait_s
                 ));
                 first_step_s = Some(crate::clock::since_process_start());
             }
