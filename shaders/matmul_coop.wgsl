@@ -4,23 +4,19 @@
 // Params and layouts as `matmul_large` (shaders/matmul.wgsl); C may be f32 or f16 (B0).
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
-// Bindings: c, a, b, bias, a4, b4, c_f32, Params. a4 and b4 are a and b again, read 4 halves at a time
+// Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time
 // when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's rows are a multiple of 8 long and start
 // 8-aligned; otherwise each half is read alone (any shape), and a4/b4 go unused.
-// Tiling (FLAGS & 128 picks the wide tile): a workgroup of 8 subgroups of 32 lanes computes a
-// TM x 128 tile of C. Square: TM = 128, each subgroup 64x32 of it as 4x2 accumulators of 16x16,
-// K slices of 32. Wide: TM = 256, each subgroup 64x64 as 4x4 accumulators (8 fragment loads for
-// 16 products instead of 12 for 16), K slices of 16 (what fits two buffers in 48 KiB). K advances
-// a slice at a time through two workgroup buffers of f16 tiles that keep the global layout (so
-// each operand is read coalesced and each 16x16 fragment loads row- or column-major from it);
-// the next slice is fetched into registers while the current one is multiplied (one barrier a
-// slice; fetching two slices ahead measured slower on the H200: NT 4096^3 32 vs 80 TFLOP/s).
-// Accumulators go through a 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias,
-// beta, f16 rounding), except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go
-// straight to C.
-// Dispatch (ceil(N/128), ceil(M/TM), batch). Needs subgroups of exactly 32 lanes (the
-// launcher checks). Workgroup memory: 48 KiB square, 44 KiB wide (COOP_WORKGROUP_BYTES in
-// src/kernels/mod.rs budgets the larger).
+// Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
+// 64x32 of it as 4x2 accumulators of 16x16. K advances 32 at a time through two workgroup
+// buffers of f16 tiles that keep the global layout (so each operand is read coalesced and each
+// 16x16 fragment loads row- or column-major from it); the next slice is fetched into registers
+// while the current one is multiplied (one barrier a slice; fetching two slices ahead measured
+// slower on the H200: NT 4096^3 32 vs 80 TFLOP/s). Accumulators go through a
+// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding),
+// except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go straight to C.
+// Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
+// launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -55,25 +51,20 @@ struct Params {
 @group(0) @binding(5) var<storage, read> b4: array<vec4<B5>>;
 // c again when FLAGS & 64 (C f32, rows a multiple of 4 long, 4-aligned, no bias), else a
 // stand-in: whole tiles with alpha = 1 then load and store their accumulators here directly.
-@group(0) @binding(6) var<storage, read_write> c_f32: array<f32>;
+@group(0) @binding(6) var<storage, read_write> c32: array<f32>;
 @group(0) @binding(7) var<uniform> p: Params;
 
-const WIDE: bool = (FLAGS & 128u) != 0u;
-// The tile of C: TM rows by TN columns; K slices CK deep.
-const TM: u32 = select(128u, 256u, WIDE);
-const TN: u32 = 128u;
-const CK: u32 = select(32u, 16u, WIDE);
+const CT: u32 = 128u;
+const CK: u32 = 32u;
 // Halves of padding after each stored row: 16-byte fragment rows then fall in distinct banks.
 const PAD: u32 = 8u;
-// One buffer of each operand in vec4s: TM (TN) rows of CK + PAD, or CK rows of TM (TN) + PAD
-// (the former is the larger: CK < TN).
-const BUF_A: u32 = TM * (CK + PAD) / 4u;
-const BUF_B: u32 = TN * (CK + PAD) / 4u;
-// 8 subgroups, square: 2 down M by 4 across N (measured on the H200: 4 subgroups of 64x64 ran
-// 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104); wide: 4 down M by 2 across N.
+// One buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
+const BUF: u32 = CT * (CK + PAD) / 4u;
+// 8 subgroups: 2 down M by 4 across N, each 64x32 of the tile as 4x2 accumulators (measured on
+// the H200: 4 subgroups of 64x64 ran 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104).
 const THREADS: u32 = 256u;
-// 8-half chunks each thread fetches per slice: 2 of A; 2 of B (square) or 1 (wide).
-const CHUNKS_B: u32 = TN * CK / 8u / THREADS;
+// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / THREADS).
+const CHUNKS: u32 = CT * CK / 8u / THREADS;
 const TRANS_A: bool = (FLAGS & 1u) != 0u;
 const TRANS_B: bool = (FLAGS & 2u) != 0u;
 const BIAS: bool = (FLAGS & 4u) != 0u;
@@ -84,8 +75,8 @@ const DIRECT_C: bool = (FLAGS & 64u) != 0u;
 
 // [buffer][stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
-var<workgroup> As: array<vec4<f16>, 2u * BUF_A>;
-var<workgroup> Bs: array<vec4<f16>, 2u * BUF_B>;
+var<workgroup> As: array<vec4<f16>, 2u * BUF>;
+var<workgroup> Bs: array<vec4<f16>, 2u * BUF>;
 // One 16x16 f32 accumulator per subgroup on its way to C.
 var<workgroup> Cs: array<f32, THREADS * 8u>;
 
@@ -94,9 +85,9 @@ fn depth_inner(is_a: bool) -> bool {
     return select(TRANS_B, !TRANS_A, is_a);
 }
 
-// Halves in a stored row of an operand's tile: CK where depth is contiguous, else TM (A) or TN (B).
+// Halves in a stored row of an operand's tile: CK where depth is contiguous, else 128.
 fn tile_inner(is_a: bool) -> u32 {
-    return select(select(TN, TM, is_a), CK, depth_inner(is_a));
+    return select(CT, CK, depth_inner(is_a));
 }
 
 // Global bounds of an operand as stored: (rows, row length).
@@ -137,7 +128,7 @@ fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
     return h;
 }
 
-// Chunk q of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
+// Chunk q (< 512) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
 fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2> {
     let per_row = tile_inner(is_a) / 8u;
     let r = q / per_row;
@@ -157,7 +148,7 @@ fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2>
 fn put(is_a: bool, buf: u32, q: u32, v: array<vec4<f16>, 2>) {
     let inner = tile_inner(is_a);
     let per_row = inner / 8u;
-    let at = buf * select(BUF_B, BUF_A, is_a) + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
+    let at = buf * BUF + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
     if (is_a) {
         As[at] = v[0];
         As[at + 1u] = v[1];
@@ -170,11 +161,11 @@ fn put(is_a: bool, buf: u32, q: u32, v: array<vec4<f16>, 2>) {
 // Fragment (rows r0.., depths k0..) of op(A) from buffer `buf`.
 fn frag_a(buf: u32, r0: u32, k0: u32) -> coop_mat16x16<f16, A> {
     if (TRANS_A) {
-        let ptr = &As[buf * BUF_A + (k0 * (TM + PAD) + r0) / 4u];
-        let stride = (TM + PAD) / 4u;
+        let ptr = &As[buf * BUF + (k0 * (CT + PAD) + r0) / 4u];
+        let stride = (CT + PAD) / 4u;
         return coopLoad<coop_mat16x16<f16, A>>(ptr, stride);
     }
-    let ptr = &As[buf * BUF_A + (r0 * (CK + PAD) + k0) / 4u];
+    let ptr = &As[buf * BUF + (r0 * (CK + PAD) + k0) / 4u];
     let stride = (CK + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
 }
@@ -182,12 +173,12 @@ fn frag_a(buf: u32, r0: u32, k0: u32) -> coop_mat16x16<f16, A> {
 // Fragment (depths k0.., columns n0..) of op(B) from buffer `buf`.
 fn frag_b(buf: u32, k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
     if (TRANS_B) {
-        let ptr = &Bs[buf * BUF_B + (n0 * (CK + PAD) + k0) / 4u];
+        let ptr = &Bs[buf * BUF + (n0 * (CK + PAD) + k0) / 4u];
         let stride = (CK + PAD) / 4u;
         return coopLoad<coop_mat16x16<f16, B>>(ptr, stride);
     }
-    let ptr = &Bs[buf * BUF_B + (k0 * (TN + PAD) + n0) / 4u];
-    let stride = (TN + PAD) / 4u;
+    let ptr = &Bs[buf * BUF + (k0 * (CT + PAD) + n0) / 4u];
+    let stride = (CT + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
 }
 // Writes accumulator `r` to C at (gm0, gn0) through subgroup `sg`'s scratch: lane l takes row
@@ -225,75 +216,49 @@ fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32
 fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let sg = tid / 32u;
     let lane = tid % 32u;
-    let m0 = wid.y * TM;
-    let n0 = wid.x * TN;
-    // this subgroup's 64x32 (square) or 64x64 (wide) of the tile
-    let sm = select(sg / 4u, sg / 2u, WIDE) * 64u;
-    let sn = select((sg % 4u) * 32u, (sg % 2u) * 64u, WIDE);
+    let m0 = wid.y * CT;
+    let n0 = wid.x * CT;
+    // this subgroup's 64x32 of the tile
+    let sm = (sg / 4u) * 64u;
+    let sn = (sg % 4u) * 32u;
     let a_base = p.a_off + wid.z * p.stride_a;
     let b_base = p.b_off + wid.z * p.stride_b;
     let c_base = p.c_off + wid.z * p.stride_c;
 
-    // accumulators c{i}{j}: rows sm + 16i, columns sn + 16j; j < 2 unless WIDE (named, not an
-    // array: the compiler keeps them in registers)
+    // accumulators c{i}{j}: rows sm + 16i, columns sn + 16j (named, not an array: the
+    // compiler keeps them in registers)
     var c00: coop_mat16x16<f32, C>;
     var c01: coop_mat16x16<f32, C>;
-    var c02: coop_mat16x16<f32, C>;
-    var c03: coop_mat16x16<f32, C>;
     var c10: coop_mat16x16<f32, C>;
     var c11: coop_mat16x16<f32, C>;
-    var c12: coop_mat16x16<f32, C>;
-    var c13: coop_mat16x16<f32, C>;
     var c20: coop_mat16x16<f32, C>;
     var c21: coop_mat16x16<f32, C>;
-    var c22: coop_mat16x16<f32, C>;
-    var c23: coop_mat16x16<f32, C>;
     var c30: coop_mat16x16<f32, C>;
     var c31: coop_mat16x16<f32, C>;
-    var c32: coop_mat16x16<f32, C>;
-    var c33: coop_mat16x16<f32, C>;
     // Whole tiles of an f32 C with alpha = 1 skip the scratch: accumulators start from C (beta
     // = 1) and are stored straight to it (a uniform choice: the whole workgroup takes it).
     // (`&`, not `&&`: a short circuit is a branch, which the uniformity analysis cannot follow)
-    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + TM <= p.m & n0 + TN <= p.n;
+    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + CT <= p.m & n0 + CT <= p.n;
     let at = c_base + (m0 + sm) * p.n + n0 + sn;
     // (pointers and strides as `let`s: naga 30 loses them inside cooperative calls otherwise)
     let stride = p.n;
     if (direct & ACCUMULATE) {
-        let pc00 = &c_f32[at + 0u * p.n + 0u];
+        let pc00 = &c32[at + 0u * p.n + 0u];
         c00 = coopLoadT<coop_mat16x16<f32, C>>(pc00, stride);
-        let pc01 = &c_f32[at + 0u * p.n + 16u];
+        let pc01 = &c32[at + 0u * p.n + 16u];
         c01 = coopLoadT<coop_mat16x16<f32, C>>(pc01, stride);
-        let pc10 = &c_f32[at + 16u * p.n + 0u];
+        let pc10 = &c32[at + 16u * p.n + 0u];
         c10 = coopLoadT<coop_mat16x16<f32, C>>(pc10, stride);
-        let pc11 = &c_f32[at + 16u * p.n + 16u];
+        let pc11 = &c32[at + 16u * p.n + 16u];
         c11 = coopLoadT<coop_mat16x16<f32, C>>(pc11, stride);
-        let pc20 = &c_f32[at + 32u * p.n + 0u];
+        let pc20 = &c32[at + 32u * p.n + 0u];
         c20 = coopLoadT<coop_mat16x16<f32, C>>(pc20, stride);
-        let pc21 = &c_f32[at + 32u * p.n + 16u];
+        let pc21 = &c32[at + 32u * p.n + 16u];
         c21 = coopLoadT<coop_mat16x16<f32, C>>(pc21, stride);
-        let pc30 = &c_f32[at + 48u * p.n + 0u];
+        let pc30 = &c32[at + 48u * p.n + 0u];
         c30 = coopLoadT<coop_mat16x16<f32, C>>(pc30, stride);
-        let pc31 = &c_f32[at + 48u * p.n + 16u];
+        let pc31 = &c32[at + 48u * p.n + 16u];
         c31 = coopLoadT<coop_mat16x16<f32, C>>(pc31, stride);
-        if (WIDE) {
-            let pc02 = &c_f32[at + 0u * p.n + 32u];
-            c02 = coopLoadT<coop_mat16x16<f32, C>>(pc02, stride);
-            let pc03 = &c_f32[at + 0u * p.n + 48u];
-            c03 = coopLoadT<coop_mat16x16<f32, C>>(pc03, stride);
-            let pc12 = &c_f32[at + 16u * p.n + 32u];
-            c12 = coopLoadT<coop_mat16x16<f32, C>>(pc12, stride);
-            let pc13 = &c_f32[at + 16u * p.n + 48u];
-            c13 = coopLoadT<coop_mat16x16<f32, C>>(pc13, stride);
-            let pc22 = &c_f32[at + 32u * p.n + 32u];
-            c22 = coopLoadT<coop_mat16x16<f32, C>>(pc22, stride);
-            let pc23 = &c_f32[at + 32u * p.n + 48u];
-            c23 = coopLoadT<coop_mat16x16<f32, C>>(pc23, stride);
-            let pc32 = &c_f32[at + 48u * p.n + 32u];
-            c32 = coopLoadT<coop_mat16x16<f32, C>>(pc32, stride);
-            let pc33 = &c_f32[at + 48u * p.n + 48u];
-            c33 = coopLoadT<coop_mat16x16<f32, C>>(pc33, stride);
-        }
     }
     // The next slice travels global -> registers while the current one is multiplied, then
     // registers -> the free workgroup buffer.
@@ -305,15 +270,11 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     xa0 = fetch(true, a_base, m0, 0u, tid);
     xa1 = fetch(true, a_base, m0, 0u, tid + THREADS);
     xb0 = fetch(false, b_base, n0, 0u, tid);
-    if (CHUNKS_B == 2u) {
-        xb1 = fetch(false, b_base, n0, 0u, tid + THREADS);
-    }
+    xb1 = fetch(false, b_base, n0, 0u, tid + THREADS);
     put(true, 0u, tid, xa0);
     put(true, 0u, tid + THREADS, xa1);
     put(false, 0u, tid, xb0);
-    if (CHUNKS_B == 2u) {
-        put(false, 0u, tid + THREADS, xb1);
-    }
+    put(false, 0u, tid + THREADS, xb1);
     workgroupBarrier();
     for (var s = 0u; s < slices; s++) {
         let cur = s % 2u;
@@ -321,130 +282,72 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             xa0 = fetch(true, a_base, m0, (s + 1u) * CK, tid);
             xa1 = fetch(true, a_base, m0, (s + 1u) * CK, tid + THREADS);
             xb0 = fetch(false, b_base, n0, (s + 1u) * CK, tid);
-            if (CHUNKS_B == 2u) {
-                xb1 = fetch(false, b_base, n0, (s + 1u) * CK, tid + THREADS);
-            }
+            xb1 = fetch(false, b_base, n0, (s + 1u) * CK, tid + THREADS);
         }
-        if (WIDE) {
-            // depths 0..15: 4 fragments of A and 4 of B, 16 products
-            let a0 = frag_a(cur, sm + 0u, 0u);
-            let a1 = frag_a(cur, sm + 16u, 0u);
-            let a2 = frag_a(cur, sm + 32u, 0u);
-            let a3 = frag_a(cur, sm + 48u, 0u);
-            let b0 = frag_b(cur, 0u, sn + 0u);
-            let b1 = frag_b(cur, 0u, sn + 16u);
-            let b2 = frag_b(cur, 0u, sn + 32u);
-            let b3 = frag_b(cur, 0u, sn + 48u);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c02 = coopMultiplyAdd(a0, b2, c02);
-            c03 = coopMultiplyAdd(a0, b3, c03);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            c12 = coopMultiplyAdd(a1, b2, c12);
-            c13 = coopMultiplyAdd(a1, b3, c13);
-            c20 = coopMultiplyAdd(a2, b0, c20);
-            c21 = coopMultiplyAdd(a2, b1, c21);
-            c22 = coopMultiplyAdd(a2, b2, c22);
-            c23 = coopMultiplyAdd(a2, b3, c23);
-            c30 = coopMultiplyAdd(a3, b0, c30);
-            c31 = coopMultiplyAdd(a3, b1, c31);
-            c32 = coopMultiplyAdd(a3, b2, c32);
-            c33 = coopMultiplyAdd(a3, b3, c33);
-        } else {
-            // depths 0..15
-            let a0_0 = frag_a(cur, sm + 0u, 0u);
-            let a1_0 = frag_a(cur, sm + 16u, 0u);
-            let a2_0 = frag_a(cur, sm + 32u, 0u);
-            let a3_0 = frag_a(cur, sm + 48u, 0u);
-            let b0_0 = frag_b(cur, 0u, sn + 0u);
-            let b1_0 = frag_b(cur, 0u, sn + 16u);
-            c00 = coopMultiplyAdd(a0_0, b0_0, c00);
-            c01 = coopMultiplyAdd(a0_0, b1_0, c01);
-            c10 = coopMultiplyAdd(a1_0, b0_0, c10);
-            c11 = coopMultiplyAdd(a1_0, b1_0, c11);
-            c20 = coopMultiplyAdd(a2_0, b0_0, c20);
-            c21 = coopMultiplyAdd(a2_0, b1_0, c21);
-            c30 = coopMultiplyAdd(a3_0, b0_0, c30);
-            c31 = coopMultiplyAdd(a3_0, b1_0, c31);
-            // depths 16..31
-            let a0_16 = frag_a(cur, sm + 0u, 16u);
-            let a1_16 = frag_a(cur, sm + 16u, 16u);
-            let a2_16 = frag_a(cur, sm + 32u, 16u);
-            let a3_16 = frag_a(cur, sm + 48u, 16u);
-            let b0_16 = frag_b(cur, 16u, sn + 0u);
-            let b1_16 = frag_b(cur, 16u, sn + 16u);
-            c00 = coopMultiplyAdd(a0_16, b0_16, c00);
-            c01 = coopMultiplyAdd(a0_16, b1_16, c01);
-            c10 = coopMultiplyAdd(a1_16, b0_16, c10);
-            c11 = coopMultiplyAdd(a1_16, b1_16, c11);
-            c20 = coopMultiplyAdd(a2_16, b0_16, c20);
-            c21 = coopMultiplyAdd(a2_16, b1_16, c21);
-            c30 = coopMultiplyAdd(a3_16, b0_16, c30);
-            c31 = coopMultiplyAdd(a3_16, b1_16, c31);
-        }
+        // depths 0..15
+        let a0_0 = frag_a(cur, sm + 0u, 0u);
+        let a1_0 = frag_a(cur, sm + 16u, 0u);
+        let a2_0 = frag_a(cur, sm + 32u, 0u);
+        let a3_0 = frag_a(cur, sm + 48u, 0u);
+        let b0_0 = frag_b(cur, 0u, sn + 0u);
+        let b1_0 = frag_b(cur, 0u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_0, b0_0, c00);
+        c01 = coopMultiplyAdd(a0_0, b1_0, c01);
+        c10 = coopMultiplyAdd(a1_0, b0_0, c10);
+        c11 = coopMultiplyAdd(a1_0, b1_0, c11);
+        c20 = coopMultiplyAdd(a2_0, b0_0, c20);
+        c21 = coopMultiplyAdd(a2_0, b1_0, c21);
+        c30 = coopMultiplyAdd(a3_0, b0_0, c30);
+        c31 = coopMultiplyAdd(a3_0, b1_0, c31);
+        // depths 16..31
+        let a0_16 = frag_a(cur, sm + 0u, 16u);
+        let a1_16 = frag_a(cur, sm + 16u, 16u);
+        let a2_16 = frag_a(cur, sm + 32u, 16u);
+        let a3_16 = frag_a(cur, sm + 48u, 16u);
+        let b0_16 = frag_b(cur, 16u, sn + 0u);
+        let b1_16 = frag_b(cur, 16u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_16, b0_16, c00);
+        c01 = coopMultiplyAdd(a0_16, b1_16, c01);
+        c10 = coopMultiplyAdd(a1_16, b0_16, c10);
+        c11 = coopMultiplyAdd(a1_16, b1_16, c11);
+        c20 = coopMultiplyAdd(a2_16, b0_16, c20);
+        c21 = coopMultiplyAdd(a2_16, b1_16, c21);
+        c30 = coopMultiplyAdd(a3_16, b0_16, c30);
+        c31 = coopMultiplyAdd(a3_16, b1_16, c31);
         if (s + 1u < slices) {
             put(true, 1u - cur, tid, xa0);
             put(true, 1u - cur, tid + THREADS, xa1);
             put(false, 1u - cur, tid, xb0);
-            if (CHUNKS_B == 2u) {
-                put(false, 1u - cur, tid + THREADS, xb1);
-            }
+            put(false, 1u - cur, tid + THREADS, xb1);
         }
         workgroupBarrier();
     }
 
     if (direct) {
         let d00 = c00;
-        let pd00 = &c_f32[at + 0u * p.n + 0u];
+        let pd00 = &c32[at + 0u * p.n + 0u];
         coopStoreT(d00, pd00, stride);
         let d01 = c01;
-        let pd01 = &c_f32[at + 0u * p.n + 16u];
+        let pd01 = &c32[at + 0u * p.n + 16u];
         coopStoreT(d01, pd01, stride);
         let d10 = c10;
-        let pd10 = &c_f32[at + 16u * p.n + 0u];
+        let pd10 = &c32[at + 16u * p.n + 0u];
         coopStoreT(d10, pd10, stride);
         let d11 = c11;
-        let pd11 = &c_f32[at + 16u * p.n + 16u];
+        let pd11 = &c32[at + 16u * p.n + 16u];
         coopStoreT(d11, pd11, stride);
         let d20 = c20;
-        let pd20 = &c_f32[at + 32u * p.n + 0u];
+        let pd20 = &c32[at + 32u * p.n + 0u];
         coopStoreT(d20, pd20, stride);
         let d21 = c21;
-        let pd21 = &c_f32[at + 32u * p.n + 16u];
+        let pd21 = &c32[at + 32u * p.n + 16u];
         coopStoreT(d21, pd21, stride);
         let d30 = c30;
-        let pd30 = &c_f32[at + 48u * p.n + 0u];
+        let pd30 = &c32[at + 48u * p.n + 0u];
         coopStoreT(d30, pd30, stride);
         let d31 = c31;
-        let pd31 = &c_f32[at + 48u * p.n + 16u];
+        let pd31 = &c32[at + 48u * p.n + 16u];
         coopStoreT(d31, pd31, stride);
-        if (WIDE) {
-            let d02 = c02;
-            let pd02 = &c_f32[at + 0u * p.n + 32u];
-            coopStoreT(d02, pd02, stride);
-            let d03 = c03;
-            let pd03 = &c_f32[at + 0u * p.n + 48u];
-            coopStoreT(d03, pd03, stride);
-            let d12 = c12;
-            let pd12 = &c_f32[at + 16u * p.n + 32u];
-            coopStoreT(d12, pd12, stride);
-            let d13 = c13;
-            let pd13 = &c_f32[at + 16u * p.n + 48u];
-            coopStoreT(d13, pd13, stride);
-            let d22 = c22;
-            let pd22 = &c_f32[at + 32u * p.n + 32u];
-            coopStoreT(d22, pd22, stride);
-            let d23 = c23;
-            let pd23 = &c_f32[at + 32u * p.n + 48u];
-            coopStoreT(d23, pd23, stride);
-            let d32 = c32;
-            let pd32 = &c_f32[at + 48u * p.n + 32u];
-            coopStoreT(d32, pd32, stride);
-            let d33 = c33;
-            let pd33 = &c_f32[at + 48u * p.n + 48u];
-            coopStoreT(d33, pd33, stride);
-        }
     } else {
         let r00 = c00;
         store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
@@ -462,23 +365,5 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
         let r31 = c31;
         store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
-        if (WIDE) {
-            let r02 = c02;
-            store_frag(r02, m0 + sm + 0u, n0 + sn + 32u, c_base, sg, lane);
-            let r03 = c03;
-            store_frag(r03, m0 + sm + 0u, n0 + sn + 48u, c_base, sg, lane);
-            let r12 = c12;
-            store_frag(r12, m0 + sm + 16u, n0 + sn + 32u, c_base, sg, lane);
-            let r13 = c13;
-            store_frag(r13, m0 + sm + 16u, n0 + sn + 48u, c_base, sg, lane);
-            let r22 = c22;
-            store_frag(r22, m0 + sm + 32u, n0 + sn + 32u, c_base, sg, lane);
-            let r23 = c23;
-            store_frag(r23, m0 + sm + 32u, n0 + sn + 48u, c_base, sg, lane);
-            let r32 = c32;
-            store_frag(r32, m0 + sm + 48u, n0 + sn + 32u, c_base, sg, lane);
-            let r33 = c33;
-            store_frag(r33, m0 + sm + 48u, n0 + sn + 48u, c_base, sg, lane);
-        }
     }
 }

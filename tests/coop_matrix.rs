@@ -11,8 +11,7 @@ mod common;
 
 use common::reference as r;
 use common::{assert_close, ctx, randn, round_f16, to64, Guarded};
-use pagetrain::kernels::matmul::{CoopTile, Gemm};
-use pagetrain::kernels::{self, MatmulVariant};
+use pagetrain::kernels::{self, matmul::Gemm, MatmulVariant};
 use pagetrain::rng::Rng;
 use pagetrain::{Context, DType};
 
@@ -31,18 +30,8 @@ fn has_coop(ctx: &Context) -> bool {
 
 /// One product `C[b] = alpha·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
 /// types `ab` (f16, or one of them f32, which the kernel rounds to f16), with `pre` elements of
-/// prefix before each operand (reached through `offsets`), on the kernel's `tile`.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    ctx: &Context,
-    rng: &mut Rng,
-    tile: CoopTile,
-    g: Gemm,
-    ab: [DType; 2],
-    c_dtype: DType,
-    with_bias: bool,
-    pre: [usize; 3],
-) {
+/// prefix before each operand (reached through `offsets`).
+fn check(ctx: &Context, rng: &mut Rng, g: Gemm, ab: [DType; 2], c_dtype: DType, with_bias: bool, pre: [usize; 3]) {
     let Gemm { batch, m, n, k, trans_a, trans_b, beta, alpha, .. } = g;
     let held = |v: Vec<f32>, dt: DType| if dt == DType::F16 { round_f16(&v) } else { v };
     let a = held(randn(rng, pre[0] + batch * m * k, 1.0), ab[0]);
@@ -66,9 +55,9 @@ fn check(
     let gc = Guarded::of(ctx, c_dtype, init.len(), Some(&init));
     let g = Gemm { offsets: pre, ..g };
     let bias_view = with_bias.then(|| gbias.view());
-    kernels::matmul::matmul_coop(
+    kernels::matmul::matmul_variant(
         &ctx.kernels,
-        tile,
+        MatmulVariant::Coop,
         &gc.view(),
         &ga.view(),
         &gb.view(),
@@ -96,7 +85,7 @@ fn check(
     want.extend(product.iter().zip(&c0[pre[2]..]).map(|(p, &c)| p + beta as f64 * c as f64));
     let rtol = if c_dtype == DType::F16 { 1.5e-3 } else { 1e-4 };
     let what = format!(
-        "matmul_coop {tile:?} {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} alpha={alpha} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
+        "matmul_coop {batch}x{m}x{n}x{k} ta={trans_a} tb={trans_b} alpha={alpha} bias={with_bias} beta={beta} ab {ab:?} c {c_dtype:?} pre {pre:?}"
     );
     assert_close(&what, &gc.read(ctx), &want, rtol, 1e-4 * (k as f64).sqrt());
 }
@@ -108,13 +97,22 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
         return;
     }
     let mut rng = Rng::new(41);
-    // (m, n, k): single elements, K below one slice (16 or 32 deep), odd sizes across tile edges,
-    // and multiples of 8 (4-halves loads) with partial tiles and several slices; both tiles
-    let shapes = [(1, 1, 1), (3, 65, 17), (17, 129, 8), (130, 3, 40), (65, 200, 1000), (136, 264, 72), (256, 128, 64)];
-    let shapes = shapes.into_iter().chain([(300, 72, 24), (511, 129, 33)]);
-    let tiles = [CoopTile::Square, CoopTile::Wide];
+    // (m, n, k): single elements, K below one 32-deep slice and between slices, odd sizes across
+    // tile edges (three tiles down M), and multiples of 8 (4-halves loads) with partial tiles and
+    // several slices
+    let shapes = [
+        (1, 1, 1),
+        (3, 65, 17),
+        (17, 129, 8),
+        (130, 3, 40),
+        (65, 200, 1000),
+        (136, 264, 72),
+        (256, 128, 64),
+        (300, 72, 24),
+        (511, 129, 33),
+    ];
     let mut runs = 0;
-    for (i, ((m, n, k), tile)) in shapes.flat_map(|s| tiles.map(|t| (s, t))).enumerate() {
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
         for layout in 0..4 {
             let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
             let with_bias = (i + layout) % 2 == 0;
@@ -127,11 +125,11 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
                 _ => [DType::F16; 2],
             };
             let g = Gemm { trans_a, trans_b, beta, alpha: 0.75, ..Gemm::new(m, n, k) };
-            check(&ctx, &mut rng, tile, g, ab, c_dtype, with_bias, [0; 3]);
+            check(&ctx, &mut rng, g, ab, c_dtype, with_bias, [0; 3]);
             runs += 1;
         }
     }
-    assert_eq!(runs, 9 * 2 * 4);
+    assert_eq!(runs, shapes.len() * 4);
 }
 
 #[test]
@@ -148,20 +146,20 @@ fn coop_matmul_handles_batches_and_row_chunk_offsets() {
         (2, 64, 136, 48, [5, 8, 0]),
         (1, 129, 128, 256, [16, 3, 7]),
     ] {
-        for (layout, tile) in (0..4).flat_map(|l| [(l, CoopTile::Square), (l, CoopTile::Wide)]) {
+        for layout in 0..4 {
             let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
             let g = Gemm { batch, trans_a, trans_b, beta: 1.0, alpha: 0.75, ..Gemm::new(m, n, k) };
             let ab = if layout == 2 { [DType::F32, DType::F16] } else { [DType::F16; 2] };
-            check(&ctx, &mut rng, tile, g, ab, DType::F32, layout == 3, pre);
+            check(&ctx, &mut rng, g, ab, DType::F32, layout == 3, pre);
         }
     }
 }
 
 #[test]
 fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
-    // alpha = 1, no bias, f32 C with rows a multiple of 4 long: whole tiles (128x128, wide 256x128)
-    // load C (beta = 1) and store their accumulators straight to it, edge tiles take the epilogue;
-    // N = 130 and alpha = 0.5 keep every tile on the epilogue for comparison
+    // alpha = 1, no bias, f32 C with rows a multiple of 4 long: whole 128x128 tiles load C (beta =
+    // 1) and store their accumulators straight to it, edge tiles take the epilogue; N = 130 and
+    // alpha = 0.5 keep every tile on the epilogue for comparison
     let ctx = ctx();
     if !has_coop(&ctx) {
         return;
@@ -169,11 +167,11 @@ fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
     let mut rng = Rng::new(53);
     for &(batch, m, n, k, pre) in &[(1, 256, 264, 72, [0; 3]), (2, 300, 136, 40, [8, 0, 4]), (1, 128, 130, 64, [0; 3])]
     {
-        for (layout, tile) in (0..4).flat_map(|l| [(l, CoopTile::Square), (l, CoopTile::Wide)]) {
+        for layout in 0..4 {
             for (beta, alpha) in [(0.0, 1.0), (1.0, 1.0), (1.0, 0.5)] {
                 let (trans_a, trans_b) = (layout & 1 != 0, layout & 2 != 0);
                 let g = Gemm { batch, trans_a, trans_b, beta, alpha, ..Gemm::new(m, n, k) };
-                check(&ctx, &mut rng, tile, g, [DType::F16; 2], DType::F32, false, pre);
+                check(&ctx, &mut rng, g, [DType::F16; 2], DType::F32, false, pre);
             }
         }
     }

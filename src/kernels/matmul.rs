@@ -203,14 +203,40 @@ fn launch(
             format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
         ));
     }
-    let p = params(&g, bias.is_some(), qb);
+    let (a_rs, a_cs) = if g.trans_a { (1, g.m) } else { (g.k, 1) };
+    let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
+    let p = Params {
+        m: g.m as u32,
+        n: g.n as u32,
+        k: g.k as u32,
+        batch: g.batch as u32,
+        stride_a: (g.m * g.k) as u32,
+        stride_b: (g.k * g.n) as u32,
+        stride_c: (g.m * g.n) as u32,
+        has_bias: bias.is_some() as u32,
+        a_rs: a_rs as u32,
+        a_cs: a_cs as u32,
+        b_rs: b_rs as u32,
+        b_cs: b_cs as u32,
+        alpha: g.alpha,
+        beta: g.beta,
+        a_off: g.offsets[0] as u32,
+        b_off: g.offsets[1] as u32,
+        c_off: g.offsets[2] as u32,
+        quant_b: qb.is_some() as u32,
+        q_row_len: qb.map_or(1, |q| q.row_len.max(1)) as u32,
+        _pad: 0,
+    };
     let bias = bias.unwrap_or(dummy);
     let (bq, scales) = qb.map_or((dummy, dummy), |q| (q.q, q.scales));
     let (entry, flags) = match variant {
         MatmulVariant::Tiled => ("matmul", 0),
         MatmulVariant::Direct => ("matmul_direct", 0),
         MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
-        MatmulVariant::Coop => return launch_coop(k, coop_tile(k, &g), [c, a, b, bias, dummy], &p, g),
+        MatmulVariant::Coop => {
+            let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
+            return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups);
+        }
     };
     k.dispatch_variant(
         MATMUL,
@@ -222,68 +248,11 @@ fn launch(
     )
 }
 
-/// The tile of C a `matmul_coop` workgroup computes (FLAGS & 128 in the shader).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CoopTile {
-    /// 128×128: 8 subgroups of 4×2 accumulators, K slices of 32.
-    Square,
-    /// 256×128 (M × N): 8 subgroups of 4×4 accumulators, K slices of 16.
-    Wide,
-}
-
-impl CoopTile {
-    /// Rows of C (M) a workgroup computes; columns are 128 in both.
-    pub fn rows(self) -> usize {
-        match self {
-            CoopTile::Square => LARGE_TILE,
-            CoopTile::Wide => 2 * LARGE_TILE,
-        }
-    }
-
-    /// `PAGETRAIN_COOP_TILE=square|wide` forces one tile for every product.
-    pub fn forced() -> Option<CoopTile> {
-        match std::env::var("PAGETRAIN_COOP_TILE").as_deref() {
-            Ok("square") => Some(CoopTile::Square),
-            Ok("wide") => Some(CoopTile::Wide),
-            _ => None,
-        }
-    }
-}
-
-/// The tile `matmul_coop` takes for `g`: the forced one (see [`CoopTile::forced`]), else square.
-pub fn coop_tile(k: &Kernels, _g: &Gemm) -> CoopTile {
-    k.tuning.coop_tile.unwrap_or(CoopTile::Square)
-}
-
-/// [`matmul`] on cooperative matrices with an explicit tile (tests check every tile).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_coop(
-    k: &Kernels,
-    tile: CoopTile,
-    c: &View,
-    a: &View,
-    b: &View,
-    bias: Option<&View>,
-    dummy: &View,
-    g: Gemm,
-) -> Result<()> {
-    let p = params(&g, bias.is_some(), None);
-    launch_coop(k, tile, [c, a, b, bias.unwrap_or(dummy), dummy], &p, g)
-}
-
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
 /// rows are a multiple of 8 halves long and start 8-aligned are read 4 halves at a time, through
 /// a second binding of the same view (`dummy` stands in for it otherwise); so is an f32 C that
 /// whole tiles may store to directly.
-fn launch_coop(k: &Kernels, tile: CoopTile, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm) -> Result<()> {
-    let groups = [g.n.div_ceil(LARGE_TILE), g.m.div_ceil(tile.rows()), g.batch];
-    if groups.iter().any(|&n| n > MAX_GROUPS as usize) {
-        return Err(Error::invalid(
-            "matmul",
-            format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
-        ));
-    }
-    let groups = groups.map(|n| n.max(1) as u32);
+fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
     if !k.tuning.coop_f16 {
         return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
     }
@@ -309,45 +278,13 @@ fn launch_coop(k: &Kernels, tile: CoopTile, [c, a, b, bias, dummy]: [&View; 5], 
         && g.n.is_multiple_of(4)
         && g.offsets[2].is_multiple_of(4)
         && c.offset.is_multiple_of(16);
-    let wide = tile == CoopTile::Wide;
-    let flags = large_flags(&g, p.has_bias != 0, false)
-        | (vec_a as u32) << 4
-        | (vec_b as u32) << 5
-        | (direct_c as u32) << 6
-        | (wide as u32) << 7;
+    let flags =
+        large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5 | (direct_c as u32) << 6;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
     let write_dummy = k.write_dummy();
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
     k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
-}
-
-/// The shader's `Params` for `g` (shared by every matmul entry point).
-fn params(g: &Gemm, bias: bool, qb: Option<QuantB>) -> Params {
-    let (a_rs, a_cs) = if g.trans_a { (1, g.m) } else { (g.k, 1) };
-    let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
-    Params {
-        m: g.m as u32,
-        n: g.n as u32,
-        k: g.k as u32,
-        batch: g.batch as u32,
-        stride_a: (g.m * g.k) as u32,
-        stride_b: (g.k * g.n) as u32,
-        stride_c: (g.m * g.n) as u32,
-        has_bias: bias as u32,
-        a_rs: a_rs as u32,
-        a_cs: a_cs as u32,
-        b_rs: b_rs as u32,
-        b_cs: b_cs as u32,
-        alpha: g.alpha,
-        beta: g.beta,
-        a_off: g.offsets[0] as u32,
-        b_off: g.offsets[1] as u32,
-        c_off: g.offsets[2] as u32,
-        quant_b: qb.is_some() as u32,
-        q_row_len: qb.map_or(1, |q| q.row_len.max(1)) as u32,
-        _pad: 0,
-    }
 }
 
 /// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,

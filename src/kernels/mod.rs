@@ -197,9 +197,6 @@ pub struct Tuning {
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
     pub coop_f16: bool,
-    /// The `matmul_coop` tile every product takes, where `PAGETRAIN_COOP_TILE` forces one
-    /// (else `matmul::coop_tile` picks per shape).
-    pub coop_tile: Option<matmul::CoopTile>,
 }
 
 impl Tuning {
@@ -212,8 +209,8 @@ impl Tuning {
 
 /// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
-/// Workgroup memory `matmul_coop` declares for its larger tile (square: two operands, two buffers
-/// of 128 × (32 + 8) halves; wide: 36 KiB), and a 16×16 f32 scratch for each of its 8 subgroups.
+/// Workgroup memory `matmul_coop` declares: two operands, two buffers of 128 × (32 + 8) halves,
+/// and a 16×16 f32 scratch for each of its 8 subgroups.
 pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 8 * 256 * 4;
 
 /// Which matmul entry point runs.
@@ -250,7 +247,7 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, coop_tile: matmul::CoopTile::forced() }
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
