@@ -97,9 +97,20 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
         return;
     }
     let mut rng = Rng::new(41);
-    // (m, n, k): single elements, K below one 32-deep slice, odd sizes across tile edges, and
-    // multiples of 8 (4-halves loads) with partial tiles and several slices
-    let shapes = [(1, 1, 1), (3, 65, 17), (17, 129, 8), (130, 3, 40), (65, 200, 1000), (136, 264, 72), (256, 128, 64)];
+    // (m, n, k): single elements, K below one 32-deep slice and between slices, odd sizes across
+    // tile edges (three tiles down M), and multiples of 8 (4-halves loads) with partial tiles and
+    // several slices
+    let shapes = [
+        (1, 1, 1),
+        (3, 65, 17),
+        (17, 129, 8),
+        (130, 3, 40),
+        (65, 200, 1000),
+        (136, 264, 72),
+        (256, 128, 64),
+        (300, 72, 24),
+        (511, 129, 33),
+    ];
     let mut runs = 0;
     for (i, &(m, n, k)) in shapes.iter().enumerate() {
         for layout in 0..4 {

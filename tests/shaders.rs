@@ -28,10 +28,16 @@ fn every_shader_validates_with_naga() {
         let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
         assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
         // all-f32 and all-f16 bindings; head sizes and tile rows as attention uses them
-        // and compile-time flags (matmul's layouts and epilogues) all off and all on
-        for (f16_bindings, dim, tile, flags) in
-            [(0, 64, 32, 0), (u32::MAX >> 24, 64, 32, 31), (0, 100, 20, 31), (0, 1, 8, 0), (u32::MAX >> 24, 1, 8, 0)]
-        {
+        // and compile-time flags (matmul's layouts and epilogues) all off and all on (127: the
+        // cooperative matmul's 4-halves loads and direct f32 stores too)
+        for (f16_bindings, dim, tile, flags) in [
+            (0, 64, 32, 0),
+            (u32::MAX >> 24, 64, 32, 31),
+            (u32::MAX >> 24, 64, 32, 127),
+            (0, 100, 20, 31),
+            (0, 1, 8, 0),
+            (u32::MAX >> 24, 1, 8, 0),
+        ] {
             let src = specialize(shader, Variant { f16_bindings, dim, tile, flags });
             match naga::front::wgsl::parse_str(&src) {
                 Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
@@ -90,4 +96,20 @@ fn blocked_attention_workgroup_memory_is_what_the_launcher_budgets() {
             .sum();
         assert_eq!(bytes, blocked_workgroup_bytes(d, tile), "head size {d}, tile {tile}");
     }
+}
+
+#[test]
+fn coop_matmul_workgroup_memory_is_what_the_adapter_check_budgets() {
+    // Tuning::coop_f16_on asks the adapter for COOP_WORKGROUP_BYTES (common.wgsl's `red` goes
+    // unused here, as in the blocked attention test above)
+    use pagetrain::kernels::{COOP_WORKGROUP_BYTES, MATMUL_COOP};
+    let src = specialize(MATMUL_COOP, Variant { f16_bindings: 1, flags: 127, ..Default::default() });
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let bytes: u64 = module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
+        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
+        .sum();
+    assert_eq!(bytes, COOP_WORKGROUP_BYTES as u64);
 }
