@@ -148,7 +148,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
         let variant = forced.unwrap_or_else(|| pagetrain::bench::kernels::picked(&ctx, &g, dtype));
         let tflops = pagetrain::bench::kernels::time_matmul(&ctx, g, Some(variant), dtype, 10, args.repeats)?;
         let layout = format!("{}{}", if g.trans_a { 't' } else { 'n' }, if g.trans_b { 't' } else { 'n' });
-        eprintln!("gemm {}x{}x{}:{layout} {dtype:?}: {tflops:.1} TFLOP/s ({variant:?})", g.m, g.n, g.k);
+        let rate = if tflops < 1.0 { format!("{:.2} GFLOP/s", tflops * 1e3) } else { format!("{tflops:.1} TFLOP/s") };
+        eprintln!("gemm {}x{}x{}:{layout} {dtype:?}: {rate} ({variant:?})", g.m, g.n, g.k);
     }
     drop(ctx);
     let steps = match &args.steps_model {
