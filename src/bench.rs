@@ -297,7 +297,11 @@ pub fn time_steps(
         *after = (*after - before) / steps.max(1) as f64;
     }
     // PAGETRAIN_PROFILE=1: GPU time per kernel entry and step (warm-up steps included).
-    for (entry, n, secs) in ctx.kernels.profile() {
+    let profile = ctx.kernels.profile();
+    if let Some((how, lost)) = ctx.kernels.profile_method() {
+        eprintln!("profile: GPU time per kernel entry, timed by {how}; {lost} dispatches' timestamps lost");
+    }
+    for (entry, n, secs) in profile {
         let per = (warmup + steps) as f64;
         eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
     }

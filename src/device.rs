@@ -161,7 +161,10 @@ impl Gpu {
 
     async fn open(adapter: wgpu::Adapter, opts: &DeviceOptions) -> Result<Gpu> {
         let info = adapter.get_info();
-        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         // Host-visible storage buffers (the pager's zero-copy mode) only where GPU and CPU share
         // memory; on a discrete GPU wgpu warns that they are a performance trap.
         if matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu) {

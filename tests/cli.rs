@@ -167,3 +167,36 @@ fn several_mpi_ranks_without_the_mpi_feature_is_an_error() {
     assert!(err.contains("one of 2 MPI ranks") && err.contains("--features mpi"), "{err}");
     assert!(!std::path::Path::new(&out).join("latest").exists(), "it trained: {err}");
 }
+
+#[test]
+fn profile_times_every_kernel_by_timestamps_without_changing_the_losses() {
+    let plain = pagetrain(&train_args("3", &out_dir("unprofiled")), &[]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let start = Instant::now();
+    let o = pagetrain(&train_args("3", &out_dir("profiled")), &[("PAGETRAIN_PROFILE", "1")]);
+    let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        final_losses(&String::from_utf8_lossy(&o.stdout)),
+        final_losses(&String::from_utf8_lossy(&plain.stdout)),
+        "profiling changed the losses"
+    );
+    // lavapipe (CI) and real Vulkan GPUs write timestamps inside passes; GL falls back to waits
+    assert!(err.contains("timed by timestamps; 0 dispatches' timestamps lost"), "{err}");
+    // "profile: <entry> <n> dispatches <total> ms <each> ms each"
+    let rows: Vec<(String, u64, f64)> = err
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.strip_prefix("profile: ")?.split_whitespace().collect();
+            (f.len() == 8 && f[2] == "dispatches").then(|| (f[0].to_string(), f[1].parse().unwrap(), f[3].parse().unwrap()))
+        })
+        .collect();
+    assert!(rows.len() >= 10, "too few kernels profiled: {rows:?}");
+    for entry in ["adamw_update", "cross_entropy_forward_rows", "layernorm_forward_rows"] {
+        assert!(rows.iter().any(|r| r.0 == entry), "{entry} missing from {rows:?}");
+    }
+    assert!(rows.iter().all(|r| r.1 > 0 && r.2 > 0.0 && r.2.is_finite()), "{rows:?}");
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    assert!(total < wall_ms, "kernels took {total} ms of a {wall_ms} ms run");
+}

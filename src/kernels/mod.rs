@@ -19,6 +19,7 @@ pub mod layernorm;
 pub mod matmul;
 pub mod optim;
 pub mod pipeline_cache;
+mod profile;
 pub mod reduce;
 pub mod softmax;
 pub mod sumsq;
@@ -283,8 +284,8 @@ pub struct Kernels {
     pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
     dispatch_count: std::cell::Cell<u64>,
-    /// `PAGETRAIN_PROFILE=1`: wait after every dispatch and add its wall time to its entry.
-    profile: Option<RefCell<HashMap<&'static str, (u64, f64)>>>,
+    /// `PAGETRAIN_PROFILE=1`: GPU time per entry, from timestamps in the pass where the device has them.
+    profile: Option<profile::Profile>,
     /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
     pipeline_cache: Option<pipeline_cache::DiskPipelineCache>,
     compiled: std::cell::Cell<bool>,
@@ -308,6 +309,7 @@ impl Kernels {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         recorder.set_clearer(Rc::new(fill::Filler::new(&gpu.device, &gpu.limits)));
+        let profile = std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| profile::Profile::new(&gpu));
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
@@ -317,7 +319,7 @@ impl Kernels {
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
-            profile: std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| RefCell::new(HashMap::new())),
+            profile,
             compiled: std::cell::Cell::new(false),
             creation: Default::default(),
             write_dummy: RefCell::new(None),
@@ -428,12 +430,19 @@ impl Kernels {
         let bind_group = self.bindings.group(&layout, buffers);
         let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
         let ready = pipeline.is_ready();
+        let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, entry));
         let record = move |pass: &mut wgpu::ComputePass<'static>| {
+            if let Some((queries, at)) = &stamps {
+                pass.write_timestamp(queries, *at);
+            }
             // a pipeline that failed to build records nothing; its error is the device's
             if let Some(pipeline) = pipeline.get() {
                 pass.set_pipeline(pipeline);
                 pass.set_bind_group(0, &bind_group, &[offset as u32]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            }
+            if let Some((queries, at)) = &stamps {
+                pass.write_timestamp(queries, *at + 1);
             }
         };
         if ready {
@@ -442,16 +451,14 @@ impl Kernels {
             self.recorder.dispatch_deferred(record);
         }
         self.dispatch_count.set(self.dispatch_count.get() + 1);
-        if let Some(profile) = &self.profile {
-            self.recorder.flush();
-            let start = std::time::Instant::now();
-            self.gpu.wait_idle()?;
-            let mut p = profile.borrow_mut();
-            let e = p.entry(entry).or_default();
-            e.0 += 1;
-            e.1 += start.elapsed().as_secs_f64();
-        } else {
-            self.recorder.maybe_submit();
+        match &self.profile {
+            Some(profile) if !profile.stamped() => {
+                self.recorder.flush();
+                let start = std::time::Instant::now();
+                self.gpu.wait_idle()?;
+                profile.add_waited(entry, start.elapsed().as_secs_f64());
+            }
+            _ => self.recorder.maybe_submit(),
         }
         Ok(())
     }
@@ -462,15 +469,16 @@ impl Kernels {
         self.compile_ahead.set_enabled(on && self.gpu.info.backend != wgpu::Backend::Gl);
     }
 
-    /// Per-entry (dispatches, seconds) when `PAGETRAIN_PROFILE=1`, slowest first.
+    /// Per-entry (dispatches, seconds of GPU time) when `PAGETRAIN_PROFILE=1`, slowest first
+    /// (see `profile` for how they are timed).
     pub fn profile(&self) -> Vec<(&'static str, u64, f64)> {
-        let mut v: Vec<_> = self
-            .profile
-            .as_ref()
-            .map(|p| p.borrow().iter().map(|(k, (n, s))| (*k, *n, *s)).collect())
-            .unwrap_or_default();
-        v.sort_by(|a, b| b.2.total_cmp(&a.2));
-        v
+        self.profile.as_ref().map(|p| p.totals(&self.recorder)).unwrap_or_default()
+    }
+
+    /// How the profile times dispatches: "timestamps", "waits" (each dispatch waited for), or
+    /// `None` when not profiling; and how many dispatches' timestamps were lost.
+    pub fn profile_method(&self) -> Option<(&'static str, u64)> {
+        self.profile.as_ref().map(|p| (if p.stamped() { "timestamps" } else { "waits" }, p.lost()))
     }
 
     /// Submits everything recorded so far.

@@ -347,7 +347,11 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
         "pager: {} hits, {} misses, {} evictions, {} prefetches, {} write-backs; {:.2} s filling staging",
         c.hits, c.misses, c.evictions, c.prefetches, c.writebacks, c.fill_s
     );
-    for (entry, n, secs) in ctx.kernels.profile() {
+    let profile = ctx.kernels.profile();
+    if let Some((how, lost)) = ctx.kernels.profile_method() {
+        eprintln!("profile: GPU time per kernel entry, timed by {how}; {lost} dispatches' timestamps lost");
+    }
+    for (entry, n, secs) in profile {
         eprintln!(
             "profile: {entry:<28} {n:>7} dispatches {:>9.1} ms {:>8.3} ms each",
             secs * 1e3,
