@@ -545,7 +545,16 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
         let q64 = to64(&qkv);
         let want = r::attention_forward(&q64, b, t, c, h);
         assert_close(&format!("attention b{b} t{t} h{h} d{d}"), &out.read(&ctx), &want, 1e-4, 1e-5);
-        let want_lse = r::attention_lse(&q64, b, t, c, h);
+        let want_lse: Vec<f64> = (0..b * h * t)
+            .map(|row| {
+                let (bi, hi, i) = (row / (h * t), (row / t) % h, row % t);
+                let at = |j: usize, part: usize, dd: usize| q64[(bi * t + j) * 3 * c + part * c + hi * d + dd];
+                let s: Vec<f64> =
+                    (0..=i).map(|j| (0..d).map(|dd| at(i, 0, dd) * at(j, 1, dd)).sum::<f64>() * scale as f64).collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+            })
+            .collect();
         assert_close(&format!("attention lse b{b} t{t} h{h} d{d}"), &lse.read(&ctx), &want_lse, 1e-4, 1e-5);
     }
     let too_wide = kernels::attention::Dims { b: 1, t: 1, h: 1, d: 257, scale: 1.0 };

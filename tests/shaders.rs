@@ -113,17 +113,3 @@ fn coop_matmul_workgroup_memory_is_what_the_adapter_check_budgets() {
         .sum();
     assert_eq!(bytes, COOP_WORKGROUP_BYTES as u64);
 }
-
-#[test]
-fn coop_attention_workgroup_memory_is_what_the_launcher_budgets() {
-    use pagetrain::kernels::{attention_coop::WORKGROUP_BYTES, ATTENTION_COOP};
-    let src = specialize(ATTENTION_COOP, Variant { f16_bindings: 0b101, ..Default::default() });
-    let module = naga::front::wgsl::parse_str(&src).unwrap();
-    let bytes: u64 = module
-        .global_variables
-        .iter()
-        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
-        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
-        .sum();
-    assert_eq!(bytes, WORKGROUP_BYTES);
-}

@@ -108,9 +108,6 @@ impl Dims {
 
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
-    if super::attention_coop::applies(k, qkv, &dims) {
-        return super::attention_coop::forward(k, out, lse, qkv, dims);
-    }
     forward_with(k, pick(k, dims.d, false), out, lse, qkv, dims)
 }
 

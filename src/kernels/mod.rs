@@ -7,7 +7,6 @@
 
 pub mod activation;
 pub mod attention;
-pub mod attention_coop;
 pub mod bindings;
 mod compile;
 mod compile_ahead;
@@ -72,10 +71,6 @@ macro_rules! shader {
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
-/// Attention's forward on cooperative matrices (f16, head size 64); compiled only where the f16
-/// matmul runs on them.
-pub const ATTENTION_COOP: Shader =
-    shader!("attention_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -130,7 +125,6 @@ pub const ALL: &[Shader] = &[
     ACTIVATION,
     ATTENTION,
     ATTENTION_BLOCKED,
-    ATTENTION_COOP,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -200,9 +194,6 @@ pub struct Tuning {
     /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
     /// puts both passes on one kind.
     pub attention_blocked: (bool, bool),
-    /// The forward of f16 attention with head size 64 runs on cooperative matrices where
-    /// `coop_f16` holds (`attention_coop`), unless `PAGETRAIN_ATTENTION` names a kind.
-    pub attention_coop: bool,
     /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
@@ -257,8 +248,7 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        let attention_coop = !matches!(std::env::var("PAGETRAIN_ATTENTION").as_deref(), Ok("rows" | "blocked"));
-        Tuning { matmul, attention_tile, attention_blocked, attention_coop, coop_f16: false }
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.

@@ -165,21 +165,6 @@ pub fn attention_forward(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) ->
     out
 }
 
-/// Log-sum-exp of each query row's scaled causal scores (B,H,T), as the forward saves it.
-pub fn attention_lse(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) -> Vec<f64> {
-    let d = c / h;
-    let scale = 1.0 / (d as f64).sqrt();
-    (0..b * h * t)
-        .map(|row| {
-            let (bi, hi, i) = (row / (h * t), (row / t) % h, row % t);
-            let at = |j: usize, part: usize, dd: usize| qkv[(bi * t + j) * 3 * c + part * c + hi * d + dd];
-            let s: Vec<f64> = (0..=i).map(|j| (0..d).map(|dd| at(i, 0, dd) * at(j, 1, dd)).sum::<f64>() * scale).collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
-        })
-        .collect()
-}
-
 /// Gradient of Σ attention_forward(qkv)·dout with respect to qkv (B,T,3C): the textbook
 /// backward through the (T,T) probabilities, checked against finite differences in gradcheck.
 pub fn attention_backward(qkv: &[f64], dout: &[f64], b: usize, t: usize, c: usize, h: usize) -> Vec<f64> {
