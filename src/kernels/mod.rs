@@ -70,6 +70,7 @@ macro_rules! shader {
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
+pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true);
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -124,6 +125,7 @@ pub const ALL: &[Shader] = &[
     ACTIVATION,
     ATTENTION,
     ATTENTION_BLOCKED,
+    ATTENTION_BLOCKED_BACKWARD,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
