@@ -404,7 +404,8 @@ fn softmax_matches_reference_plain_and_causal() {
 fn embedding_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(6);
-    for &(b, t, c, v) in &[(1, 1, 1, 1), (3, 17, 65, 129), (2, 64, 3, 1000), (5, 3, 17, 3)] {
+    // 300 rows of 7 tokens: each token's rows span several of the 256-row chunks its links are found in
+    for &(b, t, c, v) in &[(1, 1, 1, 1), (3, 17, 65, 129), (2, 64, 3, 1000), (5, 3, 17, 3), (3, 100, 5, 7)] {
         let max_t = t + 2;
         let tokens: Vec<u32> = (0..b * t).map(|_| rng.below(v) as u32).collect();
         let wte = randn(&mut rng, v * c, 1.0);
@@ -431,10 +432,12 @@ fn embedding_matches_reference() {
             Guarded::new(&ctx, v * c, Some(&vec![0.0; v * c])),
             Guarded::new(&ctx, max_t * c, Some(&vec![0.0; max_t * c])),
         );
+        let links = Guarded::new(&ctx, b * t, None);
         kernels::embedding::backward(
             &ctx.kernels,
             Some(&dwte.view()),
             Some(&dwpe.view()),
+            &links.view(),
             &gt.view(),
             &gd.view(),
             b * t,
