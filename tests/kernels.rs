@@ -487,9 +487,23 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
             1.0 / count as f32,
         )
         .unwrap();
-        let want: Vec<f64> =
-            r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7).iter().map(|g| g + 0.25).collect();
+        let grad = r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7);
+        let want: Vec<f64> = grad.iter().map(|g| g + 0.25).collect();
         assert_close(&format!("ce backward {rows}x{v}"), &d.read(&ctx), &want, 1e-4, 1e-6);
+        // the writing form, into a poisoned buffer: every element written, ignored rows 0
+        let fresh = Guarded::new(&ctx, rows * v, None);
+        kernels::cross_entropy::backward_write(
+            &ctx.kernels,
+            &fresh.view(),
+            &gl.view(),
+            &gt.view(),
+            &lse.view(),
+            &dloss.view(),
+            kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 },
+            1.0 / count as f32,
+        )
+        .unwrap();
+        assert_close(&format!("ce backward_write {rows}x{v}"), &fresh.read(&ctx), &grad, 1e-4, 1e-6);
     }
 }
 
