@@ -1,11 +1,9 @@
-// attention_blocked: fused causal self-attention (flash-attention style) with 2-D register tiles.
-// Same contract and bindings as attention.wgsl (which keeps head sizes over 64 and OpenGL):
+// attention_blocked: fused causal self-attention forward (flash-attention style) with 2-D register
+// tiles. Same contract and bindings as attention.wgsl's forward (which keeps head sizes over 64 and
+// OpenGL); its backward is attention_blocked_backward.wgsl.
 //   blocked_forward:     out (B,T,C) = softmax(scale·q·kᵀ + causal mask)·v, lse (B,H,T) per query row
-//   blocked_backward_q:  delta (B,H,T) = Σ_d dout·out;  dqkv[q] += scale·Σ_j p·(dout·v_j − delta)·k_j
-//   blocked_backward_kv: dqkv[k] += scale·Σ_i p·(dout_i·v − delta_i)·q_i;  dqkv[v] += Σ_i p·dout_i
-// A workgroup owns a block of rows of one (batch, head) — 2·CB queries (forward), CB queries
-// (backward_q) or CB keys (backward_kv) — kept in workgroup memory, and streams tiles of CB rows
-// of the other side through it; tiles wholly above the causal diagonal are never visited. Every
+// A workgroup owns a block of 2·CB query rows of one (batch, head), kept in workgroup memory, and
+// streams tiles of CB key rows through it; tiles wholly above the causal diagonal are never visited. Every
 // product is a register-tiled GEMM: a thread owns 4 rows × 4 columns of a score tile (rows
 // ty + RB4·i, columns tx + CB4·c) and the same 4 rows × NC vec4 column groups of its outputs, so
 // the online-softmax statistics of its rows stay in its registers.
@@ -13,8 +11,8 @@
 // `attention::blocked_workgroup_bytes`): rows are padded to DP+4 floats (DP: DIM rounded up to 4,
 // pad columns zero) so that row-strided vec4 reads fall on different banks.
 // grid (ceil(T/rows of a block), B·H folded into y and z); heavy (late) blocks run first.
-// qkv, out, dout, dqkv may be f16 (converted on load into f32 workgroup memory); lse, delta f32.
-// CPU reference: tests/common/reference.rs `attention_forward` / `attention_backward`.
+// qkv and out may be f16 (qkv converted on load into f32 workgroup memory); lse is f32.
+// CPU reference: tests/common/reference.rs `attention_forward`.
 
 struct Params {
     b: u32,
@@ -32,7 +30,6 @@ const PS4: u32 = CB4 + 1u;
 // Output vec4 column groups per thread: tx + CB4·n.
 const NC: u32 = (DP4 + CB4 - 1u) / CB4;
 const NTF: u32 = (CB / 2u) * CB4;
-const NTB: u32 = CB4 * CB4;
 const MASKED: f32 = -3.0e38;
 
 // Regions of sm (vec4 offsets): resident rows (2·CB), two streamed tiles (CB each), and 2·CB
@@ -42,22 +39,13 @@ const T0: u32 = 2u * CB * SD4;
 const T1: u32 = 3u * CB * SD4;
 const P0: u32 = 4u * CB * SD4;
 var<workgroup> sm: array<vec4<f32>, 4u * CB * SD4 + 2u * CB * PS4>;
-// Per-row partial maxima and sums across the CB4 threads that share rows (forward), delta (backward_q).
+// Per-row partial maxima and sums across the CB4 threads that share rows.
 var<workgroup> stat: array<f32, 2u * CB * CB4>;
 
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(2) var<storage, read> qkv: array<B2>;
 @group(0) @binding(3) var<uniform> p: Params;
-
-// backward_q: 0 dqkv, 1 delta, 2 qkv, 3 dout, 4 lse, 5 out, 6 params; backward_kv: params at 5
-@group(0) @binding(0) var<storage, read_write> dqkv: array<B0>;
-@group(0) @binding(1) var<storage, read_write> delta: array<f32>;
-@group(0) @binding(3) var<storage, read> dout: array<B3>;
-@group(0) @binding(4) var<storage, read> lse_saved: array<f32>;
-@group(0) @binding(5) var<storage, read> out_saved: array<B5>;
-@group(0) @binding(6) var<uniform> pq: Params;
-@group(0) @binding(5) var<uniform> pk: Params;
 
 // Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
 fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
@@ -76,10 +64,6 @@ fn ld_qkv(a: u32, d: u32) -> f32 {
     return select(0.0, f32(qkv[a + min(d, DIM - 1u)]), d < DIM);
 }
 
-fn ld_dout(a: u32, d: u32) -> f32 {
-    return select(0.0, f32(dout[a + min(d, DIM - 1u)]), d < DIM);
-}
-
 // Rows r0..r0+n (clamped to T-1: rows past T are masked or never written) of part `part` of
 // qkv, times `mul`, into sm from vec4 offset `dst`.
 fn load_qkv(prm: Params, bh: u32, r0: u32, n: u32, part: u32, mul: f32, dst: u32, lid: u32, nt: u32) {
@@ -88,15 +72,6 @@ fn load_qkv(prm: Params, bh: u32, r0: u32, n: u32, part: u32, mul: f32, dst: u32
         let d = (e % DP4) * 4u;
         let v = vec4(ld_qkv(a, d), ld_qkv(a, d + 1u), ld_qkv(a, d + 2u), ld_qkv(a, d + 3u));
         sm[dst + (e / DP4) * SD4 + e % DP4] = v * mul;
-    }
-}
-
-// The same for rows of dout (separate: forward binds its params where dout would be).
-fn load_dout(prm: Params, bh: u32, r0: u32, n: u32, dst: u32, lid: u32, nt: u32) {
-    for (var e = lid; e < n * DP4; e += nt) {
-        let a = out_row(prm, bh, min(r0 + e / DP4, prm.t - 1u));
-        let d = (e % DP4) * 4u;
-        sm[dst + (e / DP4) * SD4 + e % DP4] = vec4(ld_dout(a, d), ld_dout(a, d + 1u), ld_dout(a, d + 2u), ld_dout(a, d + 3u));
     }
 }
 
@@ -162,23 +137,6 @@ fn store_out(prm: Params, bh: u32, r0: u32, acc: array<vec4<f32>, 4u * NC>, mul:
                 let v = acc[4u * n + i] * mul[i];
                 for (var k = 0u; k < min(4u, DIM - min(d0, DIM)); k++) {
                     out[a + d0 + k] = B0(v[k]);
-                }
-            }
-        }
-    }
-}
-
-// dqkv part `part` rows r0 + ty + rb4·i (below T) += mul·acc (backward).
-fn add_rows(prm: Params, bh: u32, r0: u32, part: u32, acc: array<vec4<f32>, 4u * NC>, mul: f32, ty: u32, tx: u32, rb4: u32) {
-    for (var i = 0u; i < 4u; i++) {
-        let row = r0 + ty + rb4 * i;
-        if (row < prm.t) {
-            let a = qkv_row(prm, bh, row, part);
-            for (var n = 0u; n < NC; n++) {
-                let d0 = (tx + CB4 * n) * 4u;
-                let v = acc[4u * n + i] * mul;
-                for (var k = 0u; k < min(4u, DIM - min(d0, DIM)); k++) {
-                    dqkv[a + d0 + k] = B0(f32(dqkv[a + d0 + k]) + v[k]);
                 }
             }
         }
@@ -253,106 +211,4 @@ fn blocked_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup
         }
     }
     store_out(p, bh, q0, acc, 1.0 / lt, ty, tx, rb4);
-}
-
-@compute @workgroup_size(NTB)
-fn blocked_backward_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
-                      @builtin(num_workgroups) nwg: vec3<u32>) {
-    let bh = head_index(wid, nwg);
-    if (bh >= pq.b * pq.h) {
-        return;
-    }
-    let q0 = (nwg.x - 1u - wid.x) * CB;
-    let ty = lid / CB4;
-    let tx = lid % CB4;
-    // resident: q (scaled) rows 0..CB, dout rows CB..2CB
-    load_qkv(pq, bh, q0, CB, 0u, pq.scale, R0, lid, NTB);
-    load_dout(pq, bh, q0, CB, R0 + CB * SD4, lid, NTB);
-    workgroupBarrier();
-    for (var r = lid; r < CB; r += NTB) {
-        let row = min(q0 + r, pq.t - 1u);
-        let oa = out_row(pq, bh, row);
-        var dl = 0.0;
-        for (var d = 0u; d < DIM; d++) {
-            dl += sm[R0 + (CB + r) * SD4 + d / 4u][d % 4u] * f32(out_saved[oa + d]);
-        }
-        stat[r] = dl;
-        if (q0 + r < pq.t) {
-            delta[bh * pq.t + row] = dl;
-        }
-    }
-    workgroupBarrier();
-    var ls: vec4<f32>;
-    var dl: vec4<f32>;
-    for (var i = 0u; i < 4u; i++) {
-        ls[i] = lse_saved[bh * pq.t + min(q0 + ty + CB4 * i, pq.t - 1u)];
-        dl[i] = stat[ty + CB4 * i];
-    }
-    var dq: array<vec4<f32>, 4u * NC>;
-    let keys = min(q0 + CB, pq.t);
-    for (var k0 = 0u; k0 < keys; k0 += CB) {
-        load_qkv(pq, bh, k0, CB, 1u, 1.0, T0, lid, NTB);
-        load_qkv(pq, bh, k0, CB, 2u, 1.0, T1, lid, NTB);
-        workgroupBarrier();
-        var s = scores(R0, T0, ty, tx, CB4);
-        let dp = scores(R0 + CB * SD4, T1, ty, tx, CB4);
-        let key = vec4(k0 + tx) + vec4(0u, CB4, 2u * CB4, 3u * CB4);
-        for (var i = 0u; i < 4u; i++) {
-            let pr = select(vec4(0.0), exp(s[i] - vec4(ls[i])), key <= vec4(q0 + ty + CB4 * i));
-            s[i] = pr * (dp[i] - vec4(dl[i]));
-        }
-        store_p(P0, s, ty, tx, CB4);
-        workgroupBarrier();
-        dq = accumulate(dq, P0, T0, ty, tx, CB4);
-        workgroupBarrier();
-    }
-    add_rows(pq, bh, q0, 0u, dq, pq.scale, ty, tx, CB4);
-}
-
-@compute @workgroup_size(NTB)
-fn blocked_backward_kv(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
-                       @builtin(num_workgroups) nwg: vec3<u32>) {
-    let bh = head_index(wid, nwg);
-    if (bh >= pk.b * pk.h) {
-        return;
-    }
-    let k0 = (nwg.x - 1u - wid.x) * CB;
-    let ty = lid / CB4;
-    let tx = lid % CB4;
-    // resident: k (scaled) rows 0..CB, v rows CB..2CB
-    load_qkv(pk, bh, k0, CB, 1u, pk.scale, R0, lid, NTB);
-    load_qkv(pk, bh, k0, CB, 2u, 1.0, R0 + CB * SD4, lid, NTB);
-    var dk: array<vec4<f32>, 4u * NC>;
-    var dv: array<vec4<f32>, 4u * NC>;
-    // Queries before the block's first key see none of its keys.
-    for (var q0 = k0; q0 < pk.t; q0 += CB) {
-        load_qkv(pk, bh, q0, CB, 0u, 1.0, T0, lid, NTB);
-        load_dout(pk, bh, q0, CB, T1, lid, NTB);
-        workgroupBarrier();
-        // transposed scores: rows are keys, columns queries
-        var s = scores(R0, T0, ty, tx, CB4);
-        let dp = scores(R0 + CB * SD4, T1, ty, tx, CB4);
-        let query = vec4(q0 + tx) + vec4(0u, CB4, 2u * CB4, 3u * CB4);
-        var ls: vec4<f32>;
-        var dl: vec4<f32>;
-        for (var c = 0u; c < 4u; c++) {
-            let r = bh * pk.t + min(query[c], pk.t - 1u);
-            ls[c] = lse_saved[r];
-            dl[c] = delta[r];
-        }
-        var ds: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i++) {
-            let live = (query >= vec4(k0 + ty + CB4 * i)) & (query < vec4(pk.t));
-            s[i] = select(vec4(0.0), exp(s[i] - ls), live);
-            ds[i] = s[i] * (dp[i] - dl);
-        }
-        store_p(P0, s, ty, tx, CB4);
-        store_p(P0 + CB * PS4, ds, ty, tx, CB4);
-        workgroupBarrier();
-        dv = accumulate(dv, P0, T1, ty, tx, CB4);
-        dk = accumulate(dk, P0 + CB * PS4, T0, ty, tx, CB4);
-        workgroupBarrier();
-    }
-    add_rows(pk, bh, k0, 1u, dk, pk.scale, ty, tx, CB4);
-    add_rows(pk, bh, k0, 2u, dv, 1.0, ty, tx, CB4);
 }

@@ -3,7 +3,8 @@
 //   cross_entropy_forward:  losses (N) = lse - logits[target],  lse (N) = log sum exp logits
 //                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
 //   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target)),
-//                           dlogits f32 or f16
+//                           dlogits f32 or f16; with accumulate = 0, dlogits = that instead
+//                           (never read: a fresh buffer needs no clearing, and ignored rows get 0)
 //                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
 // cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
@@ -17,7 +18,7 @@ struct Params {
     ignore: u32,
     inv_count: f32,
     row0: u32,
-    _pad0: u32,
+    accumulate: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -77,12 +78,16 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let row = i / pb.v;
     let j = i % pb.v;
     let t = tg[pb.row0 + row];
-    if (t == pb.ignore) {
-        return;
+    var g = 0.0;
+    if (t != pb.ignore) {
+        let prob = exp(lg[i] - lse_in[pb.row0 + row]);
+        let onehot = select(0.0, 1.0, j == t);
+        g = dloss[0] * pb.inv_count * (prob - onehot);
     }
-    let prob = exp(lg[i] - lse_in[pb.row0 + row]);
-    let onehot = select(0.0, 1.0, j == t);
-    losses[i] = B0(f32(losses[i]) + dloss[0] * pb.inv_count * (prob - onehot));
+    if (pb.accumulate == 1u) {
+        g += f32(losses[i]);
+    }
+    losses[i] = B0(g);
 }
 
 @compute @workgroup_size(256)

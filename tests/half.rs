@@ -183,37 +183,47 @@ fn attention_in_f16_matches_reference_and_the_f32_backward() {
         let dims = kernels::attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
         let want = r::attention_forward(&to64(&qkv), b, t, c, h);
         let dout = round_f16(&randn(&mut rng, b * t * c, 1.0));
-        // the same inputs through the f32 kernels (checked against finite differences) and the f16 ones
-        let mut dqkv = Vec::new();
-        for dt in [DType::F32, DType::F16] {
-            let gqkv = Guarded::of(&ctx, dt, qkv.len(), Some(&qkv));
-            let (out, lse) = (Guarded::of(&ctx, dt, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
-            kernels::attention::forward(&ctx.kernels, &out.view(), &lse.view(), &gqkv.view(), dims).unwrap();
-            let got = out.read(&ctx);
-            assert_close(&format!("attention {dt:?} b{b} t{t} h{h} d{d}"), &got, &want, F16_RTOL, 1e-3);
-            let gd = Guarded::of(&ctx, dt, dout.len(), Some(&dout));
-            let gdq = Guarded::of(&ctx, dt, qkv.len(), Some(&vec![0.25; qkv.len()]));
-            let delta = Guarded::new(&ctx, b * h * t, None);
-            kernels::attention::backward(
-                &ctx.kernels,
-                &gdq.view(),
-                &delta.view(),
-                &gqkv.view(),
-                &out.view(),
-                &gd.view(),
-                &lse.view(),
-                dims,
-            )
-            .unwrap();
-            dqkv.push(gdq.read(&ctx));
+        // the same inputs through the f32 kernels (checked against finite differences) and the f16
+        // ones, on each backward kernel: per row (at 8 and 64: lavapipe compiles it slowly at 24)
+        // and blocked where its tile fits
+        use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_BACKWARD_TILE};
+        let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
+        let blocked = Kernel::Blocked { tile: BLOCKED_BACKWARD_TILE };
+        let fits = blocked_workgroup_bytes(d, BLOCKED_BACKWARD_TILE) <= limit;
+        let backward_kernels = [(d != 24).then_some(Kernel::Rows), fits.then_some(blocked)];
+        for kernel in backward_kernels.into_iter().flatten() {
+            let mut dqkv = Vec::new();
+            for dt in [DType::F32, DType::F16] {
+                let gqkv = Guarded::of(&ctx, dt, qkv.len(), Some(&qkv));
+                let (out, lse) = (Guarded::of(&ctx, dt, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
+                kernels::attention::forward(&ctx.kernels, &out.view(), &lse.view(), &gqkv.view(), dims).unwrap();
+                let got = out.read(&ctx);
+                assert_close(&format!("attention {dt:?} b{b} t{t} h{h} d{d}"), &got, &want, F16_RTOL, 1e-3);
+                let gd = Guarded::of(&ctx, dt, dout.len(), Some(&dout));
+                let gdq = Guarded::of(&ctx, dt, qkv.len(), Some(&vec![0.25; qkv.len()]));
+                let delta = Guarded::new(&ctx, b * h * t, None);
+                kernels::attention::backward_with(
+                    &ctx.kernels,
+                    kernel,
+                    &gdq.view(),
+                    &delta.view(),
+                    &gqkv.view(),
+                    &out.view(),
+                    &gd.view(),
+                    &lse.view(),
+                    dims,
+                )
+                .unwrap();
+                dqkv.push(gdq.read(&ctx));
+            }
+            assert_close(
+                &format!("attention backward {kernel:?} f16 vs f32 b{b} t{t} h{h} d{d}"),
+                &dqkv[1],
+                &to64(&dqkv[0]),
+                1e-2,
+                5e-3,
+            );
         }
-        assert_close(
-            &format!("attention backward f16 vs f32 b{b} t{t} h{h} d{d}"),
-            &dqkv[1],
-            &to64(&dqkv[0]),
-            1e-2,
-            5e-3,
-        );
     }
 }
 

@@ -404,7 +404,8 @@ fn softmax_matches_reference_plain_and_causal() {
 fn embedding_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(6);
-    for &(b, t, c, v) in &[(1, 1, 1, 1), (3, 17, 65, 129), (2, 64, 3, 1000), (5, 3, 17, 3)] {
+    // 300 rows of 7 tokens: each token's rows span several of the 256-row chunks its links are found in
+    for &(b, t, c, v) in &[(1, 1, 1, 1), (3, 17, 65, 129), (2, 64, 3, 1000), (5, 3, 17, 3), (3, 100, 5, 7)] {
         let max_t = t + 2;
         let tokens: Vec<u32> = (0..b * t).map(|_| rng.below(v) as u32).collect();
         let wte = randn(&mut rng, v * c, 1.0);
@@ -431,10 +432,12 @@ fn embedding_matches_reference() {
             Guarded::new(&ctx, v * c, Some(&vec![0.0; v * c])),
             Guarded::new(&ctx, max_t * c, Some(&vec![0.0; max_t * c])),
         );
+        let links = Guarded::new(&ctx, b * t, None);
         kernels::embedding::backward(
             &ctx.kernels,
             Some(&dwte.view()),
             Some(&dwpe.view()),
+            &links.view(),
             &gt.view(),
             &gd.view(),
             b * t,
@@ -484,9 +487,23 @@ fn cross_entropy_matches_reference_with_ignored_rows() {
             1.0 / count as f32,
         )
         .unwrap();
-        let want: Vec<f64> =
-            r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7).iter().map(|g| g + 0.25).collect();
+        let grad = r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 1.7);
+        let want: Vec<f64> = grad.iter().map(|g| g + 0.25).collect();
         assert_close(&format!("ce backward {rows}x{v}"), &d.read(&ctx), &want, 1e-4, 1e-6);
+        // the writing form, into a poisoned buffer: every element written, ignored rows 0
+        let fresh = Guarded::new(&ctx, rows * v, None);
+        kernels::cross_entropy::backward_write(
+            &ctx.kernels,
+            &fresh.view(),
+            &gl.view(),
+            &gt.view(),
+            &lse.view(),
+            &dloss.view(),
+            kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 },
+            1.0 / count as f32,
+        )
+        .unwrap();
+        assert_close(&format!("ce backward_write {rows}x{v}"), &fresh.read(&ctx), &grad, 1e-4, 1e-6);
     }
 }
 
@@ -577,10 +594,12 @@ fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attenti
 
 #[test]
 fn every_attention_kernel_matches_the_reference_forward_and_backward() {
-    // T of 1, below, at and past a block, ragged last tiles, odd B·H, head sizes 5 (padded), 16, 32, 64
+    // T of 1, below, at and past a block, ragged last tiles, odd B·H, head sizes 5 (padded), 16, 32,
+    // 35 (past 32: the blocked backward's second column group, within lavapipe's 32 KiB), 64
     let ctx = ctx();
     let mut rng = Rng::new(41);
-    let cases = [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16)];
+    let cases =
+        [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16), (1, 45, 2, 35)];
     let mut blocked_runs = 0;
     for &(b, t, h, d) in &cases {
         let c = h * d;
@@ -609,7 +628,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
             let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
             let gdq = Guarded::new(&ctx, qkv.len(), Some(&dqkv0));
             let v = |g: &Guarded| g.view();
-            kernels::attention::backward_with(
+            let backward = kernels::attention::backward_with(
                 &ctx.kernels,
                 kernel,
                 &v(&gdq),
@@ -619,8 +638,15 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
                 &v(&gd),
                 &v(&lse),
                 dims,
-            )
-            .unwrap();
+            );
+            // the blocked backward has one tile; others are refused
+            if let kernels::attention::Kernel::Blocked { tile } = kernel {
+                if tile != kernels::attention::BLOCKED_BACKWARD_TILE {
+                    assert!(backward.unwrap_err().to_string().contains("tiles of"), "{what}");
+                    continue;
+                }
+            }
+            backward.unwrap();
             assert_close(&format!("{what} delta"), &delta.read(&ctx), &want_delta, 1e-4, 1e-5);
             assert_close(&format!("{what} dqkv"), &gdq.read(&ctx), &want_d, 1e-4, 1e-4);
         }

@@ -84,8 +84,10 @@ fn every_entry_binds_storage_then_one_uniform() {
 fn blocked_attention_workgroup_memory_is_what_the_launcher_budgets() {
     // attention::pick chooses tiles by blocked_workgroup_bytes; it must match what naga lays out
     use pagetrain::kernels::attention::blocked_workgroup_bytes;
-    for (d, tile) in [(64, 32), (64, 16), (5, 16), (1, 32), (33, 32)] {
-        let shader = pagetrain::kernels::ATTENTION_BLOCKED;
+    use pagetrain::kernels::{attention::BLOCKED_BACKWARD_TILE, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD};
+    let forward = [(64, 32), (64, 16), (5, 16), (1, 32), (33, 32)].map(|(d, t)| (ATTENTION_BLOCKED, d, t));
+    let backward = [64, 5, 33].map(|d| (ATTENTION_BLOCKED_BACKWARD, d, BLOCKED_BACKWARD_TILE));
+    for (shader, d, tile) in forward.into_iter().chain(backward) {
         let src = specialize(shader, Variant { dim: d as u32, tile, ..Default::default() });
         let module = naga::front::wgsl::parse_str(&src).unwrap();
         let bytes: u64 = module

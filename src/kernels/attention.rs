@@ -1,9 +1,10 @@
 //! Launchers for fused causal self-attention that never stores the (T,T) scores, compiled per
-//! head size: `shaders/attention_blocked.wgsl` (blocks of rows, 2-D register tiles; head sizes up
-//! to 64) and `shaders/attention.wgsl` (a thread per row). Either backward takes either
-//! forward's `out` and `lse` (the same quantities); [`pick`] chooses per pass.
+//! head size: `shaders/attention_blocked.wgsl` and `attention_blocked_backward.wgsl` (blocks of
+//! rows, 2-D register tiles; head sizes up to 64) and `shaders/attention.wgsl` (a thread per row).
+//! Either backward takes either forward's `out` and `lse` (the same quantities); [`pick`] chooses
+//! per pass.
 
-use super::{Kernels, ATTENTION, ATTENTION_BLOCKED, MAX_GROUPS};
+use super::{Kernels, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -17,6 +18,8 @@ pub const BLOCKED_MAX_HEAD_DIM: usize = 64;
 /// Rows of the blocked kernels' streamed tiles, largest first (a multiple of 4; the forward's
 /// query blocks are twice as tall).
 pub const BLOCKED_TILES: [u32; 2] = [32, 16];
+/// The one tile (block) size of the blocked backward (`CB` in `attention_blocked_backward.wgsl`).
+pub const BLOCKED_BACKWARD_TILE: u32 = 32;
 
 /// Which kernels run attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,13 +27,15 @@ pub enum Kernel {
     /// A thread per query (key) row (`attention.wgsl`), any head size up to [`MAX_HEAD_DIM`].
     Rows,
     /// Blocks of rows, tiles of `tile` rows streamed through workgroup memory
-    /// (`attention_blocked.wgsl`), head sizes up to [`BLOCKED_MAX_HEAD_DIM`].
+    /// (`attention_blocked.wgsl`, and `attention_blocked_backward.wgsl` at `tile`
+    /// [`BLOCKED_BACKWARD_TILE`] only), head sizes up to [`BLOCKED_MAX_HEAD_DIM`].
     Blocked { tile: u32 },
 }
 
 /// Workgroup memory the blocked kernels declare for head size `d` and `tile` rows: `sm` (four
 /// regions of 2·tile or tile rows of d+4 padded floats, and 2·tile probability rows of tile+4)
-/// and `stat` (2·tile·tile/4 floats). Mirrors the constants in `attention_blocked.wgsl`.
+/// and `stat` (2·tile·tile/4 floats). Mirrors the constants in `attention_blocked.wgsl` (and in
+/// `attention_blocked_backward.wgsl`, whose one tile lays out the same bytes).
 pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
     let (cb, cb4, dp4) = (tile as u64, tile as u64 / 4, (d as u64).div_ceil(4));
     16 * (4 * cb * (dp4 + 1) + 2 * cb * (cb4 + 1)) + 4 * 2 * cb * cb4
@@ -38,14 +43,16 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
 
 /// The kernel for head size `d` on this adapter, for the forward (`backward` false) or the
 /// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
-/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows.
+/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows. The
+/// backward has one tile, [`BLOCKED_BACKWARD_TILE`].
 pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
     let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
         return Kernel::Rows;
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
-    match BLOCKED_TILES.iter().find(|&&t| blocked_workgroup_bytes(d, t) <= limit) {
+    let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
+    match tiles.iter().find(|&&t| blocked_workgroup_bytes(d, t) <= limit) {
         Some(&tile) => Kernel::Blocked { tile },
         None => Kernel::Rows,
     }
@@ -159,6 +166,14 @@ pub fn backward_with(
 ) -> Result<()> {
     let p = dims.params()?;
     dims.check(k, kernel)?;
+    if let Kernel::Blocked { tile } = kernel {
+        if tile != BLOCKED_BACKWARD_TILE {
+            return Err(Error::invalid(
+                "attention backward",
+                format!("{kernel:?}: the blocked backward runs tiles of {BLOCKED_BACKWARD_TILE} rows only"),
+            ));
+        }
+    }
     let d = dims.d as u32;
     let (shader, names, sizes, rows) = match kernel {
         Kernel::Rows => (
@@ -168,7 +183,7 @@ pub fn backward_with(
             ROWS,
         ),
         Kernel::Blocked { tile } => {
-            (ATTENTION_BLOCKED, ["blocked_backward_q", "blocked_backward_kv"], (d, tile), tile as usize)
+            (ATTENTION_BLOCKED_BACKWARD, ["blocked_backward_q", "blocked_backward_kv"], (d, tile), tile as usize)
         }
     };
     // backward_kv reads the delta backward_q writes

@@ -12,7 +12,8 @@ struct Params {
     ignore: u32,
     inv_count: f32,
     row0: u32,
-    _pad: [u32; 3],
+    accumulate: u32,
+    _pad: [u32; 2],
 }
 
 /// Which rows a launch covers: `rows` rows of `v` classes held in the logits it is given, which
@@ -27,7 +28,15 @@ pub struct Rows {
 }
 
 fn params(r: Rows, inv_count: f32) -> Params {
-    Params { rows: r.rows as u32, v: r.v as u32, ignore: r.ignore, inv_count, row0: r.row0 as u32, _pad: [0; 3] }
+    Params {
+        rows: r.rows as u32,
+        v: r.v as u32,
+        ignore: r.ignore,
+        inv_count,
+        row0: r.row0 as u32,
+        accumulate: 0,
+        _pad: [0; 2],
+    }
 }
 
 /// losses, lse (rows of `r`) from logits (r.rows, V) and targets.
@@ -48,12 +57,26 @@ pub fn backward(
     r: Rows,
     inv_count: f32,
 ) -> Result<()> {
-    let p = params(r, inv_count);
-    k.dispatch(
-        CROSS_ENTROPY,
-        "cross_entropy_backward",
-        &[dlogits, logits, targets, lse, dloss],
-        &p,
-        grid_1d((r.rows * r.v) as u64),
-    )
+    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, true)
+}
+
+/// [`backward`] that writes dlogits instead of adding to them (0 in ignored rows): a fresh
+/// buffer needs no clearing, and is written without being read.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_write(
+    k: &Kernels,
+    dlogits: &View,
+    logits: &View,
+    targets: &View,
+    lse: &View,
+    dloss: &View,
+    r: Rows,
+    inv_count: f32,
+) -> Result<()> {
+    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, false)
+}
+
+fn dispatch_backward(k: &Kernels, views: [&View; 5], r: Rows, inv_count: f32, accumulate: bool) -> Result<()> {
+    let p = Params { accumulate: accumulate as u32, ..params(r, inv_count) };
+    k.dispatch(CROSS_ENTROPY, "cross_entropy_backward", &views, &p, grid_1d((r.rows * r.v) as u64))
 }

@@ -71,6 +71,7 @@ macro_rules! shader {
 pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
+pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true);
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -125,6 +126,7 @@ pub const ALL: &[Shader] = &[
     ACTIVATION,
     ATTENTION,
     ATTENTION_BLOCKED,
+    ATTENTION_BLOCKED_BACKWARD,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -190,7 +192,8 @@ pub struct Tuning {
     pub attention_tile: u32,
     /// Which passes of attention run the blocked kernels where the head size allows
     /// (`attention::pick`): the forward (H200, GPT-2 small: 31.8 against 48.8 ms a step), not the
-    /// backward (137 + 63 against 39 + 20 ms: the per-row kernels stay), nothing on OpenGL (the
+    /// backward (blocked q + kv 45.4 + 41.0 against per row 18.8 + 35.3 ms a step in f32, 54.6 +
+    /// 50.5 against 18.4 + 35.0 in f16: the per-row kernels stay), nothing on OpenGL (the
     /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
     /// puts both passes on one kind.
     pub attention_blocked: (bool, bool),

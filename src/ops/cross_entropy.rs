@@ -187,18 +187,19 @@ impl Backward for HeadLossBackward {
             head_chunk(ctx, &logits, &self.x, &self.wte, r0, n)?;
             // Under mixed precision (f16 x) dlogits are f16 too, so both products below run
             // on tensor cores; the loss scale keeps their small values in f16's range.
-            let dlogits = ctx.zeros_of("dlogits chunk", &[n, v], self.x.dtype(), false)?;
+            // written whole by the kernel: no clearing
+            let dlogits = ctx.empty("dlogits chunk", &[n, v], self.x.dtype(), false)?;
             {
                 let _op = ctx.op();
                 let r = Rows { rows: n, v, ignore: self.ignore, row0: r0 };
                 let (d, l, t, lse, dl) = (
-                    ctx.modify(&dlogits)?,
+                    ctx.write(&dlogits)?,
                     ctx.read(&logits)?,
                     ctx.read(&self.targets)?,
                     ctx.read(&self.lse)?,
                     ctx.read(&dloss)?,
                 );
-                k::backward(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count)?;
+                k::backward_write(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count)?;
             }
             drop(logits);
             if let Some(dx) = &dx {

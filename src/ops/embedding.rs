@@ -54,6 +54,9 @@ impl Backward for EmbeddingBackward {
         let dwpe = grads.of(ctx, &self.wpe)?.map(|g| ctx.modify(&g)).transpose()?;
         let s = self.out.shape();
         let (n, t, c) = (s[0] * s[1], s[1], s[2]);
-        k::backward(&ctx.kernels, dwte.as_ref(), dwpe.as_ref(), &ctx.read(&self.tokens)?, &ctx.read(&dout)?, n, t, c)
+        let links = ctx.empty("embedding links", &[n], DType::U32, false)?;
+        let links = ctx.write(&links)?;
+        let (tokens, dout) = (ctx.read(&self.tokens)?, ctx.read(&dout)?);
+        k::backward(&ctx.kernels, dwte.as_ref(), dwpe.as_ref(), &links, &tokens, &dout, n, t, c)
     }
 }
