@@ -130,6 +130,46 @@ fn attention_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(wor
     }
 }
 
+// The backward's tiles: rows of DP4 vec4s (pad columns zero), read a vec4 at a time (a scalar
+// read per multiply-add made the kernels wait on workgroup-memory reads).
+const DP4: u32 = (DIM + 3u) / 4u;
+var<workgroup> rows_a: array<vec4<f32>, TILE * DP4>;
+var<workgroup> rows_b: array<vec4<f32>, TILE * DP4>;
+
+// Element d of the row at `a` of qkv (dout), 0 past DIM (the index is clamped: no read past DIM).
+fn ld_qkv(a: u32, d: u32) -> f32 {
+    return select(0.0, f32(qkv[a + min(d, DIM - 1u)]), d < DIM);
+}
+
+fn ld_dout(a: u32, d: u32) -> f32 {
+    return select(0.0, f32(dout[a + min(d, DIM - 1u)]), d < DIM);
+}
+
+// Tile rows r0..r0+TILE (rows past T repeat row T-1; they are masked) of qkv parts `pa` into
+// rows_a and `pb` into rows_b. Called by all ROWS threads.
+fn load_rows(prm: Params, bh: u32, r0: u32, pa: u32, pb: u32, lid: u32) {
+    for (var e = lid; e < TILE * DP4; e += ROWS) {
+        let row = min(r0 + e / DP4, prm.t - 1u);
+        let d = (e % DP4) * 4u;
+        let a = qkv_row(prm, bh, row, pa);
+        let b = qkv_row(prm, bh, row, pb);
+        rows_a[e] = vec4(ld_qkv(a, d), ld_qkv(a, d + 1u), ld_qkv(a, d + 2u), ld_qkv(a, d + 3u));
+        rows_b[e] = vec4(ld_qkv(b, d), ld_qkv(b, d + 1u), ld_qkv(b, d + 2u), ld_qkv(b, d + 3u));
+    }
+}
+
+// The same with q rows into rows_a and dout rows into rows_b.
+fn load_q_dout(prm: Params, bh: u32, r0: u32, lid: u32) {
+    for (var e = lid; e < TILE * DP4; e += ROWS) {
+        let row = min(r0 + e / DP4, prm.t - 1u);
+        let d = (e % DP4) * 4u;
+        let a = qkv_row(prm, bh, row, 0u);
+        let o = out_row(prm, bh, row);
+        rows_a[e] = vec4(ld_qkv(a, d), ld_qkv(a, d + 1u), ld_qkv(a, d + 2u), ld_qkv(a, d + 3u));
+        rows_b[e] = vec4(ld_dout(o, d), ld_dout(o, d + 1u), ld_dout(o, d + 2u), ld_dout(o, d + 3u));
+    }
+}
+
 @compute @workgroup_size(ROWS)
 fn attention_backward_q(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -144,33 +184,40 @@ fn attention_backward_q(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(
     let row = min(tq, pq.t - 1u);
     let qa = qkv_row(pq, bh, row, 0u);
     let oa = out_row(pq, bh, row);
-    var q: array<f32, DIM>;
-    var g: array<f32, DIM>;
-    var dq: array<f32, DIM>;
+    // padded to whole vec4s with zeros
+    var q: array<f32, 4u * DP4>;
+    var g: array<f32, 4u * DP4>;
+    var dq: array<f32, 4u * DP4>;
     var dl = 0.0;
-    for (var d = 0u; d < DIM; d++) {
-        q[d] = f32(qkv[qa + d]) * pq.scale;
-        g[d] = f32(dout[oa + d]);
+    for (var d = 0u; d < 4u * DP4; d++) {
+        q[d] = ld_qkv(qa, d) * pq.scale;
+        g[d] = ld_dout(oa, d);
         dq[d] = 0.0;
-        dl += g[d] * f32(out_saved[oa + d]);
+        dl += g[d] * select(0.0, f32(out_saved[oa + min(d, DIM - 1u)]), d < DIM);
     }
     let ls = lse_saved[bh * pq.t + row];
     let keys = min(q0 + ROWS, pq.t);
     for (var k0 = 0u; k0 < keys; k0 += TILE) {
-        load_tiles(pq, bh, k0, 1u, 2u, lid);
+        load_rows(pq, bh, k0, 1u, 2u, lid);
         workgroupBarrier();
         if (live && k0 <= tq) {
             for (var j = 0u; j < TILE; j++) {
                 var s = 0.0;
                 var dp = 0.0;
-                for (var d = 0u; d < DIM; d++) {
-                    s += q[d] * tile_a[j * DIM + d];
-                    dp += g[d] * tile_b[j * DIM + d];
+                for (var d4 = 0u; d4 < DP4; d4++) {
+                    let d = 4u * d4;
+                    s += dot(vec4(q[d], q[d + 1u], q[d + 2u], q[d + 3u]), rows_a[j * DP4 + d4]);
+                    dp += dot(vec4(g[d], g[d + 1u], g[d + 2u], g[d + 3u]), rows_b[j * DP4 + d4]);
                 }
                 let pj = select(0.0, exp(s - ls), k0 + j <= tq);
                 let ds = pj * (dp - dl);
-                for (var d = 0u; d < DIM; d++) {
-                    dq[d] += ds * tile_a[j * DIM + d];
+                for (var d4 = 0u; d4 < DP4; d4++) {
+                    let d = 4u * d4;
+                    let k = rows_a[j * DP4 + d4];
+                    dq[d] += ds * k.x;
+                    dq[d + 1u] += ds * k.y;
+                    dq[d + 2u] += ds * k.z;
+                    dq[d + 3u] += ds * k.w;
                 }
             }
         }
@@ -198,24 +245,21 @@ fn attention_backward_kv(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     let row = min(tk, pk.t - 1u);
     let ka = qkv_row(pk, bh, row, 1u);
     let va = qkv_row(pk, bh, row, 2u);
-    var k: array<f32, DIM>;
-    var v: array<f32, DIM>;
-    var dk: array<f32, DIM>;
-    var dv: array<f32, DIM>;
-    for (var d = 0u; d < DIM; d++) {
-        k[d] = f32(qkv[ka + d]) * pk.scale;
-        v[d] = f32(qkv[va + d]);
+    // padded to whole vec4s with zeros
+    var k: array<f32, 4u * DP4>;
+    var v: array<f32, 4u * DP4>;
+    var dk: array<f32, 4u * DP4>;
+    var dv: array<f32, 4u * DP4>;
+    for (var d = 0u; d < 4u * DP4; d++) {
+        k[d] = ld_qkv(ka, d) * pk.scale;
+        v[d] = ld_qkv(va, d);
         dk[d] = 0.0;
         dv[d] = 0.0;
     }
     // Queries before the block's first key see none of its keys.
     for (var q0 = k0w; q0 < pk.t; q0 += TILE) {
-        // tile_a: q rows, tile_b: dout rows
-        for (var e = lid; e < TILE * DIM; e += ROWS) {
-            let r = min(q0 + e / DIM, pk.t - 1u);
-            tile_a[e] = f32(qkv[qkv_row(pk, bh, r, 0u) + e % DIM]);
-            tile_b[e] = f32(dout[out_row(pk, bh, r) + e % DIM]);
-        }
+        // rows_a: q rows, rows_b: dout rows
+        load_q_dout(pk, bh, q0, lid);
         workgroupBarrier();
         if (live) {
             for (var i = 0u; i < TILE; i++) {
@@ -223,15 +267,25 @@ fn attention_backward_kv(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
                 let r = min(tq, pk.t - 1u);
                 var s = 0.0;
                 var dp = 0.0;
-                for (var d = 0u; d < DIM; d++) {
-                    s += k[d] * tile_a[i * DIM + d];
-                    dp += v[d] * tile_b[i * DIM + d];
+                for (var d4 = 0u; d4 < DP4; d4++) {
+                    let d = 4u * d4;
+                    s += dot(vec4(k[d], k[d + 1u], k[d + 2u], k[d + 3u]), rows_a[i * DP4 + d4]);
+                    dp += dot(vec4(v[d], v[d + 1u], v[d + 2u], v[d + 3u]), rows_b[i * DP4 + d4]);
                 }
                 let pi = select(0.0, exp(s - lse_saved[bh * pk.t + r]), tq >= tk && tq < pk.t);
                 let ds = pi * (dp - delta[bh * pk.t + r]);
-                for (var d = 0u; d < DIM; d++) {
-                    dv[d] += pi * tile_b[i * DIM + d];
-                    dk[d] += ds * tile_a[i * DIM + d];
+                for (var d4 = 0u; d4 < DP4; d4++) {
+                    let d = 4u * d4;
+                    let qv = rows_a[i * DP4 + d4];
+                    let gv = rows_b[i * DP4 + d4];
+                    dv[d] += pi * gv.x;
+                    dv[d + 1u] += pi * gv.y;
+                    dv[d + 2u] += pi * gv.z;
+                    dv[d + 3u] += pi * gv.w;
+                    dk[d] += ds * qv.x;
+                    dk[d + 1u] += ds * qv.y;
+                    dk[d + 2u] += ds * qv.z;
+                    dk[d + 3u] += ds * qv.w;
                 }
             }
         }

@@ -176,10 +176,11 @@ pub fn backward_with(
     }
     let d = dims.d as u32;
     let (shader, names, sizes, rows) = match kernel {
+        // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory
         Kernel::Rows => (
             ATTENTION,
             ["attention_backward_q", "attention_backward_kv"],
-            (d, k.tuning.attention_tile_rows(dims.d)),
+            (d, k.tuning.attention_tile_rows(dims.d.next_multiple_of(4))),
             ROWS,
         ),
         Kernel::Blocked { tile } => {
