@@ -206,8 +206,17 @@ fn attention_backward_q(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(
                 var dp = 0.0;
                 for (var d4 = 0u; d4 < DP4; d4++) {
                     let d = 4u * d4;
-                    s += dot(vec4(q[d], q[d + 1u], q[d + 2u], q[d + 3u]), rows_a[j * DP4 + d4]);
-                    dp += dot(vec4(g[d], g[d + 1u], g[d + 2u], g[d + 3u]), rows_b[j * DP4 + d4]);
+                    let a = rows_a[j * DP4 + d4];
+                    let b = rows_b[j * DP4 + d4];
+                    // term by term, in the scalar loop's order (dot() would sum in another)
+                    s += q[d] * a.x;
+                    s += q[d + 1u] * a.y;
+                    s += q[d + 2u] * a.z;
+                    s += q[d + 3u] * a.w;
+                    dp += g[d] * b.x;
+                    dp += g[d + 1u] * b.y;
+                    dp += g[d + 2u] * b.z;
+                    dp += g[d + 3u] * b.w;
                 }
                 let pj = select(0.0, exp(s - ls), k0 + j <= tq);
                 let ds = pj * (dp - dl);
@@ -269,8 +278,17 @@ fn attention_backward_kv(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
                 var dp = 0.0;
                 for (var d4 = 0u; d4 < DP4; d4++) {
                     let d = 4u * d4;
-                    s += dot(vec4(k[d], k[d + 1u], k[d + 2u], k[d + 3u]), rows_a[i * DP4 + d4]);
-                    dp += dot(vec4(v[d], v[d + 1u], v[d + 2u], v[d + 3u]), rows_b[i * DP4 + d4]);
+                    let a = rows_a[i * DP4 + d4];
+                    let b = rows_b[i * DP4 + d4];
+                    // term by term, in the scalar loop's order (dot() would sum in another)
+                    s += k[d] * a.x;
+                    s += k[d + 1u] * a.y;
+                    s += k[d + 2u] * a.z;
+                    s += k[d + 3u] * a.w;
+                    dp += v[d] * b.x;
+                    dp += v[d + 1u] * b.y;
+                    dp += v[d + 2u] * b.z;
+                    dp += v[d + 3u] * b.w;
                 }
                 let pi = select(0.0, exp(s - lse_saved[bh * pk.t + r]), tq >= tk && tq < pk.t);
                 let ds = pi * (dp - delta[bh * pk.t + r]);

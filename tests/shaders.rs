@@ -80,6 +80,18 @@ fn every_entry_binds_storage_then_one_uniform() {
     assert!(err.to_string().contains("broken"), "{err}");
 }
 
+/// Workgroup memory a specialised source declares as naga lays it out, without common.wgsl's
+/// `red` (the kernels checked here never use it, so the driver drops it).
+fn workgroup_bytes(src: &str) -> u64 {
+    let module = naga::front::wgsl::parse_str(src).unwrap();
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
+        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
+        .sum()
+}
+
 #[test]
 fn blocked_attention_workgroup_memory_is_what_the_launcher_budgets() {
     // attention::pick chooses tiles by blocked_workgroup_bytes; it must match what naga lays out
@@ -89,29 +101,14 @@ fn blocked_attention_workgroup_memory_is_what_the_launcher_budgets() {
     let backward = [64, 5, 33].map(|d| (ATTENTION_BLOCKED_BACKWARD, d, BLOCKED_BACKWARD_TILE));
     for (shader, d, tile) in forward.into_iter().chain(backward) {
         let src = specialize(shader, Variant { dim: d as u32, tile, ..Default::default() });
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let bytes: u64 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
-            .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
-            .sum();
-        assert_eq!(bytes, blocked_workgroup_bytes(d, tile), "head size {d}, tile {tile}");
+        assert_eq!(workgroup_bytes(&src), blocked_workgroup_bytes(d, tile), "head size {d}, tile {tile}");
     }
 }
 
 #[test]
 fn coop_matmul_workgroup_memory_is_what_the_adapter_check_budgets() {
-    // Tuning::coop_f16_on asks the adapter for COOP_WORKGROUP_BYTES (common.wgsl's `red` goes
-    // unused here, as in the blocked attention test above)
+    // Tuning::coop_f16_on asks the adapter for COOP_WORKGROUP_BYTES
     use pagetrain::kernels::{COOP_WORKGROUP_BYTES, MATMUL_COOP};
     let src = specialize(MATMUL_COOP, Variant { f16_bindings: 1, flags: 127, ..Default::default() });
-    let module = naga::front::wgsl::parse_str(&src).unwrap();
-    let bytes: u64 = module
-        .global_variables
-        .iter()
-        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup && g.name.as_deref() != Some("red"))
-        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()) as u64)
-        .sum();
-    assert_eq!(bytes, COOP_WORKGROUP_BYTES as u64);
+    assert_eq!(workgroup_bytes(&src), COOP_WORKGROUP_BYTES as u64);
 }
