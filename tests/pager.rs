@@ -37,6 +37,7 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         readback_slots: 2,
         slot_bytes: 8192,
         prefetch_window: 8,
+        prefetch_ahead: 0.25,
         upload: UploadPath::Ring,
         drop_dead_writebacks: true,
         blocking_waits: true,
