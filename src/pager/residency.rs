@@ -114,6 +114,7 @@ impl State {
         if let Some(buf) = e.gpu.take() {
             self.pool.give(buf);
         }
+        self.resident.remove(&id);
         self.counters.evictions += 1;
         Ok(())
     }
@@ -199,8 +200,9 @@ impl State {
     /// not predicted): an unpinned resident one (dirty ones only where they may leave).
     fn victim(&self) -> Option<(TensorId, u32)> {
         let candidates: Vec<(TensorId, plan::Candidate)> = self
-            .entries
+            .resident
             .iter()
+            .map(|i| (i, &self.entries[i]))
             .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
             .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
             .map(|(&i, e)| (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty }))
@@ -325,6 +327,7 @@ impl State {
     /// Frees `id`'s GPU buffer and host bytes, with no write-back.
     pub(super) fn release(&mut self, id: TensorId) {
         if let Some(e) = self.entries.remove(&id) {
+            self.resident.remove(&id);
             // Background copies may still read or write its host bytes.
             self.readback.wait_deliveries_for(id);
             self.upload.wait_fills_for(&[id]);
@@ -364,6 +367,7 @@ impl State {
             if let Some(buf) = e.gpu.take() {
                 self.pool.give(buf);
             }
+            self.resident.remove(&id);
         } else if let Some(buf) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
             self.upload_unmapped(recorder, id, host, len, &buf)?;
@@ -433,6 +437,7 @@ impl State {
             let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
             self.fill(recorder, id, &taken, false)?;
             self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            self.resident.insert(id);
             self.counters.prefetches += 1;
         }
         Ok(())
