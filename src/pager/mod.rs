@@ -198,8 +198,6 @@ struct State {
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
-    /// See [`PagerOptions::prefetch_ahead`].
-    prefetch_ahead: f64,
     drop_dead_writebacks: bool,
     in_step: bool,
     step_ids: Vec<TensorId>,
@@ -256,7 +254,6 @@ impl Pager {
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,
-            prefetch_ahead: opts.prefetch_ahead,
             drop_dead_writebacks: opts.drop_dead_writebacks,
             in_step: false,
             step_ids: Vec::new(),

@@ -38,10 +38,6 @@ pub struct PagerOptions {
     pub slot_bytes: u64,
     /// Accesses to look ahead for uploads.
     pub prefetch_window: usize,
-    /// Fraction of the budget the prefetch may upload ahead at a time by evicting tensors the
-    /// plan needs later (0: it only fills free room). `PAGETRAIN_PREFETCH_AHEAD` (a percent)
-    /// overrides the default, for measuring.
-    pub prefetch_ahead: f64,
     pub upload: UploadPath,
     /// Evict a dirty tensor without writing it back when the previous step freed it unread and
     /// it has no access left in this step (off: every dirty eviction is written back).
@@ -79,10 +75,6 @@ impl Default for PagerOptions {
             readback_slots: 128,
             slot_bytes: 8 << 20,
             prefetch_window: 32,
-            prefetch_ahead: std::env::var("PAGETRAIN_PREFETCH_AHEAD")
-                .ok()
-                .and_then(|v| v.parse::<f64>().ok())
-                .map_or(0.25, |percent| (percent / 100.0).clamp(0.0, 1.0)),
             upload: UploadPath::Auto,
             drop_dead_writebacks: true,
             blocking_waits: !cfg!(target_arch = "wasm32"),

@@ -170,13 +170,6 @@ impl Pool {
         self.free.get(&class).is_some_and(|v| !v.is_empty()) || self.held + class <= self.budget
     }
 
-    /// Whether a buffer for `bytes` can be had without evicting a tensor, free buffers of other
-    /// sizes destroyed if need be (as [`Pool::take`] does).
-    pub fn fits_after_freeing(&self, bytes: u64) -> bool {
-        let class = size_class(bytes);
-        self.free.get(&class).is_some_and(|v| !v.is_empty()) || self.in_use + class <= self.budget
-    }
-
     pub fn set_budget(&mut self, budget: u64) {
         self.budget = budget;
         while self.held > self.budget && self.destroy_one_free() {}

@@ -177,7 +177,7 @@ impl State {
                 Err(e) => return Err(e),
             };
             match self.victim() {
-                Some((id, _)) => self.evict(recorder, id)?,
+                Some(id) => self.evict(recorder, id)?,
                 None if oom.is_some() => return Err(oom.expect("checked")),
                 None => {
                     let pinned: u64 = self
@@ -196,9 +196,9 @@ impl State {
         }
     }
 
-    /// The tensor the policy would evict now, with its next use (`u32::MAX`: none this step, or
-    /// not predicted): an unpinned resident one (dirty ones only where they may leave).
-    fn victim(&self) -> Option<(TensorId, u32)> {
+    /// The tensor the policy would evict now: an unpinned resident one (a dirty one only where it
+    /// may leave).
+    fn victim(&self) -> Option<TensorId> {
         let candidates: Vec<(TensorId, plan::Candidate)> = self
             .resident
             .iter()
@@ -210,22 +210,7 @@ impl State {
         let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
         let future = if self.diverged { None } else { self.future.as_ref() };
         let cursor = self.trace.len().saturating_sub(1);
-        let v = plan::choose_victim(self.policy, future, cursor, &cands)?;
-        let next = future.map_or(u32::MAX, |f| f.next_use(cands[v].key, cursor));
-        Some((candidates[v].0, next))
-    }
-
-    /// Evicts by the plan until a buffer of `bytes` can be had without more evictions, but only
-    /// tensors next used after position `before` (Belady's order: evictions the accesses up to
-    /// `before` would make anyway, made earlier). False when the next victim is needed sooner.
-    fn make_room_before(&mut self, recorder: &Recorder, bytes: u64, before: u32) -> Result<bool> {
-        while !self.pool.fits_after_freeing(bytes) {
-            match self.victim() {
-                Some((id, next)) if next > before => self.evict(recorder, id)?,
-                _ => return Ok(false),
-            }
-        }
-        Ok(true)
+        plan::choose_victim(self.policy, future, cursor, &cands).map(|v| candidates[v].0)
     }
 
     /// Gives a freshly placed buffer the tensor's contents (nothing when the kernel will
@@ -375,12 +360,17 @@ impl State {
         Ok(())
     }
 
+    /// The running totals, with the upload ring's waits for its fills.
+    pub(super) fn counters(&self) -> Counters {
+        Counters { fill_wait_s: self.upload.fill_waits_s(), ..self.counters }
+    }
+
     /// The accesses traced so far become the prediction for the next step.
     pub(super) fn new_step(&mut self) {
         if let Some((clock, before)) = self.step_start.take() {
-            self.last_step = Some(StepTransfers::between(&before, &self.counters, clock.seconds()));
+            self.last_step = Some(StepTransfers::between(&before, &self.counters(), clock.seconds()));
         }
-        self.step_start = Some((Stopwatch::start(), self.counters));
+        self.step_start = Some((Stopwatch::start(), self.counters()));
         let freed_unread = std::mem::take(&mut self.freed_unread);
         if self.in_step && !self.trace.is_empty() {
             let trace = std::mem::take(&mut self.trace);
@@ -392,11 +382,8 @@ impl State {
         self.diverged = false;
     }
 
-    /// Uploads tensors the next accesses will read, ahead of the kernels that read them, so the
-    /// copies run beside the kernels recorded in between instead of right before the one waiting
-    /// on them; and asks the OS to read their host pages ahead. Room comes from free buffers, or,
-    /// with `prefetch_ahead` of the budget (0: none), from evictions by the plan of tensors needed
-    /// after the prefetched one; at most that much is uploaded ahead per call.
+    /// Uploads tensors the next accesses will read while there is free room (no evictions),
+    /// and asks the OS to read their host pages ahead.
     pub(super) fn prefetch(&mut self, device: &wgpu::Device, recorder: &Recorder) -> Result<()> {
         if self.diverged || self.prefetch_window == 0 {
             return Ok(());
@@ -405,34 +392,23 @@ impl State {
             return Ok(());
         };
         let cursor = self.trace.len();
-        let wanted: Vec<(u32, TensorId)> = (cursor..cursor + self.prefetch_window)
-            .filter_map(|i| Some((i as u32, future.at(i)?)))
-            .filter_map(|(i, key)| match key {
-                Key::Persistent(id) => Some((i, id)),
-                Key::Step(n) => Some((i, *self.step_ids.get(n as usize)?)),
+        let wanted: Vec<TensorId> = (cursor..cursor + self.prefetch_window)
+            .filter_map(|i| future.at(i))
+            .filter_map(|key| match key {
+                Key::Persistent(id) => Some(id),
+                Key::Step(n) => self.step_ids.get(n as usize).copied(),
             })
             .collect();
-        let evict_ahead = self.policy == Policy::Belady && self.prefetch_ahead > 0.0;
-        let ahead_limit = (self.pool.budget() as f64 * self.prefetch_ahead) as u64;
-        let mut ahead = 0u64;
-        for (position, id) in wanted {
+        for id in wanted {
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
             if e.gpu.is_some() || e.contents != Contents::Host || e.lost.is_some() || self.readback.has_jobs_for(id) {
                 continue;
             }
-            let bytes = e.bytes.max(4);
-            if !self.pool.fits_without_eviction(bytes) {
-                if !evict_ahead || ahead + size_class(bytes) > ahead_limit {
-                    break;
-                }
-                if !self.make_room_before(recorder, bytes, position)? {
-                    break;
-                }
+            if !self.pool.fits_without_eviction(e.bytes.max(4)) {
+                break;
             }
-            ahead += size_class(bytes);
-            let e = &self.entries[&id];
             self.store.will_need(&e.host);
             let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
             self.fill(recorder, id, &taken, false)?;
