@@ -3,6 +3,7 @@
 //! gradient accumulation over micro-batches and shared (tied) weights need no extra code.
 
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 use crate::context::Context;
 use crate::error::Result;
@@ -50,12 +51,22 @@ impl Tape {
     }
 }
 
+/// Told of each persistent (parameter) gradient an op added to, right after the op's backward
+/// was recorded: the gradient is still on the GPU then (gradient clipping takes its sum of
+/// squares there instead of bringing every gradient back after backward).
+pub trait GradientAdded {
+    fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()>;
+}
+
 /// Gradients by tensor id. Persistent entries (parameter gradients) survive `backward` and keep
 /// accumulating; the others are dropped as soon as the node that produced their tensor is done.
 #[derive(Default)]
 pub struct Grads {
     map: HashMap<TensorId, Tensor>,
     persistent: HashSet<TensorId>,
+    /// See [`Grads::watch`]; with the persistent gradients the running op asked for.
+    watcher: Option<Rc<dyn GradientAdded>>,
+    touched: Vec<Tensor>,
 }
 
 impl Grads {
@@ -67,6 +78,24 @@ impl Grads {
     pub fn insert_persistent(&mut self, param: &Tensor, grad: Tensor) {
         self.persistent.insert(param.id());
         self.map.insert(param.id(), grad);
+    }
+
+    /// Tells `watcher` of every persistent gradient each op of the coming backward adds to, once
+    /// that op is recorded (again after each later op that adds to it).
+    pub fn watch(&mut self, watcher: Rc<dyn GradientAdded>) {
+        self.watcher = Some(watcher);
+    }
+
+    /// Tells the watcher of the persistent gradients the op just recorded asked for.
+    fn report_touched(&mut self, ctx: &Context) -> Result<()> {
+        let touched = std::mem::take(&mut self.touched);
+        if let Some(w) = &self.watcher {
+            let mut seen = HashSet::new();
+            for g in touched.iter().filter(|g| seen.insert(g.id())) {
+                w.added(ctx, g)?;
+            }
+        }
+        Ok(())
     }
 
     /// The gradient of `t`, if anything has been added to it.
@@ -81,6 +110,9 @@ impl Grads {
             return Ok(None);
         }
         if let Some(g) = self.map.get(&t.id()) {
+            if self.watcher.is_some() && self.persistent.contains(&t.id()) {
+                self.touched.push(g.clone());
+            }
             return Ok(Some(g.clone()));
         }
         let g = ctx.zeros_of("grad", t.shape(), t.dtype(), false)?;
@@ -167,6 +199,7 @@ impl Context {
         for node in nodes.into_iter().rev() {
             if node.outputs.iter().any(|id| grads.map.contains_key(id)) {
                 node.op.backward(self, grads)?;
+                grads.report_touched(self)?;
             }
             for id in &node.outputs {
                 grads.release(*id);

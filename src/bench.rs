@@ -227,6 +227,15 @@ pub struct AtBudget {
     pub bytes_down_per_step: Option<u64>,
     pub tokens_per_s: Option<f64>,
     pub vs_resident: Option<f64>,
+    /// Per step: host milliseconds in the pager's accesses (placing, evicting, recording the
+    /// copies, waiting), and of those, waiting for transfers.
+    pub pager_ms_per_step: Option<f64>,
+    pub stall_ms_per_step: Option<f64>,
+    /// Per step: milliseconds submissions waited for the upload ring's copy threads.
+    pub fill_wait_ms_per_step: Option<f64>,
+    /// Per step: dispatches and submissions recorded.
+    pub dispatches_per_step: Option<f64>,
+    pub submissions_per_step: Option<f64>,
 }
 
 /// Timed steps under one budget.
@@ -238,6 +247,10 @@ pub struct StepTiming {
     pub bytes_down: u64,
     pub unread_writeback: u64,
     pub exposed_s: f64,
+    /// Per step: seconds in the pager's accesses (`Counters::access_s`).
+    pub access_s: f64,
+    /// Per step: seconds submissions waited for upload-ring fills (`Counters::fill_wait_s`).
+    pub fill_wait_s: f64,
     /// Bytes of all live tensors at most (what a resident run needs).
     pub footprint: u64,
     pub upload_path: String,
@@ -313,6 +326,8 @@ pub fn time_steps(
         bytes_down: (after.bytes_written_back - before.bytes_written_back) / n,
         unread_writeback: (after.writeback_unread_bytes - before.writeback_unread_bytes) / n,
         exposed_s: (after.stall_s - before.stall_s) / n as f64,
+        access_s: (after.access_s - before.access_s) / n as f64,
+        fill_wait_s: (after.fill_wait_s - before.fill_wait_s) / n as f64,
         footprint: ctx.pager.live_bytes().1,
         upload_path: ctx.pager.upload_path(),
         first_step_s: first_step_s.unwrap_or_default(),
@@ -390,6 +405,11 @@ pub fn step_times(
             bytes_down_per_step: t.as_ref().map(|t| t.bytes_down),
             tokens_per_s: t.as_ref().map(|t| tokens as f64 / (t.ms / 1e3)),
             vs_resident: t.as_ref().map(|t| resident / t.ms),
+            pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
+            stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
+            fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),
+            dispatches_per_step: t.as_ref().map(|t| t.recording[0]),
+            submissions_per_step: t.as_ref().map(|t| t.recording[2]),
         });
     }
     Ok(StepReport {

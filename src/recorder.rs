@@ -22,6 +22,14 @@ const SUBMIT_EVERY: u64 = 96;
 /// never waits for the submission still being recorded (which would drain the GPU), only for
 /// older ones.
 const SUBMIT_BYTES: u64 = 64 << 20;
+/// Bytes of direct copies (DMA from or to a pinned store: no staging slot to recycle) after which
+/// work is submitted, so the GPU starts on them; `PAGETRAIN_DMA_SUBMIT_MIB` sets it, for measuring.
+fn direct_submit_bytes() -> u64 {
+    std::env::var("PAGETRAIN_DMA_SUBMIT_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(SUBMIT_BYTES, |m| m.max(1) << 20)
+}
 
 /// Records a clear as a dispatch in the open compute pass (`kernels::fill`); false when it cannot
 /// bind the range (the recorder then records `clear_buffer`).
@@ -52,6 +60,8 @@ pub struct Recorder {
     after_submit: RefCell<Vec<Hook>>,
     commands: Cell<u64>,
     staged_bytes: Cell<u64>,
+    direct_bytes: Cell<u64>,
+    direct_submit_bytes: u64,
     submissions: Cell<u64>,
     /// Pool buffers dropped so far (kept bind groups holding them are let go: `kernels::bindings`).
     retired: Rc<Cell<u64>>,
@@ -79,6 +89,8 @@ impl Recorder {
             after_submit: RefCell::new(Vec::new()),
             commands: Cell::new(0),
             staged_bytes: Cell::new(0),
+            direct_bytes: Cell::new(0),
+            direct_submit_bytes: direct_submit_bytes(),
             submissions: Cell::new(0),
             retired: Rc::new(Cell::new(0)),
         }
@@ -200,6 +212,14 @@ impl Recorder {
         }
     }
 
+    /// Counts `bytes` of direct copies just recorded; submits once enough are pending.
+    pub fn copied_direct(&self, bytes: u64) {
+        self.direct_bytes.set(self.direct_bytes.get() + bytes);
+        if self.direct_bytes.get() >= self.direct_submit_bytes {
+            self.flush();
+        }
+    }
+
     /// Submits everything recorded so far (and runs the after-submit hooks).
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         self.end_pass();
@@ -220,6 +240,7 @@ impl Recorder {
         });
         self.commands.set(0);
         self.staged_bytes.set(0);
+        self.direct_bytes.set(0);
         let hooks = std::mem::take(&mut *self.after_submit.borrow_mut());
         if let Some(index) = &index {
             for hook in hooks {

@@ -358,6 +358,54 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
     }
 }
 
+/// The gradient norm from sums of squares taken during backward (each gradient while it is on
+/// the GPU) equals the one taken after backward, and under a paging budget brings fewer
+/// gradients back for it.
+#[test]
+fn gradient_norms_taken_during_backward_equal_those_after_and_upload_less() {
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 23 };
+    let tokens: Vec<u32> = (0..32).map(|i| (i * 7 % 23) as u32).collect();
+    let targets: Vec<u32> = (0..32).map(|i| (i * 3 % 23 + 2) as u32 % 23).collect();
+    let norm_after_backward = |budget: Option<u64>, early: bool| {
+        let o = PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        let model = Gpt::new(&ctx, cfg, 11).unwrap();
+        let opt = AdamW::new(&ctx, &model, AdamWConfig::default()).unwrap();
+        let x = ctx.from_u32("tokens", &[2, 16], &tokens).unwrap();
+        let loss = model.loss(&ctx, &x, &targets).unwrap();
+        let mut grads: Grads = model.grads();
+        if early {
+            let norms = opt.clip.early_norms();
+            norms.begin();
+            grads.watch(norms);
+        }
+        ctx.backward(&loss, &mut grads, 1.0).unwrap();
+        let before = ctx.pager.counters().bytes_uploaded;
+        opt.clip.compute(&ctx, &model.params(), 1.0, 1.0).unwrap();
+        ctx.sync().unwrap();
+        let uploaded = ctx.pager.counters().bytes_uploaded - before;
+        let norm = pollster::block_on(opt.clip.norm(&ctx)).unwrap();
+        // Computed again, with no backward in between: from every gradient, as without `watch`.
+        opt.clip.compute(&ctx, &model.params(), 1.0, 1.0).unwrap();
+        let again = pollster::block_on(opt.clip.norm(&ctx)).unwrap();
+        (norm, again, uploaded, ctx.pager.stats().peak_bytes)
+    };
+    let (want, _, _, footprint) = norm_after_backward(None, false);
+    assert!(want.is_finite() && want > 0.0, "norm {want}");
+    let (early, again, _, _) = norm_after_backward(None, true);
+    assert!((early - want).abs() <= 1e-5 * want, "resident: during backward {early}, after {want}");
+    assert!((again - want).abs() <= 1e-5 * want, "resident: again {again}, after {want}");
+    let budget = Some(footprint / 4);
+    let (paged_after, _, uploaded_after, _) = norm_after_backward(budget, false);
+    let (paged_early, _, uploaded_early, _) = norm_after_backward(budget, true);
+    assert!((paged_after - want).abs() <= 1e-5 * want, "paged, after backward: {paged_after} vs {want}");
+    assert!((paged_early - want).abs() <= 1e-5 * want, "paged, during backward: {paged_early} vs {want}");
+    assert!(
+        uploaded_early < uploaded_after,
+        "norms taken during backward uploaded {uploaded_early} B for the norm, after backward {uploaded_after} B"
+    );
+}
+
 #[test]
 fn a_tensor_larger_than_the_budget_is_budget_too_small() {
     let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(64 << 10, Policy::Belady));

@@ -61,7 +61,7 @@ impl AdamW {
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
-        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params.len())?, index, deferred: None })
+        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, &params)?, index, deferred: None })
     }
 
     /// One update of every parameter from its accumulated gradient at the configured lr.

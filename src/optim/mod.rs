@@ -6,7 +6,7 @@ mod host_adamw;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::GradClip;
+pub use clip::{EarlyNorms, GradClip};
 pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
 pub use sgd::{Sgd, SgdConfig};

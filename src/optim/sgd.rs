@@ -37,7 +37,7 @@ impl Sgd {
             .iter()
             .map(|p| ctx.zeros(&format!("{}.momentum", p.name), p.value.shape(), false))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Sgd { config, momentum, clip: GradClip::new(ctx, params.len())? })
+        Ok(Sgd { config, momentum, clip: GradClip::new(ctx, &params)? })
     }
 
     pub fn step(&mut self, ctx: &Context, model: &impl Module) -> Result<()> {

@@ -102,7 +102,7 @@ impl DmaCopies {
         });
         self.copies.borrow_mut().push(Copy { tensor, dir, batch });
         // Submits once enough bytes are pending, so the GPU starts on them while we record on.
-        recorder.staged(len);
+        recorder.copied_direct(len);
     }
 
     /// Forgets the copies known to be done.

@@ -183,6 +183,9 @@ struct Deferred {
 struct State {
     store: Box<dyn HostStore>,
     entries: HashMap<TensorId, Entry>,
+    /// The tensors with a GPU buffer (`gpu` set): eviction looks only at these, not at every
+    /// tensor (a paged GPT-2 XL has thousands, a few dozen of them resident).
+    resident: HashSet<TensorId>,
     next_id: TensorId,
     pool: Pool,
     copier: Arc<Copier>,
@@ -240,6 +243,7 @@ impl Pager {
         let state = State {
             store,
             entries: HashMap::new(),
+            resident: HashSet::new(),
             next_id: 1,
             pool: Pool::new(budget, recorder.retired_counter()),
             upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
@@ -369,6 +373,13 @@ impl Pager {
 
     /// Makes `id` resident for a kernel and pins it until the current op scope ends.
     pub fn access(&self, id: TensorId, access: Access) -> Result<View> {
+        let start = Stopwatch::start();
+        let view = self.access_timed(id, access);
+        self.state().counters.access_s += start.seconds();
+        view
+    }
+
+    fn access_timed(&self, id: TensorId, access: Access) -> Result<View> {
         let device = &self.gpu.device;
         let recorder = &*self.recorder;
         let mut st = self.state();
@@ -400,6 +411,7 @@ impl Pager {
                 return Err(e);
             }
             st.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            st.resident.insert(id);
             st.prefetch(device, recorder)?;
         }
         let e = st.entries.get_mut(&id).expect("exists");

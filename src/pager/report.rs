@@ -43,7 +43,7 @@ impl Pager {
     }
 
     pub fn counters(&self) -> Counters {
-        self.state().counters
+        self.state().counters()
     }
 
     /// The bus traffic of the last finished step (steps are marked by `begin_step`/`end_step`).
@@ -102,7 +102,7 @@ impl Pager {
             host_bytes: st.store.capacity() as u64,
             staging_bytes: st.upload.held_bytes() + st.readback.held_bytes(),
             staging_pinned: st.upload.is_pinned(),
-            counters: st.counters,
+            counters: st.counters(),
             last_step: st.last_step,
             tensors,
         }

@@ -114,6 +114,7 @@ impl State {
         if let Some(buf) = e.gpu.take() {
             self.pool.give(buf);
         }
+        self.resident.remove(&id);
         self.counters.evictions += 1;
         Ok(())
     }
@@ -175,20 +176,8 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
-            let candidates: Vec<(TensorId, plan::Candidate)> = self
-                .entries
-                .iter()
-                .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
-                .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
-                .map(|(&i, e)| {
-                    (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
-                })
-                .collect();
-            let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
-            let future = if self.diverged { None } else { self.future.as_ref() };
-            let cursor = self.trace.len().saturating_sub(1);
-            match plan::choose_victim(self.policy, future, cursor, &cands) {
-                Some(v) => self.evict(recorder, candidates[v].0)?,
+            match self.victim() {
+                Some(id) => self.evict(recorder, id)?,
                 None if oom.is_some() => return Err(oom.expect("checked")),
                 None => {
                     let pinned: u64 = self
@@ -205,6 +194,23 @@ impl State {
                 }
             }
         }
+    }
+
+    /// The tensor the policy would evict now: an unpinned resident one (a dirty one only where it
+    /// may leave).
+    fn victim(&self) -> Option<TensorId> {
+        let candidates: Vec<(TensorId, plan::Candidate)> = self
+            .resident
+            .iter()
+            .map(|i| (i, &self.entries[i]))
+            .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
+            .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
+            .map(|(&i, e)| (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty }))
+            .collect();
+        let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
+        let future = if self.diverged { None } else { self.future.as_ref() };
+        let cursor = self.trace.len().saturating_sub(1);
+        plan::choose_victim(self.policy, future, cursor, &cands).map(|v| candidates[v].0)
     }
 
     /// Gives a freshly placed buffer the tensor's contents (nothing when the kernel will
@@ -306,6 +312,7 @@ impl State {
     /// Frees `id`'s GPU buffer and host bytes, with no write-back.
     pub(super) fn release(&mut self, id: TensorId) {
         if let Some(e) = self.entries.remove(&id) {
+            self.resident.remove(&id);
             // Background copies may still read or write its host bytes.
             self.readback.wait_deliveries_for(id);
             self.upload.wait_fills_for(&[id]);
@@ -345,6 +352,7 @@ impl State {
             if let Some(buf) = e.gpu.take() {
                 self.pool.give(buf);
             }
+            self.resident.remove(&id);
         } else if let Some(buf) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
             self.upload_unmapped(recorder, id, host, len, &buf)?;
@@ -352,12 +360,17 @@ impl State {
         Ok(())
     }
 
+    /// The running totals, with the upload ring's waits for its fills.
+    pub(super) fn counters(&self) -> Counters {
+        Counters { fill_wait_s: self.upload.fill_waits_s(), ..self.counters }
+    }
+
     /// The accesses traced so far become the prediction for the next step.
     pub(super) fn new_step(&mut self) {
         if let Some((clock, before)) = self.step_start.take() {
-            self.last_step = Some(StepTransfers::between(&before, &self.counters, clock.seconds()));
+            self.last_step = Some(StepTransfers::between(&before, &self.counters(), clock.seconds()));
         }
-        self.step_start = Some((Stopwatch::start(), self.counters));
+        self.step_start = Some((Stopwatch::start(), self.counters()));
         let freed_unread = std::mem::take(&mut self.freed_unread);
         if self.in_step && !self.trace.is_empty() {
             let trace = std::mem::take(&mut self.trace);
@@ -400,6 +413,7 @@ impl State {
             let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
             self.fill(recorder, id, &taken, false)?;
             self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            self.resident.insert(id);
             self.counters.prefetches += 1;
         }
         Ok(())

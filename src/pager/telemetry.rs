@@ -53,6 +53,12 @@ pub struct Counters {
     pub stall_s: f64,
     /// Seconds spent copying bytes into staging memory.
     pub fill_s: f64,
+    /// Seconds the host spent in the pager's `access` (placing, evicting, recording copies,
+    /// waiting: `stall_s` is part of it): recording time the GPU may wait on.
+    pub access_s: f64,
+    /// Seconds submissions waited for the copy threads to fill upload-ring slots (not in
+    /// `stall_s`): where uploads through the ring are bound by that memcpy.
+    pub fill_wait_s: f64,
     /// Times the trainer halved its micro-batch because one did not fit.
     pub micro_batch_shrinks: u64,
     /// Bytes of activations that recompute (checkpointed blocks) did not keep from forward to

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::copier::{Copier, Ticket};
 use super::staging::{MapWait, Slot, MAPPED};
+use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
 use crate::tensor::TensorId;
@@ -30,6 +31,9 @@ pub struct UploadRing {
     pinned: Option<Rc<PinnedAllocator>>,
     /// False in the browser: no slot mapped means `queue.write_buffer`, not a wait.
     may_block: bool,
+    /// Seconds submissions waited for the copy threads to finish filling slots (the fills'
+    /// memcpy is then the bound: the GPU cannot start on the copies before it).
+    fill_waits: Rc<Cell<f64>>,
 }
 
 impl UploadRing {
@@ -45,7 +49,13 @@ impl UploadRing {
             #[cfg(vulkan_hal)]
             pinned: None,
             may_block,
+            fill_waits: Rc::new(Cell::new(0.0)),
         }
+    }
+
+    /// Seconds submissions have waited for slot fills so far.
+    pub fn fill_waits_s(&self) -> f64 {
+        self.fill_waits.get()
     }
 
     /// Makes the ring's slots pinned host memory from `alloc` (`None`: `MAP_WRITE` buffers).
@@ -161,9 +171,11 @@ impl UploadRing {
             let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
             self.pending.borrow_mut().push((owner, ticket.clone()));
             recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
-            let filled = slot.clone();
+            let (filled, waits) = (slot.clone(), self.fill_waits.clone());
             recorder.before_submit(move || {
+                let start = Stopwatch::start();
                 ticket.wait();
+                waits.set(waits.get() + start.seconds());
                 if let Some(view) = view.take() {
                     drop(view);
                     filled.buffer.unmap();

@@ -78,6 +78,15 @@ impl Optimizer {
         }
     }
 
+    /// What takes the gradients' sums of squares during backward for the norm (GPU AdamW). Resident
+    /// runs take them so too: a paged run then computes exactly what a resident one does.
+    pub(super) fn early_norms(&self) -> Option<std::rc::Rc<crate::optim::EarlyNorms>> {
+        match self {
+            Optimizer::Gpu(o) => Some(o.clip.early_norms()),
+            _ => None,
+        }
+    }
+
     /// Applies a deferred update to those of `params` still waiting for it.
     pub(super) fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {

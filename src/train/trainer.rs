@@ -261,6 +261,11 @@ impl Trainer {
                 self.forward_snapshot = Some(ctx.pager.snapshot());
             }
             let mut grads = self.model.grads();
+            // The last micro-batch's backward takes each gradient's sum of squares as it finishes.
+            if let Some(norms) = self.opt.early_norms().filter(|_| i + 1 == n_micro) {
+                norms.begin();
+                grads.watch(norms);
+            }
             ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
             losses.push(ctx, &loss)?;
         }
