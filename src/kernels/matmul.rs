@@ -194,7 +194,8 @@ fn launch(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
-    let tile = if matches!(variant, MatmulVariant::Large | MatmulVariant::Coop) { LARGE_TILE } else { TILE };
+    // (matmul_direct: 16x16 threads of 8x8 outputs)
+    let tile = if matches!(variant, MatmulVariant::Tiled) { TILE } else { LARGE_TILE };
     let tiles_n = g.n.div_ceil(tile);
     let tiles_m = g.m.div_ceil(tile);
     if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
