@@ -189,7 +189,8 @@ fn profile_times_every_kernel_by_timestamps_without_changing_the_losses() {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.strip_prefix("profile: ")?.split_whitespace().collect();
-            (f.len() == 8 && f[2] == "dispatches").then(|| (f[0].to_string(), f[1].parse().unwrap(), f[3].parse().unwrap()))
+            (f.len() == 8 && f[2] == "dispatches")
+                .then(|| (f[0].to_string(), f[1].parse().unwrap(), f[3].parse().unwrap()))
         })
         .collect();
     assert!(rows.len() >= 10, "too few kernels profiled: {rows:?}");

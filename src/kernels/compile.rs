@@ -73,7 +73,8 @@ impl Kernels {
         let slot = self.pipeline_and_layout(shader, entry, variant)?.0;
         let pipeline = slot.get().cloned();
         self.gpu.check(entry)?;
-        pipeline.ok_or_else(|| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: "failed".into() })
+        pipeline
+            .ok_or_else(|| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: "failed".into() })
     }
 
     pub(super) fn pipeline_and_layout(
@@ -103,26 +104,28 @@ impl Kernels {
         }
         self.compiled.set(true);
         let key = (shader.name, entry, variant);
-        let slot = match self.compile_ahead.take_or_spawn(key, &self.gpu.device, &module, shader, &layout.pipeline, cache) {
-            Some(answer) => compile_ahead::PipelineSlot::compiling(
-                answer,
-                self.gpu.clone(),
-                module,
-                shader,
-                entry,
-                layout.pipeline.clone(),
-                cache.cloned(),
-                self.compile_ahead.waited(),
-            ),
-            None => {
-                let pipeline = compile_ahead::create(&self.gpu.device, &module, shader, entry, &layout.pipeline, cache);
-                self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
-                    kernel: format!("{}::{entry}", shader.name),
-                    msg: e.to_string(),
-                })?;
-                compile_ahead::PipelineSlot::ready(pipeline)
-            }
-        };
+        let slot =
+            match self.compile_ahead.take_or_spawn(key, &self.gpu.device, &module, shader, &layout.pipeline, cache) {
+                Some(answer) => compile_ahead::PipelineSlot::compiling(
+                    answer,
+                    self.gpu.clone(),
+                    module,
+                    shader,
+                    entry,
+                    layout.pipeline.clone(),
+                    cache.cloned(),
+                    self.compile_ahead.waited(),
+                ),
+                None => {
+                    let pipeline =
+                        compile_ahead::create(&self.gpu.device, &module, shader, entry, &layout.pipeline, cache);
+                    self.gpu.check(entry).map_err(|e| Error::ShaderCompile {
+                        kernel: format!("{}::{entry}", shader.name),
+                        msg: e.to_string(),
+                    })?;
+                    compile_ahead::PipelineSlot::ready(pipeline)
+                }
+            };
         let both = (slot, layout);
         self.pipelines.borrow_mut().insert((shader.name, entry, variant), both.clone());
         let mut c = self.creation.get();

@@ -126,13 +126,11 @@ impl PipelineSlot {
             let clock = crate::clock::Stopwatch::start();
             let answer = answer.recv().ok().flatten();
             waited.set(waited.get() + clock.seconds());
-            answer.or_else(|| {
-                match create_scoped(&gpu.device, &module, shader, entry, &layout, cache.as_ref()) {
-                    Ok(pipeline) => Some(pipeline),
-                    Err(msg) => {
-                        gpu.report_error(format!("compiling {}::{entry}: {msg}", shader.name));
-                        None
-                    }
+            answer.or_else(|| match create_scoped(&gpu.device, &module, shader, entry, &layout, cache.as_ref()) {
+                Ok(pipeline) => Some(pipeline),
+                Err(msg) => {
+                    gpu.report_error(format!("compiling {}::{entry}: {msg}", shader.name));
+                    None
                 }
             })
         };

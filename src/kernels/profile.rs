@@ -43,7 +43,12 @@ impl Profile {
         let timer = gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES).then(|| {
             let bytes = PAIRS as u64 * 2 * 8;
             let buffer = |label, usage| {
-                gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false })
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: bytes,
+                    usage,
+                    mapped_at_creation: false,
+                })
             };
             Timer {
                 queries: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -109,7 +114,8 @@ impl Profile {
             timer.readback.unmap();
             return;
         }
-        let ticks: Option<Vec<u64>> = timer.readback.get_mapped_range(..bytes).ok().map(|m| bytemuck::pod_collect_to_vec(&m));
+        let ticks: Option<Vec<u64>> =
+            timer.readback.get_mapped_range(..bytes).ok().map(|m| bytemuck::pod_collect_to_vec(&m));
         timer.readback.unmap();
         let Some(ticks) = ticks else {
             timer.lost.set(timer.lost.get() + entries.len() as u64);
