@@ -136,6 +136,17 @@ const DP4: u32 = (DIM + 3u) / 4u;
 var<workgroup> rows_a: array<vec4<f32>, TILE * DP4>;
 var<workgroup> rows_b: array<vec4<f32>, TILE * DP4>;
 
+// acc + x·y, term by term in a scalar loop's order (dot() would sum in another, and the backward's
+// results are kept exactly what the scalar kernels gave).
+fn add_products(acc: f32, x: vec4<f32>, y: vec4<f32>) -> f32 {
+    var s = acc;
+    s += x.x * y.x;
+    s += x.y * y.y;
+    s += x.z * y.z;
+    s += x.w * y.w;
+    return s;
+}
+
 // Element d of the row at `a` of qkv (dout), 0 past DIM (the index is clamped: no read past DIM).
 fn ld_qkv(a: u32, d: u32) -> f32 {
     return select(0.0, f32(qkv[a + min(d, DIM - 1u)]), d < DIM);
@@ -206,17 +217,8 @@ fn attention_backward_q(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(
                 var dp = 0.0;
                 for (var d4 = 0u; d4 < DP4; d4++) {
                     let d = 4u * d4;
-                    let a = rows_a[j * DP4 + d4];
-                    let b = rows_b[j * DP4 + d4];
-                    // term by term, in the scalar loop's order (dot() would sum in another)
-                    s += q[d] * a.x;
-                    s += q[d + 1u] * a.y;
-                    s += q[d + 2u] * a.z;
-                    s += q[d + 3u] * a.w;
-                    dp += g[d] * b.x;
-                    dp += g[d + 1u] * b.y;
-                    dp += g[d + 2u] * b.z;
-                    dp += g[d + 3u] * b.w;
+                    s = add_products(s, vec4(q[d], q[d + 1u], q[d + 2u], q[d + 3u]), rows_a[j * DP4 + d4]);
+                    dp = add_products(dp, vec4(g[d], g[d + 1u], g[d + 2u], g[d + 3u]), rows_b[j * DP4 + d4]);
                 }
                 let pj = select(0.0, exp(s - ls), k0 + j <= tq);
                 let ds = pj * (dp - dl);
@@ -278,17 +280,8 @@ fn attention_backward_kv(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
                 var dp = 0.0;
                 for (var d4 = 0u; d4 < DP4; d4++) {
                     let d = 4u * d4;
-                    let a = rows_a[i * DP4 + d4];
-                    let b = rows_b[i * DP4 + d4];
-                    // term by term, in the scalar loop's order (dot() would sum in another)
-                    s += k[d] * a.x;
-                    s += k[d + 1u] * a.y;
-                    s += k[d + 2u] * a.z;
-                    s += k[d + 3u] * a.w;
-                    dp += v[d] * b.x;
-                    dp += v[d + 1u] * b.y;
-                    dp += v[d + 2u] * b.z;
-                    dp += v[d + 3u] * b.w;
+                    s = add_products(s, vec4(k[d], k[d + 1u], k[d + 2u], k[d + 3u]), rows_a[i * DP4 + d4]);
+                    dp = add_products(dp, vec4(v[d], v[d + 1u], v[d + 2u], v[d + 3u]), rows_b[i * DP4 + d4]);
                 }
                 let pi = select(0.0, exp(s - lse_saved[bh * pk.t + r]), tq >= tk && tq < pk.t);
                 let ds = pi * (dp - delta[bh * pk.t + r]);
