@@ -68,15 +68,8 @@ impl Kernels {
         Ok(both)
     }
 
-    /// The compute pipeline for `entry` in `shader` as `variant`, compiled once.
-    pub fn pipeline(&self, shader: Shader, entry: &'static str, variant: Variant) -> Result<wgpu::ComputePipeline> {
-        let slot = self.pipeline_and_layout(shader, entry, variant)?.0;
-        let pipeline = slot.get().cloned();
-        self.gpu.check(entry)?;
-        pipeline
-            .ok_or_else(|| Error::ShaderCompile { kernel: format!("{}::{entry}", shader.name), msg: "failed".into() })
-    }
-
+    /// The compute pipeline for `entry` in `shader` as `variant` and its layout, compiled once (or
+    /// compiling on a worker).
     pub(super) fn pipeline_and_layout(
         &self,
         shader: Shader,
