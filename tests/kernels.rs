@@ -580,16 +580,19 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
     assert!(err.to_string().contains("head size"), "{err}");
 }
 
-/// The attention kernels this adapter runs: blocked at every tile that fits, and rows at head
+/// The attention kernels this adapter runs: blocked at every tile that fits, rows at head
 /// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
-/// gradcheck covers them at others).
+/// gradcheck covers them at others), and the backward on 4 lanes a row at every size, on 2 at 5
+/// and 35 (padded: a lane's last vec4 group past the head size), where the adapter has subgroups.
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
-    use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
+    use kernels::attention::{blocked_workgroup_bytes, lanes_supported, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
     let blocked =
         BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
     let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
-    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
+    let lanes = [4, 2].into_iter().filter(|&l| lanes_supported(&ctx.gpu, l) && (l == 4 || matches!(d, 5 | 35)));
+    let lanes = lanes.map(|lanes| Kernel::Lanes { lanes });
+    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).chain(lanes).collect()
 }
 
 #[test]
@@ -600,7 +603,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
     let mut rng = Rng::new(41);
     let cases =
         [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16), (1, 45, 2, 35)];
-    let mut blocked_runs = 0;
+    let (mut blocked_runs, mut lanes_runs) = (0, 0);
     for &(b, t, h, d) in &cases {
         let c = h * d;
         let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
@@ -620,9 +623,19 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         for kernel in attention_kernels(&ctx, d) {
             let what = format!("attention {kernel:?} b{b} t{t} h{h} d{d}");
             blocked_runs += matches!(kernel, kernels::attention::Kernel::Blocked { .. }) as usize;
+            lanes_runs += matches!(kernel, kernels::attention::Kernel::Lanes { .. }) as usize;
             let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
             let (out, lse) = (Guarded::new(&ctx, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
-            kernels::attention::forward_with(&ctx.kernels, kernel, &out.view(), &lse.view(), &gqkv.view(), dims)
+            // the lanes kernels are backward only: they take the adapter's forward
+            let forward_kernel = match kernel {
+                kernels::attention::Kernel::Lanes { .. } => {
+                    let err = kernels::attention::forward_with(&ctx.kernels, kernel, &out.view(), &lse.view(), &gqkv.view(), dims);
+                    assert!(err.unwrap_err().to_string().contains("backward kernel"), "{what}");
+                    kernels::attention::pick(&ctx.kernels, d, false)
+                }
+                _ => kernel,
+            };
+            kernels::attention::forward_with(&ctx.kernels, forward_kernel, &out.view(), &lse.view(), &gqkv.view(), dims)
                 .unwrap();
             assert_close(&what, &out.read(&ctx), &want, 1e-4, 1e-5);
             let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
@@ -652,6 +665,9 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         }
     }
     assert!(blocked_runs > 0, "the blocked kernels fit no tile on {}", ctx.gpu.describe());
+    // GPUs with subgroups (lavapipe's are 8 lanes) run the lanes backward; OpenGL has none
+    let subgroups = ctx.gpu.features.contains(wgpu::Features::SUBGROUP) && ctx.gpu.info.backend != wgpu::Backend::Gl;
+    assert_eq!(lanes_runs > 0, subgroups && ctx.gpu.info.subgroup_min_size >= 4, "{}", ctx.gpu.describe());
     // A tile that is not offered, and head sizes past the blocked kernels, are errors.
     let g = Guarded::new(&ctx, 3 * 65, Some(&vec![1.0; 3 * 65]));
     for (d, tile) in [(65, 16), (4, 8)] {

@@ -72,6 +72,7 @@ pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
 pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true);
+pub const ATTENTION_LANES: Shader = shader!("attention_lanes");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -127,6 +128,7 @@ pub const ALL: &[Shader] = &[
     ATTENTION,
     ATTENTION_BLOCKED,
     ATTENTION_BLOCKED_BACKWARD,
+    ATTENTION_LANES,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -201,6 +203,11 @@ pub struct Tuning {
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
     pub coop_f16: bool,
+    /// Threads per row of the per-row attention backward where it runs (`attention::pick`): over
+    /// 1, `attention_lanes.wgsl` splits the head dimension between that many lanes of a subgroup.
+    /// 4 on GPUs with subgroups (not CPU adapters, where the shuffles only add work, nor OpenGL),
+    /// else 1; `PAGETRAIN_ATTENTION_LANES=1|2|4` chooses.
+    pub attention_lanes: u32,
 }
 
 impl Tuning {
@@ -251,7 +258,19 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1 }
+    }
+
+    /// [`Tuning::attention_lanes`] for `gpu`.
+    pub fn attention_lanes_on(gpu: &Gpu) -> u32 {
+        let chosen = std::env::var("PAGETRAIN_ATTENTION_LANES").ok().and_then(|v| v.parse().ok());
+        let default = if gpu.info.device_type == wgpu::DeviceType::Cpu { 1 } else { 4 };
+        let lanes = chosen.unwrap_or(default);
+        if lanes > 1 && attention::lanes_supported(gpu, lanes) {
+            lanes
+        } else {
+            1
+        }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
@@ -316,7 +335,11 @@ impl Kernels {
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
-            tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
+            tuning: Tuning {
+                coop_f16: Tuning::coop_f16_on(&gpu),
+                attention_lanes: Tuning::attention_lanes_on(&gpu),
+                ..Tuning::for_adapter(&gpu.info, &gpu.limits)
+            },
             gpu,
             recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),
