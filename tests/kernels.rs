@@ -582,16 +582,18 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
 
 /// The attention kernels this adapter runs: blocked at every tile that fits, rows at head
 /// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
-/// gradcheck covers them at others), and the backward on 4 lanes a row at every size, on 2 at 5
-/// and 35 (padded: a lane's last vec4 group past the head size), where the adapter has subgroups.
+/// gradcheck covers them at others), and where the adapter has subgroups that wide the lanes
+/// backward: 2 lanes × 2 rows a thread at every size, and at 5 and 35 (padded: a lane's last vec4
+/// group past the head size) and 64 also 4 × 1, 2 × 4 and 8 × 2.
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
     use kernels::attention::{blocked_workgroup_bytes, lanes_supported, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
     let blocked =
         BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
     let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
-    let lanes = [4, 2].into_iter().filter(|&l| lanes_supported(&ctx.gpu, l) && (l == 4 || matches!(d, 5 | 35)));
-    let lanes = lanes.map(|lanes| Kernel::Lanes { lanes });
+    let splits: &[(u32, u32)] = if matches!(d, 5 | 35 | 64) { &[(2, 2), (4, 1), (2, 4), (8, 2)] } else { &[(2, 2)] };
+    let lanes = splits.iter().filter(|&&(l, _)| lanes_supported(&ctx.gpu, l));
+    let lanes = lanes.map(|&(lanes, rows)| Kernel::Lanes { lanes, rows });
     rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).chain(lanes).collect()
 }
 
@@ -667,7 +669,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
     assert!(blocked_runs > 0, "the blocked kernels fit no tile on {}", ctx.gpu.describe());
     // GPUs with subgroups (lavapipe's are 8 lanes) run the lanes backward; OpenGL has none
     let subgroups = ctx.gpu.features.contains(wgpu::Features::SUBGROUP) && ctx.gpu.info.backend != wgpu::Backend::Gl;
-    assert_eq!(lanes_runs > 0, subgroups && ctx.gpu.info.subgroup_min_size >= 4, "{}", ctx.gpu.describe());
+    assert_eq!(lanes_runs > 0, subgroups && ctx.gpu.info.subgroup_min_size >= 2, "{}", ctx.gpu.describe());
     // A tile that is not offered, and head sizes past the blocked kernels, are errors.
     let g = Guarded::new(&ctx, 3 * 65, Some(&vec![1.0; 3 * 65]));
     for (d, tile) in [(65, 16), (4, 8)] {
