@@ -1,7 +1,9 @@
 // attention_lanes: the per-row attention backward (attention.wgsl's contract, bindings and
 // results up to summation order) with LANES threads per row, each holding a 1/LANES slice of the
-// head dimension, so that a thread's registers stay small (at head size 64 and 4 lanes: 16 floats
-// of each of k, v, dk, dv instead of 64) and more rows fit the GPU at once.
+// head dimension, so that a thread's registers stay small (at head size 64 and 2 lanes: 32 floats
+// of each of k, v, dk, dv instead of 64, which with the rest did not fit 255 registers) and more
+// rows fit the GPU at once. More lanes lost on the H200: the shuffles, exp and masks of a row are
+// repeated in each of its lanes.
 //   lanes_backward_q:  delta (B,H,T) = Σ_d dout·out;  dqkv[q] += scale · Σ_j p·(dout·v_j − delta)·k_j
 //   lanes_backward_kv: dqkv[v] += Σ_i p·dout_i;  dqkv[k] += scale · Σ_i p·(dout_i·v − delta_i)·q_i
 //                      (reads delta, so it runs after lanes_backward_q)
@@ -10,9 +12,7 @@
 // a dot product, and the parts are combined by subgroup shuffles (xor butterfly: every lane of a
 // row gets the same bits). The LANES threads of a row are consecutive invocations, so they share a
 // subgroup; the adapter must have subgroups of at least LANES (`attention::lanes_supported`).
-// Each thread holds RPT consecutive rows (each tile read then serves RPT rows).
-// LANES = 1 << (FLAGS & 3), RPT = 1 << ((FLAGS >> 2) & 3); tiles of TILE_ROWS rows of DPL·LANES
-// vec4s (pad columns zero).
+// LANES = 1 << (FLAGS & 3); tiles of TILE_ROWS rows of DPL·LANES vec4s (pad columns zero).
 // ROWS rows a workgroup, grid (ceil(T/ROWS), B·H folded into y and z); the heavy blocks go first.
 // qkv, out, dout, dqkv may be f16 (B0 dqkv, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
 // CPU reference: tests/common/reference.rs `attention_backward`.
@@ -25,10 +25,8 @@ struct Params {
 }
 
 const LANES: u32 = 1u << (FLAGS & 3u);
-// rows a thread holds (each its own slices of the vectors): each tile vec4 read serves RPT rows
-const RPT: u32 = 1u << ((FLAGS >> 2u) & 3u);
 const ROWS: u32 = 64u;
-const NT: u32 = ROWS * LANES / RPT;
+const NT: u32 = ROWS * LANES;
 const TILE: u32 = TILE_ROWS;
 const DP4: u32 = (DIM + 3u) / 4u;
 // vec4 column groups a lane holds, and a tile row's stride in vec4s
@@ -139,69 +137,52 @@ fn lanes_backward_q(@builtin(local_invocation_index) lid: u32, @builtin(workgrou
     let lane = lid % LANES;
     // late blocks see the most keys: they go first
     let q0 = (nwg.x - 1u - wid.x) * ROWS;
-    // the thread's rows: t0 .. t0 + RPT (the same for every lane of them)
-    let t0 = q0 + (lid / LANES) * RPT;
-    var q: array<vec4<f32>, RPT * DPL>;
-    var g: array<vec4<f32>, RPT * DPL>;
-    var dq: array<vec4<f32>, RPT * DPL>;
-    var dl: array<f32, RPT>;
-    var ls: array<f32, RPT>;
-    for (var r = 0u; r < RPT; r++) {
-        let row = min(t0 + r, pq.t - 1u);
-        let qa = qkv_row(pq, bh, row, 0u);
-        let oa = out_row(pq, bh, row);
-        var part = 0.0;
-        for (var m = 0u; m < DPL; m++) {
-            let d = 4u * (lane + LANES * m);
-            q[r * DPL + m] = ld_qkv(qa, d) * pq.scale;
-            g[r * DPL + m] = ld_dout(oa, d);
-            dq[r * DPL + m] = vec4(0.0);
-            part += dot(g[r * DPL + m], ld_out(oa, d));
-        }
-        dl[r] = lane_sum(vec2(part, 0.0)).x;
-        ls[r] = lse_saved[bh * pq.t + row];
+    let tq = q0 + lid / LANES;
+    let live = tq < pq.t;
+    let row = min(tq, pq.t - 1u);
+    let qa = qkv_row(pq, bh, row, 0u);
+    let oa = out_row(pq, bh, row);
+    var q: array<vec4<f32>, DPL>;
+    var g: array<vec4<f32>, DPL>;
+    var dq: array<vec4<f32>, DPL>;
+    var dl = 0.0;
+    for (var m = 0u; m < DPL; m++) {
+        let d = 4u * (lane + LANES * m);
+        q[m] = ld_qkv(qa, d) * pq.scale;
+        g[m] = ld_dout(oa, d);
+        dq[m] = vec4(0.0);
+        dl += dot(g[m], ld_out(oa, d));
     }
+    dl = lane_sum(vec2(dl, 0.0)).x;
+    let ls = lse_saved[bh * pq.t + row];
     let keys = min(q0 + ROWS, pq.t);
     for (var k0 = 0u; k0 < keys; k0 += TILE) {
         load_rows(pq, bh, k0, 1u, 2u, lid);
         workgroupBarrier();
-        // tiles past the thread's last row are masked whole
-        if (t0 < pq.t && k0 < t0 + RPT) {
+        // the same for every lane of a row
+        if (live && k0 <= tq) {
             for (var j = 0u; j < TILE; j++) {
-                var sd: array<vec2<f32>, RPT>;
+                var sd = vec2(0.0);
                 for (var m = 0u; m < DPL; m++) {
                     let at = j * RS + lane + LANES * m;
-                    let kv = rows_a[at];
-                    let vv = rows_b[at];
-                    for (var r = 0u; r < RPT; r++) {
-                        sd[r] = add_products(sd[r], q[r * DPL + m], kv, g[r * DPL + m], vv);
-                    }
+                    sd = add_products(sd, q[m], rows_a[at], g[m], rows_b[at]);
                 }
-                var ds: array<f32, RPT>;
-                for (var r = 0u; r < RPT; r++) {
-                    let s = lane_sum(sd[r]);
-                    ds[r] = select(0.0, exp(s.x - ls[r]), k0 + j <= t0 + r) * (s.y - dl[r]);
-                }
+                sd = lane_sum(sd);
+                let pj = select(0.0, exp(sd.x - ls), k0 + j <= tq);
+                let ds = pj * (sd.y - dl);
                 for (var m = 0u; m < DPL; m++) {
-                    let kv = rows_a[j * RS + lane + LANES * m];
-                    for (var r = 0u; r < RPT; r++) {
-                        dq[r * DPL + m] += ds[r] * kv;
-                    }
+                    dq[m] += ds * rows_a[j * RS + lane + LANES * m];
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var r = 0u; r < RPT; r++) {
-        let tq = t0 + r;
-        if (tq < pq.t) {
-            if (lane == 0u) {
-                delta[bh * pq.t + tq] = dl[r];
-            }
-            let qa = qkv_row(pq, bh, tq, 0u);
-            for (var m = 0u; m < DPL; m++) {
-                add4(qa, 4u * (lane + LANES * m), pq.scale * dq[r * DPL + m]);
-            }
+    if (live) {
+        if (lane == 0u) {
+            delta[bh * pq.t + tq] = dl;
+        }
+        for (var m = 0u; m < DPL; m++) {
+            add4(qa, 4u * (lane + LANES * m), pq.scale * dq[m]);
         }
     }
 }
@@ -216,75 +197,51 @@ fn lanes_backward_kv(@builtin(local_invocation_index) lid: u32, @builtin(workgro
     let lane = lid % LANES;
     // early blocks are seen by the most queries: they go first
     let k0w = wid.x * ROWS;
-    // the thread's key rows: t0 .. t0 + RPT (the same for every lane of them)
-    let t0 = k0w + (lid / LANES) * RPT;
-    var k: array<vec4<f32>, RPT * DPL>;
-    var v: array<vec4<f32>, RPT * DPL>;
-    var dk: array<vec4<f32>, RPT * DPL>;
-    var dv: array<vec4<f32>, RPT * DPL>;
-    for (var r = 0u; r < RPT; r++) {
-        let row = min(t0 + r, pk.t - 1u);
-        let ka = qkv_row(pk, bh, row, 1u);
-        let va = qkv_row(pk, bh, row, 2u);
-        for (var m = 0u; m < DPL; m++) {
-            let d = 4u * (lane + LANES * m);
-            k[r * DPL + m] = ld_qkv(ka, d) * pk.scale;
-            v[r * DPL + m] = ld_qkv(va, d);
-            dk[r * DPL + m] = vec4(0.0);
-            dv[r * DPL + m] = vec4(0.0);
-        }
+    let tk = k0w + lid / LANES;
+    let row = min(tk, pk.t - 1u);
+    let ka = qkv_row(pk, bh, row, 1u);
+    let va = qkv_row(pk, bh, row, 2u);
+    var k: array<vec4<f32>, DPL>;
+    var v: array<vec4<f32>, DPL>;
+    var dk: array<vec4<f32>, DPL>;
+    var dv: array<vec4<f32>, DPL>;
+    for (var m = 0u; m < DPL; m++) {
+        let d = 4u * (lane + LANES * m);
+        k[m] = ld_qkv(ka, d) * pk.scale;
+        v[m] = ld_qkv(va, d);
+        dk[m] = vec4(0.0);
+        dv[m] = vec4(0.0);
     }
     // Queries before the block's first key see none of its keys. Rows past T compute on row T-1
-    // and store nothing.
+    // (all lanes stay in step for the shuffles) and store nothing.
     for (var q0 = k0w; q0 < pk.t; q0 += TILE) {
         // rows_a: q rows, rows_b: dout rows
         load_q_dout(pk, bh, q0, lid);
         workgroupBarrier();
-        // tiles before the thread's first row are masked whole
-        if (q0 + TILE > t0) {
-            for (var i = 0u; i < TILE; i++) {
-                let tq = q0 + i;
-                let at_t = bh * pk.t + min(tq, pk.t - 1u);
-                let ls = lse_saved[at_t];
-                let dl = delta[at_t];
-                var sd: array<vec2<f32>, RPT>;
-                for (var m = 0u; m < DPL; m++) {
-                    let at = i * RS + lane + LANES * m;
-                    let qv = rows_a[at];
-                    let gv = rows_b[at];
-                    for (var r = 0u; r < RPT; r++) {
-                        sd[r] = add_products(sd[r], k[r * DPL + m], qv, v[r * DPL + m], gv);
-                    }
-                }
-                var p: array<f32, RPT>;
-                var ds: array<f32, RPT>;
-                for (var r = 0u; r < RPT; r++) {
-                    let s = lane_sum(sd[r]);
-                    p[r] = select(0.0, exp(s.x - ls), tq >= t0 + r && tq < pk.t);
-                    ds[r] = p[r] * (s.y - dl);
-                }
-                for (var m = 0u; m < DPL; m++) {
-                    let at = i * RS + lane + LANES * m;
-                    let qv = rows_a[at];
-                    let gv = rows_b[at];
-                    for (var r = 0u; r < RPT; r++) {
-                        dv[r * DPL + m] += p[r] * gv;
-                        dk[r * DPL + m] += ds[r] * qv;
-                    }
-                }
+        for (var i = 0u; i < TILE; i++) {
+            let tq = q0 + i;
+            let r = bh * pk.t + min(tq, pk.t - 1u);
+            var sd = vec2(0.0);
+            for (var m = 0u; m < DPL; m++) {
+                let at = i * RS + lane + LANES * m;
+                sd = add_products(sd, k[m], rows_a[at], v[m], rows_b[at]);
+            }
+            sd = lane_sum(sd);
+            let pi = select(0.0, exp(sd.x - lse_saved[r]), tq >= tk && tq < pk.t);
+            let ds = pi * (sd.y - delta[r]);
+            for (var m = 0u; m < DPL; m++) {
+                let at = i * RS + lane + LANES * m;
+                dv[m] += pi * rows_b[at];
+                dk[m] += ds * rows_a[at];
             }
         }
         workgroupBarrier();
     }
-    for (var r = 0u; r < RPT; r++) {
-        if (t0 + r < pk.t) {
-            let ka = qkv_row(pk, bh, t0 + r, 1u);
-            let va = qkv_row(pk, bh, t0 + r, 2u);
-            for (var m = 0u; m < DPL; m++) {
-                let d = 4u * (lane + LANES * m);
-                add4(ka, d, pk.scale * dk[r * DPL + m]);
-                add4(va, d, dv[r * DPL + m]);
-            }
+    if (tk < pk.t) {
+        for (var m = 0u; m < DPL; m++) {
+            let d = 4u * (lane + LANES * m);
+            add4(ka, d, pk.scale * dk[m]);
+            add4(va, d, dv[m]);
         }
     }
 }

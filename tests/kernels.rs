@@ -582,18 +582,22 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
 
 /// The attention kernels this adapter runs: blocked at every tile that fits, rows at head
 /// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
-/// gradcheck covers them at others), and where the adapter has subgroups that wide the lanes
-/// backward: 2 lanes × 2 rows a thread at every size, and at 5 and 35 (padded: a lane's last vec4
-/// group past the head size) and 64 also 4 × 1, 2 × 4 and 8 × 2.
+/// gradcheck covers them at others), and where the adapter has subgroups that wide the backward on
+/// 2 lanes a row at 5, 16, 35 and 64, on 4 at 35 (padded: a lane's last vec4 group past the head
+/// size) and on 8 at 64 (lanes' compiles are kept few for CI's time).
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
     use kernels::attention::{blocked_workgroup_bytes, lanes_supported, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
     let blocked =
         BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
     let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
-    let splits: &[(u32, u32)] = if matches!(d, 5 | 35 | 64) { &[(2, 2), (4, 1), (2, 4), (8, 2)] } else { &[(2, 2)] };
-    let lanes = splits.iter().filter(|&&(l, _)| lanes_supported(&ctx.gpu, l));
-    let lanes = lanes.map(|&(lanes, rows)| Kernel::Lanes { lanes, rows });
+    let sizes = |l: u32| match l {
+        4 => d == 35,
+        8 => d == 64,
+        _ => d != 32,
+    };
+    let lanes = [2, 4, 8].into_iter().filter(|&l| lanes_supported(&ctx.gpu, l) && sizes(l));
+    let lanes = lanes.map(|lanes| Kernel::Lanes { lanes });
     rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).chain(lanes).collect()
 }
 
@@ -631,14 +635,28 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
             // the lanes kernels are backward only: they take the adapter's forward
             let forward_kernel = match kernel {
                 kernels::attention::Kernel::Lanes { .. } => {
-                    let err = kernels::attention::forward_with(&ctx.kernels, kernel, &out.view(), &lse.view(), &gqkv.view(), dims);
+                    let err = kernels::attention::forward_with(
+                        &ctx.kernels,
+                        kernel,
+                        &out.view(),
+                        &lse.view(),
+                        &gqkv.view(),
+                        dims,
+                    );
                     assert!(err.unwrap_err().to_string().contains("backward kernel"), "{what}");
                     kernels::attention::pick(&ctx.kernels, d, false)
                 }
                 _ => kernel,
             };
-            kernels::attention::forward_with(&ctx.kernels, forward_kernel, &out.view(), &lse.view(), &gqkv.view(), dims)
-                .unwrap();
+            kernels::attention::forward_with(
+                &ctx.kernels,
+                forward_kernel,
+                &out.view(),
+                &lse.view(),
+                &gqkv.view(),
+                dims,
+            )
+            .unwrap();
             assert_close(&what, &out.read(&ctx), &want, 1e-4, 1e-5);
             let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
             let gdq = Guarded::new(&ctx, qkv.len(), Some(&dqkv0));

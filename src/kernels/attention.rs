@@ -33,9 +33,8 @@ pub enum Kernel {
     /// [`BLOCKED_BACKWARD_TILE`] only), head sizes up to [`BLOCKED_MAX_HEAD_DIM`].
     Blocked { tile: u32 },
     /// Backward only: [`Kernel::Rows`] with `lanes` (2, 4 or 8) threads of a subgroup per row, each
-    /// holding a slice of the head dimension, and `rows` (1, 2 or 4) rows a thread, which share
-    /// each read of a tile (`attention_lanes.wgsl`), where [`lanes_supported`].
-    Lanes { lanes: u32, rows: u32 },
+    /// holding a slice of the head dimension (`attention_lanes.wgsl`), where [`lanes_supported`].
+    Lanes { lanes: u32 },
 }
 
 /// Whether `gpu` runs [`Kernel::Lanes`] with `lanes` threads a row: 2, 4 or 8, subgroups of at
@@ -64,8 +63,8 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
 pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
     let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
-        let (lanes, rows) = k.tuning.attention_lanes;
-        return if backward && lanes > 1 { Kernel::Lanes { lanes, rows } } else { Kernel::Rows };
+        let lanes = k.tuning.attention_lanes;
+        return if backward && lanes > 1 { Kernel::Lanes { lanes } } else { Kernel::Rows };
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
     let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
@@ -117,13 +116,11 @@ impl Dims {
     fn check(&self, k: &Kernels, kernel: Kernel) -> Result<()> {
         let tile = match kernel {
             Kernel::Rows => return Ok(()),
-            Kernel::Lanes { lanes, rows } if lanes_supported(k.gpu(), lanes) && matches!(rows, 1 | 2 | 4) => {
-                return Ok(())
-            }
+            Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
             Kernel::Lanes { .. } => {
                 return Err(Error::invalid(
                     "attention",
-                    format!("{kernel:?}: needs 2, 4 or 8 lanes, subgroups that wide ({}) and 1, 2 or 4 rows", k.gpu().describe()),
+                    format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
                 ))
             }
             Kernel::Blocked { tile } => tile,
@@ -209,13 +206,17 @@ pub fn backward_with(
         // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory
         Kernel::Rows => {
             let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4));
-            (ATTENTION, ["attention_backward_q", "attention_backward_kv"], Variant { dim: d, tile, ..Default::default() }, ROWS)
+            (
+                ATTENTION,
+                ["attention_backward_q", "attention_backward_kv"],
+                Variant { dim: d, tile, ..Default::default() },
+                ROWS,
+            )
         }
-        // the same with rows of whole vec4s for each lane; FLAGS holds log2 of the lanes and rows
-        Kernel::Lanes { lanes, rows } => {
+        // the same with rows of whole vec4s for each lane; FLAGS holds log2 of the lanes
+        Kernel::Lanes { lanes } => {
             let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4 * lanes as usize));
-            let flags = lanes.trailing_zeros() | rows.trailing_zeros() << 2;
-            let variant = Variant { dim: d, tile, flags, ..Default::default() };
+            let variant = Variant { dim: d, tile, flags: lanes.trailing_zeros(), ..Default::default() };
             (ATTENTION_LANES, ["lanes_backward_q", "lanes_backward_kv"], variant, ROWS)
         }
         Kernel::Blocked { tile } => {

@@ -203,12 +203,12 @@ pub struct Tuning {
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
     pub coop_f16: bool,
-    /// Threads a row and rows a thread of the per-row attention backward where it runs
-    /// (`attention::pick`): at over 1 lane, `attention_lanes.wgsl` splits the head dimension
-    /// between that many lanes of a subgroup. (2, 2) on GPUs with subgroups (not CPU adapters,
-    /// where the shuffles only add work, nor OpenGL), else (1, 1);
-    /// `PAGETRAIN_ATTENTION_LANES=L` or `LxR` (lanes × rows) chooses.
-    pub attention_lanes: (u32, u32),
+    /// Threads per row of the per-row attention backward where it runs (`attention::pick`): over
+    /// 1, `attention_lanes.wgsl` splits the head dimension between that many lanes of a subgroup.
+    /// 2 on GPUs with subgroups (H200, GPT-2 small, f32: q + kv 16.1 + 15.7 ms a step, against
+    /// 25.9 + 19.8 at 4, 42.6 + 22.2 at 8 and 16.7 + 33.4 at 1), not on CPU adapters, where the
+    /// shuffles only add work, nor OpenGL; else 1. `PAGETRAIN_ATTENTION_LANES=1|2|4|8` chooses.
+    pub attention_lanes: u32,
 }
 
 impl Tuning {
@@ -259,21 +259,18 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: (1, 1) }
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1 }
     }
 
     /// [`Tuning::attention_lanes`] for `gpu`.
-    pub fn attention_lanes_on(gpu: &Gpu) -> (u32, u32) {
-        let chosen = std::env::var("PAGETRAIN_ATTENTION_LANES").ok().and_then(|v| {
-            let (lanes, rows) = v.split_once('x').unwrap_or((&v, "1"));
-            Some((lanes.parse().ok()?, rows.parse().ok()?))
-        });
-        let default = if gpu.info.device_type == wgpu::DeviceType::Cpu { (1, 1) } else { (2, 2) };
-        let (lanes, rows) = chosen.unwrap_or(default);
-        if lanes > 1 && attention::lanes_supported(gpu, lanes) && matches!(rows, 1 | 2 | 4) {
-            (lanes, rows)
+    pub fn attention_lanes_on(gpu: &Gpu) -> u32 {
+        let chosen = std::env::var("PAGETRAIN_ATTENTION_LANES").ok().and_then(|v| v.parse().ok());
+        let default = if gpu.info.device_type == wgpu::DeviceType::Cpu { 1 } else { 2 };
+        let lanes = chosen.unwrap_or(default);
+        if lanes > 1 && attention::lanes_supported(gpu, lanes) {
+            lanes
         } else {
-            (1, 1)
+            1
         }
     }
 
