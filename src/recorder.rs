@@ -76,6 +76,8 @@ pub struct Recorder {
     defer: bool,
     /// A submission is due and put off until the gates open.
     due: Cell<bool>,
+    /// Dispatches were recorded since the last submission.
+    kernels_pending: Cell<bool>,
     /// Host seconds in submissions (their hooks included) and in polls of the device.
     submit_s: Cell<f64>,
     poll_s: Cell<f64>,
@@ -111,6 +113,7 @@ impl Recorder {
             gates: RefCell::new(Vec::new()),
             defer: defer_submits(),
             due: Cell::new(false),
+            kernels_pending: Cell::new(false),
             submit_s: Cell::new(0.0),
             poll_s: Cell::new(0.0),
             after_submit: RefCell::new(Vec::new()),
@@ -143,6 +146,7 @@ impl Recorder {
     /// (later, in order, while an earlier dispatch is deferred).
     pub fn dispatch(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
         self.commands.set(self.commands.get() + 1);
+        self.kernels_pending.set(true);
         let mut deferred = self.deferred.borrow_mut();
         if deferred.is_empty() {
             drop(deferred);
@@ -156,6 +160,7 @@ impl Recorder {
     /// on a worker); dispatches after it follow it.
     pub fn dispatch_deferred(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
         self.commands.set(self.commands.get() + 1);
+        self.kernels_pending.set(true);
         self.deferred_count.set(self.deferred_count.get() + 1);
         self.deferred.borrow_mut().push(Box::new(f));
     }
@@ -245,6 +250,15 @@ impl Recorder {
         }
     }
 
+    /// Called before starting fills that a submission will wait for: the kernels recorded since
+    /// the last submission are submitted now, when nothing they carry is being filled, so the
+    /// GPU runs them while the copy threads fill instead of after.
+    pub fn submit_before_fills(&self) {
+        if self.defer && self.kernels_pending.get() && self.gates_open() {
+            self.flush();
+        }
+    }
+
     /// Runs `hook` with the index of the submission that carries the commands recorded so far.
     pub fn after_submit(&self, hook: impl FnOnce(&wgpu::SubmissionIndex) + 'static) {
         self.after_submit.borrow_mut().push(Box::new(hook));
@@ -278,6 +292,7 @@ impl Recorder {
         let start = Stopwatch::start();
         self.end_pass();
         self.due.set(false);
+        self.kernels_pending.set(false);
         self.gates.borrow_mut().clear();
         let encoder = self.encoder.borrow_mut().take();
         for hook in std::mem::take(&mut *self.before_submit.borrow_mut()) {

@@ -464,6 +464,17 @@ fn a_due_submission_waits_for_its_unfinished_fills_only_up_to_the_limit() {
     r.record(|enc| enc.clear_buffer(&buf, 0, None));
     r.staged(SUBMIT_BYTES * DEFER_LIMIT);
     assert_eq!(r.submissions(), before + 2, "at the limit it submits (and waits) anyway");
+    let open = Rc::new(Cell::new(false));
+    let o = open.clone();
+    r.gate(move || o.get());
+    r.dispatch(|_pass| {});
+    r.submit_before_fills();
+    assert_eq!(r.submissions(), before + 2, "kernels behind a fill wait for it");
+    open.set(true);
+    r.submit_before_fills();
+    assert_eq!(r.submissions(), before + 3, "kernels behind nothing go before new fills start");
+    r.submit_before_fills();
+    assert_eq!(r.submissions(), before + 3, "nothing recorded: nothing submitted");
     r.wait(None).unwrap();
 }
 

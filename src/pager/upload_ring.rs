@@ -147,6 +147,7 @@ impl UploadRing {
     ) -> Result<f64> {
         debug_assert!(src.len().is_multiple_of(4));
         self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
+        recorder.submit_before_fills();
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let offset = dst_offset + i as u64 * self.slot_bytes;
