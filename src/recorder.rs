@@ -4,10 +4,6 @@
 //! staging slots are waited for, the slots unmapped), submits everything, and then runs the hooks
 //! waiting for a submission (the staging rings re-map their buffers there).
 //!
-//! A submission that is due (enough commands or staged bytes) while background fills it must wait
-//! for are still running is put off until they are done (checked at each submission point), up
-//! to a hard limit: the recording thread records on instead of waiting for the copy threads.
-//!
 //! Consecutive dispatches go into one compute pass (wgpu still puts the barriers each needs
 //! between them); a copy or clear ends it, and the next dispatch opens another. A pass per
 //! dispatch cost the small models more CPU time than their kernels took on the GPU.
@@ -26,14 +22,7 @@ const SUBMIT_EVERY: u64 = 96;
 /// Staged transfer bytes after which work is submitted: a staging ring many times this size then
 /// never waits for the submission still being recorded (which would drain the GPU), only for
 /// older ones.
-pub const SUBMIT_BYTES: u64 = 64 << 20;
-/// A due submission is put off for unfinished fills until this many times the thresholds above
-/// are pending; then it waits for them.
-pub const DEFER_LIMIT: u64 = 4;
-/// Whether due submissions wait for fills at once (`PAGETRAIN_DEFER_SUBMIT=0`, for measuring).
-fn defer_submits() -> bool {
-    std::env::var("PAGETRAIN_DEFER_SUBMIT").map_or(true, |v| v != "0")
-}
+const SUBMIT_BYTES: u64 = 64 << 20;
 /// Bytes of direct copies (DMA from or to a pinned store: no staging slot to recycle) after which
 /// work is submitted, so the GPU starts on them; `PAGETRAIN_DMA_SUBMIT_MIB` sets it, for measuring.
 fn direct_submit_bytes() -> u64 {
@@ -51,7 +40,6 @@ pub trait Clearer {
 
 type Hook = Box<dyn FnOnce(&wgpu::SubmissionIndex)>;
 type PreHook = Box<dyn FnOnce()>;
-type Gate = Box<dyn Fn() -> bool>;
 type PassCommand = Box<dyn FnOnce(&mut wgpu::ComputePass<'static>)>;
 
 pub struct Recorder {
@@ -70,15 +58,8 @@ pub struct Recorder {
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
     before_submit: RefCell<Vec<PreHook>>,
-    /// Whether what the before-submit hooks wait for is done (e.g. a fill): a due submission
-    /// waits for these only at the hard limit.
-    gates: RefCell<Vec<Gate>>,
-    defer: bool,
-    /// A submission is due and put off until the gates open.
-    due: Cell<bool>,
-    /// Dispatches were recorded since the last submission.
-    kernels_pending: Cell<bool>,
-    /// Host seconds in submissions (their hooks included) and in polls of the device.
+    /// Host seconds in submissions (their hooks included: the waits for fills) and in polls of
+    /// the device, for the `bench --budget` breakdown.
     submit_s: Cell<f64>,
     poll_s: Cell<f64>,
     after_submit: RefCell<Vec<Hook>>,
@@ -110,10 +91,6 @@ impl Recorder {
             uniforms: RefCell::new(Vec::new()),
             arena,
             before_submit: RefCell::new(Vec::new()),
-            gates: RefCell::new(Vec::new()),
-            defer: defer_submits(),
-            due: Cell::new(false),
-            kernels_pending: Cell::new(false),
             submit_s: Cell::new(0.0),
             poll_s: Cell::new(0.0),
             after_submit: RefCell::new(Vec::new()),
@@ -146,7 +123,6 @@ impl Recorder {
     /// (later, in order, while an earlier dispatch is deferred).
     pub fn dispatch(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
         self.commands.set(self.commands.get() + 1);
-        self.kernels_pending.set(true);
         let mut deferred = self.deferred.borrow_mut();
         if deferred.is_empty() {
             drop(deferred);
@@ -160,7 +136,6 @@ impl Recorder {
     /// on a worker); dispatches after it follow it.
     pub fn dispatch_deferred(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>) + 'static) {
         self.commands.set(self.commands.get() + 1);
-        self.kernels_pending.set(true);
         self.deferred_count.set(self.deferred_count.get() + 1);
         self.deferred.borrow_mut().push(Box::new(f));
     }
@@ -224,41 +199,6 @@ impl Recorder {
         self.before_submit.borrow_mut().push(Box::new(hook));
     }
 
-    /// `ready` says whether a before-submit hook would still wait: while it says no, a due
-    /// submission is put off (see [`Recorder::submit_due`]).
-    pub fn gate(&self, ready: impl Fn() -> bool + 'static) {
-        self.gates.borrow_mut().push(Box::new(ready));
-    }
-
-    /// Whether every gate of the pending submission is open (those open are dropped).
-    fn gates_open(&self) -> bool {
-        let mut gates = self.gates.borrow_mut();
-        gates.retain(|ready| !ready());
-        gates.is_empty()
-    }
-
-    /// A submission point where one is due: submits now when nothing it carries is still being
-    /// filled, or when `DEFER_LIMIT` times the thresholds are pending; else puts it off.
-    fn submit_due(&self) {
-        let over = self.commands.get() >= SUBMIT_EVERY * DEFER_LIMIT
-            || self.staged_bytes.get() >= SUBMIT_BYTES * DEFER_LIMIT
-            || self.direct_bytes.get() >= self.direct_submit_bytes.saturating_mul(DEFER_LIMIT);
-        if !self.defer || over || self.gates_open() {
-            self.flush();
-        } else {
-            self.due.set(true);
-        }
-    }
-
-    /// Called before starting fills that a submission will wait for: the kernels recorded since
-    /// the last submission are submitted now, when nothing they carry is being filled, so the
-    /// GPU runs them while the copy threads fill instead of after.
-    pub fn submit_before_fills(&self) {
-        if self.defer && self.kernels_pending.get() && self.gates_open() {
-            self.flush();
-        }
-    }
-
     /// Runs `hook` with the index of the submission that carries the commands recorded so far.
     pub fn after_submit(&self, hook: impl FnOnce(&wgpu::SubmissionIndex) + 'static) {
         self.after_submit.borrow_mut().push(Box::new(hook));
@@ -266,24 +206,24 @@ impl Recorder {
 
     /// Submits when enough commands are pending that the GPU should start on them.
     pub fn maybe_submit(&self) {
-        if self.due.get() || self.commands.get() >= SUBMIT_EVERY {
-            self.submit_due();
+        if self.commands.get() >= SUBMIT_EVERY {
+            self.flush();
         }
     }
 
     /// Counts `bytes` of staged copies just recorded; submits once enough are pending.
     pub fn staged(&self, bytes: u64) {
         self.staged_bytes.set(self.staged_bytes.get() + bytes);
-        if self.due.get() || self.staged_bytes.get() >= SUBMIT_BYTES {
-            self.submit_due();
+        if self.staged_bytes.get() >= SUBMIT_BYTES {
+            self.flush();
         }
     }
 
     /// Counts `bytes` of direct copies just recorded; submits once enough are pending.
     pub fn copied_direct(&self, bytes: u64) {
         self.direct_bytes.set(self.direct_bytes.get() + bytes);
-        if self.due.get() || self.direct_bytes.get() >= self.direct_submit_bytes {
-            self.submit_due();
+        if self.direct_bytes.get() >= self.direct_submit_bytes {
+            self.flush();
         }
     }
 
@@ -291,9 +231,6 @@ impl Recorder {
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let start = Stopwatch::start();
         self.end_pass();
-        self.due.set(false);
-        self.kernels_pending.set(false);
-        self.gates.borrow_mut().clear();
         let encoder = self.encoder.borrow_mut().take();
         for hook in std::mem::take(&mut *self.before_submit.borrow_mut()) {
             hook();

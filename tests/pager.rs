@@ -414,7 +414,11 @@ fn a_tensor_read_again_while_its_write_back_is_in_flight_comes_back_by_dma_with_
     let Some((gpu, store)) = pinned_store() else { return };
     let n = 1500;
     let budget = 2 * pagetrain::pager::size_class(n as u64 * 4);
-    let ctx = Context::with_store(gpu, Box::new(store), &PagerOptions { upload: UploadPath::Ring, ..opts(budget, Policy::Lru) });
+    let ctx = Context::with_store(
+        gpu,
+        Box::new(store),
+        &PagerOptions { upload: UploadPath::Ring, ..opts(budget, Policy::Lru) },
+    );
     let scale = |out: &Tensor, x: &Tensor, alpha: f32| {
         let _op = ctx.op();
         let (o, x) = (ctx.write(out).unwrap(), ctx.read(x).unwrap());
@@ -432,50 +436,6 @@ fn a_tensor_read_again_while_its_write_back_is_in_flight_comes_back_by_dma_with_
     assert_same("y", &read(&ctx, &y), &scaled(-1.0));
     assert_same("z", &read(&ctx, &z), &scaled(1.0));
     assert!(ctx.pager.stats().peak_bytes <= budget);
-}
-
-#[test]
-fn a_due_submission_waits_for_its_unfinished_fills_only_up_to_the_limit() {
-    use pagetrain::recorder::{DEFER_LIMIT, SUBMIT_BYTES};
-    use std::cell::Cell;
-    use std::rc::Rc;
-    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
-    let r = &ctx.recorder;
-    let buf = ctx.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("cleared"),
-        size: 256,
-        usage: wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    r.flush();
-    let filled = Rc::new(Cell::new(false));
-    let f = filled.clone();
-    r.gate(move || f.get());
-    let before = r.submissions();
-    r.record(|enc| enc.clear_buffer(&buf, 0, None));
-    r.staged(SUBMIT_BYTES);
-    assert_eq!(r.submissions(), before, "due, but its fill is not done: put off");
-    r.maybe_submit();
-    assert_eq!(r.submissions(), before, "still not done");
-    filled.set(true);
-    r.maybe_submit();
-    assert_eq!(r.submissions(), before + 1, "submitted at the first point after the fill is done");
-    r.gate(|| false);
-    r.record(|enc| enc.clear_buffer(&buf, 0, None));
-    r.staged(SUBMIT_BYTES * DEFER_LIMIT);
-    assert_eq!(r.submissions(), before + 2, "at the limit it submits (and waits) anyway");
-    let open = Rc::new(Cell::new(false));
-    let o = open.clone();
-    r.gate(move || o.get());
-    r.dispatch(|_pass| {});
-    r.submit_before_fills();
-    assert_eq!(r.submissions(), before + 2, "kernels behind a fill wait for it");
-    open.set(true);
-    r.submit_before_fills();
-    assert_eq!(r.submissions(), before + 3, "kernels behind nothing go before new fills start");
-    r.submit_before_fills();
-    assert_eq!(r.submissions(), before + 3, "nothing recorded: nothing submitted");
-    r.wait(None).unwrap();
 }
 
 #[test]

@@ -100,17 +100,11 @@ impl UploadRing {
     /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
     /// turn (waited for; `None` where the ring may not block). Returns it and the seconds waited.
     fn acquire(&self, recorder: &Recorder) -> Result<Option<(Rc<Slot>, f64)>> {
-        // Polling (which runs the map callbacks) costs host time on every chunk: only when no
-        // slot is known to be mapped.
-        let mapped = || self.slots.borrow().iter().find(|s| s.state() == MAPPED).cloned();
-        if let Some(slot) = mapped() {
-            return Ok(Some((slot, 0.0)));
-        }
         recorder.poll();
-        if let Some(slot) = mapped() {
-            return Ok(Some((slot, 0.0)));
-        }
         let mut slots = self.slots.borrow_mut();
+        if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
+            return Ok(Some((slot.clone(), 0.0)));
+        }
         if slots.len() < self.max {
             let slot = self.new_slot(slots.len())?;
             slots.push(slot.clone());
@@ -147,7 +141,6 @@ impl UploadRing {
     ) -> Result<f64> {
         debug_assert!(src.len().is_multiple_of(4));
         self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
-        recorder.submit_before_fills();
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let offset = dst_offset + i as u64 * self.slot_bytes;
@@ -178,8 +171,6 @@ impl UploadRing {
             let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
             self.pending.borrow_mut().push((owner, ticket.clone()));
             recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
-            let gate = ticket.clone();
-            recorder.gate(move || gate.is_done());
             let (filled, waits) = (slot.clone(), self.fill_waits.clone());
             recorder.before_submit(move || {
                 let start = Stopwatch::start();
