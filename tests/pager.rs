@@ -407,6 +407,38 @@ fn gradient_norms_taken_during_backward_equal_those_after_and_upload_less() {
 }
 
 #[test]
+fn a_tensor_read_again_while_its_write_back_is_in_flight_comes_back_by_dma_with_its_values() {
+    // The ring's path over a pinned store: write-backs go into the store by DMA, and a tensor
+    // needed again before its write-back's submission is done is uploaded by DMA too (after it
+    // on the GPU) instead of waiting for the GPU.
+    let Some((gpu, store)) = pinned_store() else { return };
+    let n = 1500;
+    let budget = 2 * pagetrain::pager::size_class(n as u64 * 4);
+    let ctx = Context::with_store(
+        gpu,
+        Box::new(store),
+        &PagerOptions { upload: UploadPath::Ring, ..opts(budget, Policy::Lru) },
+    );
+    let scale = |out: &Tensor, x: &Tensor, alpha: f32| {
+        let _op = ctx.op();
+        let (o, x) = (ctx.write(out).unwrap(), ctx.read(x).unwrap());
+        elementwise::scale_forward(&ctx.kernels, &o, &x, alpha, n).unwrap();
+    };
+    let want_a = values(7, n);
+    let a = ctx.from_f32("a", &[n], &want_a, false).unwrap();
+    let [x, y, z] = ["x", "y", "z"].map(|name| ctx.empty(name, &[n], pagetrain::DType::F32, false).unwrap());
+    scale(&x, &a, 2.0); // x dirty, a read after it: x is the older
+    scale(&y, &a, -1.0); // evicts x: its write-back is recorded
+    scale(&z, &x, 0.5); // evicts y, then a, for x, whose write-back is not done yet
+    assert!(ctx.pager.counters().uploads_behind_writeback >= 1, "{:?}", ctx.pager.counters());
+    let scaled = |alpha: f32| want_a.iter().map(|v| v * alpha).collect::<Vec<f32>>();
+    assert_same("x", &read(&ctx, &x), &scaled(2.0));
+    assert_same("y", &read(&ctx, &y), &scaled(-1.0));
+    assert_same("z", &read(&ctx, &z), &scaled(1.0));
+    assert!(ctx.pager.stats().peak_bytes <= budget);
+}
+
+#[test]
 fn a_tensor_larger_than_the_budget_is_budget_too_small() {
     let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(64 << 10, Policy::Belady));
     match ctx.zeros("huge", &[1 << 16], false) {
