@@ -80,6 +80,7 @@ pub const EMBEDDING: Shader = shader!("embedding");
 pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
+pub const MATMUL_LARGE: Shader = shader!("matmul_large", true);
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
@@ -137,6 +138,7 @@ pub const ALL: &[Shader] = &[
     LAYERNORM,
     MATMUL,
     MATMUL_COOP,
+    MATMUL_LARGE,
     OPTIM,
     REDUCE,
     SOFTMAX,
@@ -221,6 +223,8 @@ impl Tuning {
 
 /// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
+/// Storage buffers `matmul_large` binds (c, a, b, bias, bq, bscale, and a, b again as vec4).
+pub const LARGE_STORAGE_BINDINGS: u32 = 8;
 /// Workgroup memory `matmul_coop` declares: two operands, two buffers of 128 × (32 + 8) halves,
 /// and a 16×16 f32 scratch for each of its 8 subgroups.
 pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 8 * 256 * 4;
@@ -242,7 +246,7 @@ pub enum MatmulVariant {
 
 impl Tuning {
     /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them
-    /// (and the adapter the workgroup memory), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
+    /// (and the adapter the workgroup memory and bindings), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
     pub fn for_adapter(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Tuning {
         let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
             Ok("tiled") => MatmulVariant::Tiled,
@@ -250,6 +254,7 @@ impl Tuning {
             Ok("large") => MatmulVariant::Large,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
             _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
+            _ if limits.max_storage_buffers_per_shader_stage < LARGE_STORAGE_BINDINGS => MatmulVariant::Tiled,
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
@@ -354,7 +359,8 @@ impl Kernels {
         }
     }
 
-    /// A 16-byte f32 storage buffer for unused read-write bindings (see `write_dummy`).
+    /// A 16-byte f32 storage buffer for unused read-write bindings, or read-only ones that must
+    /// hold at least a vec4 (see `write_dummy`).
     pub fn write_dummy(&self) -> View {
         self.write_dummy
             .borrow_mut()
