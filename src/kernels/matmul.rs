@@ -1,8 +1,8 @@
-//! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched; transposes by strides
-//! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
-//! weight gradients.
+//! Launcher for `shaders/matmul.wgsl` and `shaders/matmul_large.wgsl`: tiled, register-blocked,
+//! batched; transposes by strides (64×64 and direct kernels) or compiled into the pipeline
+//! (128×128 `matmul_large`, vec4 reads where the layout allows); split-K for weight gradients.
 
-use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_LARGE, MAX_GROUPS};
+use super::{Kernels, LargeVec4, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_LARGE, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
@@ -261,8 +261,12 @@ fn launch_large(
             && v.offset.is_multiple_of(16)
             && v.size >= 16
     };
-    let vec_a = vec_ok(a_row, g.offsets[0], a);
-    let vec_b = !quant && vec_ok(b_row, g.offsets[1], b);
+    let allowed = |depth_fast: bool, depth_bit: u32, rows_bit: u32| {
+        let bit = if depth_fast { depth_bit } else { rows_bit };
+        (k.tuning.large_vec4 & bit) != 0
+    };
+    let vec_a = allowed(!g.trans_a, LargeVec4::A_DEPTH, LargeVec4::A_ROWS) && vec_ok(a_row, g.offsets[0], a);
+    let vec_b = allowed(g.trans_b, LargeVec4::B_DEPTH, LargeVec4::B_ROWS) && !quant && vec_ok(b_row, g.offsets[1], b);
     let flags = large_flags(&g, p.has_bias != 0, quant) | (vec_a as u32) << 5 | (vec_b as u32) << 6;
     let stand_in = k.write_dummy();
     let (a4, b4) = (if vec_a { a } else { &stand_in }, if vec_b { b } else { &stand_in });

@@ -211,6 +211,23 @@ pub struct Tuning {
     /// 25.9 + 19.8 at 4, 42.6 + 22.2 at 8 and 16.7 + 33.4 at 1), not on CPU adapters, where the
     /// shuffles only add work, nor OpenGL; else 1. `PAGETRAIN_ATTENTION_LANES=1|2|4|8` chooses.
     pub attention_lanes: u32,
+    /// Which operand reads `matmul_large` makes a vec4 at a time where the layout allows
+    /// ([`LargeVec4`] bits): all (H200 4096³ NN / NT / TN 41.2 / 40.2 / 47.2 TFLOP/s against 39.7
+    /// / 37.4 / 41.8 reading elements; GPT-2 small's f32 step 259.2 against 264.9 ms).
+    /// `PAGETRAIN_MATMUL_VEC4=<bits>` overrides it, for measuring.
+    pub large_vec4: u32,
+}
+
+/// Bits of [`Tuning::large_vec4`]: an operand read by vec4 along its depth (A not transposed,
+/// B transposed) or along its rows (A transposed, B not transposed).
+pub struct LargeVec4;
+
+impl LargeVec4 {
+    pub const A_DEPTH: u32 = 1;
+    pub const A_ROWS: u32 = 2;
+    pub const B_DEPTH: u32 = 4;
+    pub const B_ROWS: u32 = 8;
+    pub const ALL: u32 = 15;
 }
 
 impl Tuning {
@@ -264,7 +281,9 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1 }
+        let large_vec4 =
+            std::env::var("PAGETRAIN_MATMUL_VEC4").ok().and_then(|v| v.parse().ok()).unwrap_or(LargeVec4::ALL);
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1, large_vec4 }
     }
 
     /// [`Tuning::attention_lanes`] for `gpu`.
