@@ -58,12 +58,15 @@ fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant,
 #[test]
 fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
     // Each of the 16 pipelines matmul_large compiles for f32 B (A/B transposed, bias, beta), on
-    // shapes with ragged 128-tiles in M and N and K off the 8-deep slice.
+    // shapes with ragged 128-tiles in M and N and K off the 8-deep slice; read by element, and
+    // by vec4 where the operands' rows are a multiple of 4 long ((1, 3, 257, 4): A only when
+    // not transposed; (2, 260, 132, 44): both, in every layout).
     let ctx = ctx();
     let mut rng = Rng::new(2);
     for flags in 0..16u32 {
-        // (1, 259, 130, 41): tiles wholly inside M and N, whose full slices load unchecked
-        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41)] {
+        // (1, 259, 130, 41), (2, 260, 132, 44): tiles wholly inside M and N, whose full slices
+        // load unchecked
+        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41), (2, 260, 132, 44)] {
             let g = Gemm {
                 batch,
                 m,
@@ -196,12 +199,12 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
 
 #[test]
 fn matmul_offsets_select_row_chunks() {
-    // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch.
+    // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch
+    // (K = 12: offsets and rows 4-aligned, which matmul_large reads by vec4).
     let ctx = ctx();
     let mut rng = Rng::new(21);
-    let (m, n, k) = (17, 33, 9);
-    let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
-    for variant in VARIANTS {
+    for (variant, (m, n, k)) in VARIANTS.into_iter().flat_map(|v| [(v, (17, 33, 9)), (v, (17, 36, 12))]) {
+        let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
         let a = randn(&mut rng, oa + m * k, 1.0);
         let b = randn(&mut rng, ob + n * k, 1.0);
         let mut c0 = randn(&mut rng, oc + m * n, 1.0);
@@ -217,7 +220,7 @@ fn matmul_offsets_select_row_chunks() {
         let mut want: Vec<f64> = to64(&c0[..oc]);
         want.extend(chunk);
         c0.clear();
-        assert_close(&format!("matmul offsets {variant:?}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
+        assert_close(&format!("matmul offsets {variant:?} {m}x{n}x{k}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
     }
 }
 
@@ -227,7 +230,7 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
     let ctx = ctx();
     let mut rng = Rng::new(22);
     for &(m, k, n) in &[(1, 1, 1), (3, 17, 65), (65, 129, 3), (17, 64, 1000)] {
-        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+        for variant in VARIANTS {
             for trans_b in [false, true] {
                 // W is stored (rows, cols) = (k, n) for x·W, (n, k) for x·Wᵀ; one scale per stored row.
                 let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
