@@ -1,17 +1,19 @@
 // matmul_large: C[b] = alpha * op(A[b]) . op(B[b]) + beta * C[b] (+ bias), for b < batch, for big
 // shapes on GPUs: the product, Params and bindings of `matmul` (shaders/matmul.wgsl) plus a4 and b4.
 // Layout and epilogue are fixed when the pipeline is compiled (FLAGS: 1 A transposed, 2 B
-// transposed, 4 bias, 8 beta != 0, 16 int8 B, 32 A read a vec4 at a time, 64 B likewise), so
-// there are no runtime strides or layout branches.
+// transposed, 4 bias, 8 beta != 0, 16 int8 B, 32 A read a vec4 at a time, 64 B likewise, 128
+// narrow tiles), so there are no runtime strides or layout branches.
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2.
 // Bindings: c, a, b, bias, bq, bscale (as in `matmul`), a4, b4, Params. a4 and b4 are a and b
 // again, read 4 floats at a time, when FLAGS & 32 (A) or FLAGS & 64 (B): the operand is f32, its
 // stored rows are a multiple of 4 long and it starts 4-aligned, so a vec4 never straddles a row or
 // the matrix's edge. Otherwise a4/b4 are a stand-in and each element is read alone (any shape).
-// Tiling: a workgroup of 256 threads computes a 128x128 tile of C, each thread 8x8 outputs in
-// registers; K advances 8 at a time through two workgroup buffers, the next slice loaded into
-// registers while the current one is multiplied (one barrier a slice).
-// Dispatch (ceil(N/128), ceil(M/128), batch). Loads are guarded, so any shape is correct.
+// Tiling: a workgroup of 256 threads computes a 128xTN tile of C, each thread 8x8 outputs in
+// registers (TN = 128), or 8x6 with narrow tiles (FLAGS & 128: TN = 96, for products whose
+// 128-wide tiles would leave the GPU's last wave half empty); K advances 8 at a time through two
+// workgroup buffers, the next slice loaded into registers while the current one is multiplied
+// (one barrier a slice).
+// Dispatch (ceil(N/TN), ceil(M/128), batch). Loads are guarded, so any shape is correct.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -48,6 +50,11 @@ struct Params {
 @group(0) @binding(8) var<uniform> p: Params;
 
 const LT: u32 = 128u;
+// Columns of a tile: 128, or 96 with narrow tiles.
+const NARROW: bool = (FLAGS & 128u) != 0u;
+const TN: u32 = 128u - 32u * ((FLAGS >> 7u) & 1u);
+// vec4 groups of B's columns in a depth row of a slice (32 or 24).
+const BQ: u32 = TN / 4u;
 // Depth of a K slice (16 measured slower on the H200).
 const LK: u32 = 8u;
 // vec4 slots per depth row of a buffer: 32 for the 128 rows (A) or columns (B), plus one of
@@ -64,6 +71,11 @@ const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
 const QUANT_B: bool = (FLAGS & 16u) != 0u;
 const VEC_A: bool = (FLAGS & 32u) != 0u;
 const VEC_B: bool = (FLAGS & 64u) != 0u;
+// Threads that load B: with B read by element along its depth, all (each holds 4 columns, or 3
+// of a narrow tile); else two a column (vec4 along the depth) or 8 a depth row of BQ vec4s,
+// which is 2·TN either way (256 for 128-wide tiles).
+const B_BY_ELEMENT_DEPTH: u32 = ((FLAGS >> 1u) & 1u) * (1u - ((FLAGS >> 6u) & 1u));
+const B_LOADERS: u32 = 2u * TN + (256u - 2u * TN) * B_BY_ELEMENT_DEPTH;
 
 // Two buffers of one slice each: [buffer][k][128 rows (A) or columns (B) as 32 vec4, 1 spare]
 // (16.5 KiB in all: adapters with less workgroup memory use the 64x64 kernel).
@@ -155,10 +167,15 @@ fn large_fetch_b(base: u32, n0: u32, k0: u32, tid: u32, j: u32, ch: bool) -> vec
         }
         let n = n0 + tid / LK + RS * 4u * j;
         let k = k0 + tid % LK;
-        return vec4<f32>(large_b(base, k, n, ch), large_b(base, k, n + RS, ch), large_b(base, k, n + 2u * RS, ch), large_b(base, k, n + 3u * RS, ch));
+        // (a narrow tile's 96 columns need no fourth)
+        var last = 0.0;
+        if (!NARROW) {
+            last = large_b(base, k, n + 3u * RS, ch);
+        }
+        return vec4<f32>(large_b(base, k, n, ch), large_b(base, k, n + RS, ch), large_b(base, k, n + 2u * RS, ch), last);
     }
-    let k = k0 + tid / 32u + 8u * j;
-    let n = n0 + (tid % 32u) * 4u;
+    let k = k0 + tid / BQ + 8u * j;
+    let n = n0 + (tid % BQ) * 4u;
     if (VEC_B) {
         return large_b4(base + k * p.n + n, !ch || (k < p.k && n < p.n));
     }
@@ -181,8 +198,9 @@ fn large_put1(is_a: bool, buf: u32, k: u32, r: u32, v: f32) {
 
 // Writes fetch j into buffer `buf`: one vec4 where rows are contiguous, else a lane per row
 // (`by_vec4`: the fetch is 4 depths of one row; else one depth of 4 rows). Either way a warp's
-// 32 stores of a step fall in 32 distinct banks (rows padded to 33 vec4).
-fn large_put(is_a: bool, depth_fast: bool, by_vec4: bool, buf: u32, tid: u32, j: u32, v: vec4<f32>) {
+// 32 stores of a step fall in 32 distinct banks (rows padded to 33 vec4). `quads`: vec4 groups
+// in a depth row of this operand's tile (32, or BQ for B).
+fn large_put(is_a: bool, depth_fast: bool, by_vec4: bool, quads: u32, buf: u32, tid: u32, j: u32, v: vec4<f32>) {
     if (depth_fast && by_vec4) {
         let k = (tid % 2u) * 4u;
         let r = tid / 2u + 128u * j;
@@ -208,10 +226,12 @@ fn large_put(is_a: bool, depth_fast: bool, by_vec4: bool, buf: u32, tid: u32, j:
             Bl[slots.x][lane] = v.x;
             Bl[slots.y][lane] = v.y;
             Bl[slots.z][lane] = v.z;
-            Bl[slots.w][lane] = v.w;
+            if (!NARROW) {
+                Bl[slots.w][lane] = v.w;
+            }
         }
     } else {
-        let at = large_slot(buf, tid / 32u + 8u * j, tid % 32u);
+        let at = large_slot(buf, tid / quads + 8u * j, tid % quads);
         if (is_a) {
             Al[at] = v;
         } else {
@@ -220,12 +240,13 @@ fn large_put(is_a: bool, depth_fast: bool, by_vec4: bool, buf: u32, tid: u32, j:
     }
 }
 
-// Stores 4 outputs of row gm from column gn: alpha·acc (+ bias) (+ beta·C), in bounds only.
-fn large_store(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>) {
+// Stores the first `cols` (<= 4) outputs of row gm from column gn: alpha·acc (+ bias)
+// (+ beta·C), in bounds only.
+fn large_store(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>, cols: u32) {
     if (gm >= p.m) {
         return;
     }
-    for (var j = 0u; j < 4u; j++) {
+    for (var j = 0u; j < cols; j++) {
         let n = gn + j;
         if (n < p.n) {
             let idx = c_base + gm * p.n + n;
@@ -246,23 +267,27 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     let tx = tid % 16u;
     let ty = tid / 16u;
     let m0 = wid.y * LT;
-    let n0 = wid.x * LT;
+    let n0 = wid.x * TN;
     let a_base = p.a_off + wid.z * p.stride_a;
     let b_base = p.b_off + wid.z * p.stride_b;
     let c_base = p.c_off + wid.z * p.stride_c;
 
-    // acc[2i + h]: row (i < 4 ? 4ty + i : 64 + 4ty + i - 4), columns 4tx.. (h = 0) or 64 + 4tx.. (h = 1)
+    // acc[2i + h]: row (i < 4 ? 4ty + i : 64 + 4ty + i - 4), columns 4tx.. (h = 0) or 64 + 4tx..
+    // (h = 1); narrow tiles: 64 + 2tx, 64 + 2tx + 1 in lanes x, y for h = 1
+    let b_loads = tid < B_LOADERS;
     var acc: array<vec4<f32>, 16>;
     for (var i = 0u; i < 16u; i++) {
         acc[i] = vec4<f32>(0.0);
     }
 
     for (var j = 0u; j < LV; j++) {
-        large_put(true, !TRANS_A, VEC_A, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j, true));
-        large_put(false, TRANS_B, VEC_B, 0u, tid, j, large_fetch_b(b_base, n0, 0u, tid, j, true));
+        large_put(true, !TRANS_A, VEC_A, 32u, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j, true));
+        if (b_loads) {
+            large_put(false, TRANS_B, VEC_B, BQ, 0u, tid, j, large_fetch_b(b_base, n0, 0u, tid, j, true));
+        }
     }
     // Tiles wholly inside M and N load their full-depth slices without bounds tests.
-    let inside = m0 + LT <= p.m && n0 + LT <= p.n;
+    let inside = m0 + LT <= p.m && n0 + TN <= p.n;
     workgroupBarrier();
     let slices = (p.k + LK - 1u) / LK;
     var na: array<vec4<f32>, LV>;
@@ -274,42 +299,83 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         if (more && inside && k1 + LK <= p.k) {
             for (var j = 0u; j < LV; j++) {
                 na[j] = large_fetch_a(a_base, m0, k1, tid, j, false);
-                nb[j] = large_fetch_b(b_base, n0, k1, tid, j, false);
+                if (b_loads) {
+                    nb[j] = large_fetch_b(b_base, n0, k1, tid, j, false);
+                }
             }
         } else if (more) {
             for (var j = 0u; j < LV; j++) {
                 na[j] = large_fetch_a(a_base, m0, k1, tid, j, true);
-                nb[j] = large_fetch_b(b_base, n0, k1, tid, j, true);
+                if (b_loads) {
+                    nb[j] = large_fetch_b(b_base, n0, k1, tid, j, true);
+                }
             }
         }
-        for (var kk = 0u; kk < LK; kk++) {
-            let row = cur + kk * ROW;
-            let a0 = Al[row + ty];
-            let a1 = Al[row + 16u + ty];
-            let b0 = Bl[row + tx];
-            let b1 = Bl[row + 16u + tx];
-            acc[0] += a0.x * b0;
-            acc[1] += a0.x * b1;
-            acc[2] += a0.y * b0;
-            acc[3] += a0.y * b1;
-            acc[4] += a0.z * b0;
-            acc[5] += a0.z * b1;
-            acc[6] += a0.w * b0;
-            acc[7] += a0.w * b1;
-            acc[8] += a1.x * b0;
-            acc[9] += a1.x * b1;
-            acc[10] += a1.y * b0;
-            acc[11] += a1.y * b1;
-            acc[12] += a1.z * b0;
-            acc[13] += a1.z * b1;
-            acc[14] += a1.w * b0;
-            acc[15] += a1.w * b1;
+        if (NARROW) {
+            for (var kk = 0u; kk < LK; kk++) {
+                let row = cur + kk * ROW;
+                let a0 = Al[row + ty];
+                let a1 = Al[row + 16u + ty];
+                let b0 = Bl[row + tx];
+                let b_pair = Bl[row + 16u + tx / 2u];
+                let b1 = select(b_pair.xy, b_pair.zw, tx % 2u == 1u);
+                acc[0] += a0.x * b0;
+                acc[1].x += a0.x * b1.x;
+                acc[1].y += a0.x * b1.y;
+                acc[2] += a0.y * b0;
+                acc[3].x += a0.y * b1.x;
+                acc[3].y += a0.y * b1.y;
+                acc[4] += a0.z * b0;
+                acc[5].x += a0.z * b1.x;
+                acc[5].y += a0.z * b1.y;
+                acc[6] += a0.w * b0;
+                acc[7].x += a0.w * b1.x;
+                acc[7].y += a0.w * b1.y;
+                acc[8] += a1.x * b0;
+                acc[9].x += a1.x * b1.x;
+                acc[9].y += a1.x * b1.y;
+                acc[10] += a1.y * b0;
+                acc[11].x += a1.y * b1.x;
+                acc[11].y += a1.y * b1.y;
+                acc[12] += a1.z * b0;
+                acc[13].x += a1.z * b1.x;
+                acc[13].y += a1.z * b1.y;
+                acc[14] += a1.w * b0;
+                acc[15].x += a1.w * b1.x;
+                acc[15].y += a1.w * b1.y;
+            }
+        } else {
+            for (var kk = 0u; kk < LK; kk++) {
+                let row = cur + kk * ROW;
+                let a0 = Al[row + ty];
+                let a1 = Al[row + 16u + ty];
+                let b0 = Bl[row + tx];
+                let b1 = Bl[row + 16u + tx];
+                acc[0] += a0.x * b0;
+                acc[1] += a0.x * b1;
+                acc[2] += a0.y * b0;
+                acc[3] += a0.y * b1;
+                acc[4] += a0.z * b0;
+                acc[5] += a0.z * b1;
+                acc[6] += a0.w * b0;
+                acc[7] += a0.w * b1;
+                acc[8] += a1.x * b0;
+                acc[9] += a1.x * b1;
+                acc[10] += a1.y * b0;
+                acc[11] += a1.y * b1;
+                acc[12] += a1.z * b0;
+                acc[13] += a1.z * b1;
+                acc[14] += a1.w * b0;
+                acc[15] += a1.w * b1;
+            }
         }
         if (more) {
             let next = 1u - s % 2u;
             for (var j = 0u; j < LV; j++) {
-                large_put(true, !TRANS_A, VEC_A, next, tid, j, na[j]);
-                large_put(false, TRANS_B, VEC_B, next, tid, j, nb[j]);
+                large_put(true, !TRANS_A, VEC_A, 32u, next, tid, j, na[j]);
+                if (b_loads) {
+                    large_put(false, TRANS_B, VEC_B, BQ, next, tid, j, nb[j]);
+                }
             }
         }
         workgroupBarrier();
@@ -317,7 +383,11 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 
     for (var i = 0u; i < 8u; i++) {
         let gm = m0 + select(4u * ty + i, 64u + 4u * ty + i - 4u, i >= 4u);
-        large_store(c_base, gm, n0 + 4u * tx, acc[2u * i]);
-        large_store(c_base, gm, n0 + 64u + 4u * tx, acc[2u * i + 1u]);
+        large_store(c_base, gm, n0 + 4u * tx, acc[2u * i], 4u);
+        if (NARROW) {
+            large_store(c_base, gm, n0 + 64u + 2u * tx, acc[2u * i + 1u], 2u);
+        } else {
+            large_store(c_base, gm, n0 + 64u + 4u * tx, acc[2u * i + 1u], 4u);
+        }
     }
 }

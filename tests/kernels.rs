@@ -8,7 +8,8 @@ use common::{assert_close, ctx, randn, to64, Guarded, AWKWARD};
 use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
 use pagetrain::rng::Rng;
 
-const VARIANTS: [MatmulVariant; 3] = [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large];
+const VARIANTS: [MatmulVariant; 4] =
+    [MatmulVariant::Tiled, MatmulVariant::Direct, MatmulVariant::Large, MatmulVariant::Narrow];
 
 /// Runs one product on guarded buffers and checks it against the f64 reference.
 fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant, g: Gemm, with_bias: bool) {
@@ -79,6 +80,31 @@ fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
                 offsets: [0; 3],
             };
             check_matmul(&ctx, &mut rng, MatmulVariant::Large, g, flags & 4 != 0);
+        }
+    }
+}
+
+#[test]
+fn narrow_matmul_matches_reference_in_every_layout() {
+    // matmul_large's 128×96 tiles: every layout, B read by element and by vec4 (N a multiple of
+    // 4), bias and beta with B in both layouts; N below one tile, ragged 96-tiles, whole ones
+    // ((1, 129, 192, 44): tiles wholly inside M and N load unchecked), K off the 8-deep slice.
+    let ctx = ctx();
+    let mut rng = Rng::new(4);
+    for flags in [0u32, 1, 2, 3, 12, 14] {
+        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 194, 41), (1, 129, 192, 44)] {
+            let g = Gemm {
+                batch,
+                m,
+                n,
+                k,
+                trans_a: flags & 1 != 0,
+                trans_b: flags & 2 != 0,
+                alpha: 0.5,
+                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
+                offsets: [0; 3],
+            };
+            check_matmul(&ctx, &mut rng, MatmulVariant::Narrow, g, flags & 4 != 0);
         }
     }
 }
@@ -158,7 +184,14 @@ fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { trans_a: false, ..dw(768, 768) }), 1);
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { k: 300, ..dw(768, 768) }), 1);
     use kernels::matmul::pick;
-    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Large);
+    // N = 768: 384 wide tiles are 1.45 waves of 264, 512 narrow ones 1.94
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Narrow);
+    let nt = Gemm { trans_b: true, ..Gemm::new(8192, 768, 3072) };
+    assert_eq!(pick(MatmulVariant::Large, &nt), MatmulVariant::Narrow);
+    assert_eq!(pick(MatmulVariant::Large, &Gemm { batch: 2, ..nt }), MatmulVariant::Large);
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 2304, 768)), MatmulVariant::Large);
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(4096, 4096, 4096)), MatmulVariant::Large);
+    assert_eq!(pick(MatmulVariant::Narrow, &Gemm::new(64, 64, 4096)), MatmulVariant::Tiled);
     assert_eq!(pick(MatmulVariant::Large, &Gemm::new(64, 64, 4096)), MatmulVariant::Tiled);
     assert_eq!(pick(MatmulVariant::Direct, &Gemm::new(8192, 768, 768)), MatmulVariant::Direct);
 }

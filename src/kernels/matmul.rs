@@ -1,6 +1,7 @@
 //! Launcher for `shaders/matmul.wgsl` and `shaders/matmul_large.wgsl`: tiled, register-blocked,
 //! batched; transposes by strides (64×64 and direct kernels) or compiled into the pipeline
-//! (128×128 `matmul_large`, vec4 reads where the layout allows); split-K for weight gradients.
+//! (128×128 or 128×96 `matmul_large`, vec4 reads where the layout allows); split-K for weight
+//! gradients.
 
 use super::{Kernels, LargeVec4, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_LARGE, MAX_GROUPS};
 use crate::error::{Error, Result};
@@ -67,6 +68,11 @@ impl Gemm {
 
 const TILE: usize = 64;
 const LARGE_TILE: usize = 128;
+/// Columns of a narrow `matmul_large` tile (rows stay [`LARGE_TILE`]).
+const NARROW_TILE: usize = 96;
+/// Workgroups of `matmul_large` one wave of a GPU holds: the H200's 132 SMs × 2 (wgpu reports
+/// no SM count; 264 128×128 tiles ran 40.8 TFLOP/s, 270 27.7).
+const WAVE_TILES: usize = 264;
 /// Fewest 128×128 tiles for which the large kernel beats 64×64 tiles (H200, GPT-2 shapes).
 const LARGE_MIN_TILES: usize = 64;
 
@@ -142,14 +148,27 @@ pub fn matmul_split(
     super::reduce::sum_rows(k, c, partials, None, splits, g.m * g.n)
 }
 
-/// The variant for `g` under the adapter's choice `tuned`: `Large` keeps products too small to
-/// fill a GPU with 128×128 tiles on 64×64 ones.
+/// The variant for `g` under the adapter's choice `tuned`: `Large` (or `Narrow`) keeps products
+/// too small to fill a GPU with 128×128 tiles on 64×64 ones, and turns to narrow tiles where
+/// they fill whole waves better ([`narrow_fills_better`]).
 pub fn pick(tuned: MatmulVariant, g: &Gemm) -> MatmulVariant {
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE) * g.batch;
     match tuned {
-        MatmulVariant::Large if tiles < LARGE_MIN_TILES => MatmulVariant::Tiled,
+        MatmulVariant::Large | MatmulVariant::Narrow if tiles < LARGE_MIN_TILES => MatmulVariant::Tiled,
+        MatmulVariant::Large if narrow_fills_better(g) => MatmulVariant::Narrow,
         v => v,
     }
+}
+
+/// Whether 128×96 tiles finish an unbatched product in clearly fewer tile-times than 128×128
+/// ones, counting whole waves of [`WAVE_TILES`] and a narrow tile as 3/4 of a wide one: e.g.
+/// N = 768, M = 8192: 384 wide tiles take 2 waves (the second half empty), 512 narrow ones 2
+/// waves of 3/4 the time. (Batched products, split-K's among them, keep wide tiles: not measured.)
+pub fn narrow_fills_better(g: &Gemm) -> bool {
+    let waves = |cols: usize| (g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(cols)).div_ceil(WAVE_TILES);
+    // in quarter tile-times; a narrow tile has more loads per product, so it must win by a fifth
+    let (wide, narrow) = (4 * waves(LARGE_TILE), 3 * waves(NARROW_TILE));
+    g.batch == 1 && 5 * narrow < 4 * wide
 }
 
 /// [`matmul`] with an explicit variant (tests check every variant on every adapter).
@@ -195,9 +214,13 @@ fn launch(
     g: Gemm,
 ) -> Result<()> {
     // (matmul_direct: 16x16 threads of 8x8 outputs)
-    let tile = if matches!(variant, MatmulVariant::Tiled) { TILE } else { LARGE_TILE };
-    let tiles_n = g.n.div_ceil(tile);
-    let tiles_m = g.m.div_ceil(tile);
+    let (rows, cols) = match variant {
+        MatmulVariant::Tiled => (TILE, TILE),
+        MatmulVariant::Narrow => (LARGE_TILE, NARROW_TILE),
+        _ => (LARGE_TILE, LARGE_TILE),
+    };
+    let tiles_n = g.n.div_ceil(cols);
+    let tiles_m = g.m.div_ceil(rows);
     if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize || g.batch > MAX_GROUPS as usize {
         return Err(Error::invalid(
             "matmul",
@@ -234,13 +257,15 @@ fn launch(
     let entry = match variant {
         MatmulVariant::Tiled => "matmul",
         MatmulVariant::Direct => "matmul_direct",
-        MatmulVariant::Large => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups),
+        MatmulVariant::Large => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups, false),
+        MatmulVariant::Narrow => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups, true),
         MatmulVariant::Coop => return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups),
     };
     k.dispatch_variant(MATMUL, entry, Variant::default(), &[c, a, b, bias, bq, scales], &p, groups)
 }
 
-/// `matmul_large`, its layout and epilogue compiled in (see [`large_flags`]). An f32 operand
+/// `matmul_large`, its layout, epilogue and tile width (`narrow`: 96 columns) compiled in (see
+/// [`large_flags`]). An f32 operand
 /// whose stored rows are a multiple of 4 long and that starts 4-aligned is read a vec4 at a
 /// time through a second binding of the same view (a 16-byte stand-in is bound otherwise).
 fn launch_large(
@@ -249,6 +274,7 @@ fn launch_large(
     p: &Params,
     g: Gemm,
     groups: [u32; 3],
+    narrow: bool,
 ) -> Result<()> {
     let quant = p.quant_b != 0;
     // stored row length of each operand (its contiguous dimension)
@@ -267,7 +293,8 @@ fn launch_large(
     };
     let vec_a = allowed(!g.trans_a, LargeVec4::A_DEPTH, LargeVec4::A_ROWS) && vec_ok(a_row, g.offsets[0], a);
     let vec_b = allowed(g.trans_b, LargeVec4::B_DEPTH, LargeVec4::B_ROWS) && !quant && vec_ok(b_row, g.offsets[1], b);
-    let flags = large_flags(&g, p.has_bias != 0, quant) | (vec_a as u32) << 5 | (vec_b as u32) << 6;
+    let flags =
+        large_flags(&g, p.has_bias != 0, quant) | (vec_a as u32) << 5 | (vec_b as u32) << 6 | (narrow as u32) << 7;
     let stand_in = k.write_dummy();
     let (a4, b4) = (if vec_a { a } else { &stand_in }, if vec_b { b } else { &stand_in });
     let variant = Variant { flags, ..Default::default() };

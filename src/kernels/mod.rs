@@ -256,6 +256,9 @@ pub enum MatmulVariant {
     /// 128×128 tiles, 8×8 outputs a thread, double-buffered, one pipeline per layout and epilogue
     /// (GPUs: products with enough such tiles to fill the device).
     Large,
+    /// `matmul_large` with 128×96 tiles, 8×6 outputs a thread: products whose 128×128 tiles
+    /// would leave the GPU's last wave half empty (see `matmul::pick`).
+    Narrow,
     /// Cooperative matrices (tensor cores), 128×128 tiles, for products with an f16 operand where
     /// the adapter has them ([`Tuning::coop_f16`]).
     Coop,
@@ -269,6 +272,7 @@ impl Tuning {
             Ok("tiled") => MatmulVariant::Tiled,
             Ok("direct") => MatmulVariant::Direct,
             Ok("large") => MatmulVariant::Large,
+            Ok("narrow") => MatmulVariant::Narrow,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
             _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
             _ if limits.max_storage_buffers_per_shader_stage < LARGE_STORAGE_BINDINGS => MatmulVariant::Tiled,

@@ -107,11 +107,11 @@ pub(crate) enum Toggle {
     Off,
 }
 
-/// `MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|coop[:f32|f16]]]` → a product (letters: A, B
+/// `MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|narrow|coop[:f32|f16]]]` → a product (letters: A, B
 /// transposed or not), the variant to time it with (default: the one picked) and the operands'
 /// element type (default f32).
 fn parse_gemm(s: &str) -> Result<(Gemm, Option<MatmulVariant>, DType), String> {
-    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|coop[:f32|f16]]]");
+    let want = || format!("{s}: want MxNxK[:nn|nt|tn|tt[:auto|tiled|direct|large|narrow|coop[:f32|f16]]]");
     let mut parts = s.split(':');
     let dims = parts.next().unwrap_or_default();
     let layout = parts.next().unwrap_or("nn");
@@ -120,6 +120,7 @@ fn parse_gemm(s: &str) -> Result<(Gemm, Option<MatmulVariant>, DType), String> {
         Some("tiled") => Some(MatmulVariant::Tiled),
         Some("direct") => Some(MatmulVariant::Direct),
         Some("large") => Some(MatmulVariant::Large),
+        Some("narrow") => Some(MatmulVariant::Narrow),
         Some("coop") => Some(MatmulVariant::Coop),
         Some(_) => return Err(want()),
     };
