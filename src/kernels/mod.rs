@@ -266,7 +266,7 @@ pub enum MatmulVariant {
 
 impl Tuning {
     /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them
-    /// (and the adapter the workgroup memory and bindings), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
+    /// (and the adapter the workgroup memory and bindings), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large|narrow` forces one variant.
     pub fn for_adapter(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Tuning {
         let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
             Ok("tiled") => MatmulVariant::Tiled,
