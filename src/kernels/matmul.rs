@@ -2,7 +2,7 @@
 //! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
 //! weight gradients.
 
-use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MAX_GROUPS};
+use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
@@ -94,6 +94,9 @@ fn coop_operands(a: &View, b: &View) -> bool {
     float(a) && float(b) && (a.dtype == DType::F16 || b.dtype == DType::F16)
 }
 
+/// Shallowest K slice a split product gives `matmul_direct` (see [`split_k`]).
+const DIRECT_MIN_SLICE: usize = 512;
+
 /// Output tiles a split product aims for (H200, GPT-2 step: 400 ran 284–289 ms, 200 290 ms).
 const SPLIT_TARGET_TILES: usize = 400;
 
@@ -102,13 +105,24 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// fill a GPU; 1 = no split. The slices run as a batch (in this layout slice s of A and B starts
 /// at s·(K/S)·M and s·(K/S)·N, exactly the batch strides) into a scratch of (S, M·N), which
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
+/// On CPU adapters (`Direct`) the split is for the caches instead: a thread of `matmul_direct`
+/// streams its rows and columns over the whole depth, so K is cut into slices of at least
+/// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, weight gradients of K = 2048: 2 GFLOP per
+/// CPU-second unsplit, 4 at K = 512; 2.72 CPU-s a step at slices of 256, 2.38 at 512).
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
-    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop)
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct)
         || !layout_ok
         || g.m * g.n > super::MAX_GROUPS as usize * 256
     {
         return 1;
+    }
+    if tuned == MatmulVariant::Direct {
+        let mut s = 1;
+        while s < 16 && g.k.is_multiple_of(2 * s) && g.k / (2 * s) >= DIRECT_MIN_SLICE {
+            s *= 2;
+        }
+        return s;
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
     let mut s = 1;
@@ -194,7 +208,7 @@ fn launch(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
-    // (matmul_direct: 16x16 threads of 8x8 outputs)
+    // (matmul_direct: 16x16 threads of 8x8 outputs, as matmul_large)
     let tile = if matches!(variant, MatmulVariant::Tiled) { TILE } else { LARGE_TILE };
     let tiles_n = g.n.div_ceil(tile);
     let tiles_m = g.m.div_ceil(tile);
@@ -232,7 +246,16 @@ fn launch(
     let (bq, scales) = qb.map_or((dummy, dummy), |q| (q.q, q.scales));
     let (entry, flags) = match variant {
         MatmulVariant::Tiled => ("matmul", 0),
-        MatmulVariant::Direct => ("matmul_direct", 0),
+        MatmulVariant::Direct => {
+            let flags = direct_flags(&g, a, b, qb.is_some());
+            // (the stand-in for an operand read by scalars: 16 bytes, the least a vec4 array binds)
+            let unused = k.write_dummy();
+            let (a4, b4) = (if flags & 4 != 0 { a } else { &unused }, if flags & 8 != 0 { b } else { &unused });
+            let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
+            let variant = Variant { flags, ..Default::default() };
+            let views = [c, a, b, bias, bq, scales, a4, b4];
+            return k.dispatch_variant(MATMUL_DIRECT, "matmul_direct", variant, &views, &p, groups);
+        }
         MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
         MatmulVariant::Coop => {
             let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
@@ -286,6 +309,27 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
     k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
+}
+
+/// `matmul_direct`'s compile-time choices (FLAGS in its shader): 4 A and 8 B read as vec4 (f32
+/// operands whose stored rows are a multiple of 4 long and start 4-aligned, in a 16-aligned
+/// view), 1 A and 2 B transposed (only with their vec4 bit: scalar reads go by the strides),
+/// 16 int8 B.
+fn direct_flags(g: &Gemm, a: &View, b: &View, quant_b: bool) -> u32 {
+    let vec_ok = |row: usize, off: usize, v: &View| {
+        v.dtype == DType::F32
+            && row.is_multiple_of(4)
+            && off.is_multiple_of(4)
+            && v.offset.is_multiple_of(16)
+            && v.size >= 16
+    };
+    let vec_a = vec_ok(if g.trans_a { g.m } else { g.k }, g.offsets[0], a);
+    let vec_b = !quant_b && vec_ok(if g.trans_b { g.k } else { g.n }, g.offsets[1], b);
+    (vec_a && g.trans_a) as u32
+        | ((vec_b && g.trans_b) as u32) << 1
+        | (vec_a as u32) << 2
+        | (vec_b as u32) << 3
+        | (quant_b as u32) << 4
 }
 
 /// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,

@@ -79,6 +79,8 @@ pub const EMBEDDING: Shader = shader!("embedding");
 pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
+/// Matmul for CPU adapters: no workgroup memory, vec4 operand reads (see the shader's header).
+pub const MATMUL_DIRECT: Shader = shader!("matmul_direct");
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
@@ -135,6 +137,7 @@ pub const ALL: &[Shader] = &[
     LAYERNORM,
     MATMUL,
     MATMUL_COOP,
+    MATMUL_DIRECT,
     OPTIM,
     REDUCE,
     SOFTMAX,
