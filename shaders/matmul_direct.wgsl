@@ -13,8 +13,9 @@
 // B; `a4`, `b4` bind the same views) is read 4 floats a load: along the depth where the depth is
 // contiguous (A, or Bᵀ), else 4 rows (Aᵀ) or columns (B) at one depth. FLAGS & 1, & 2: A, B
 // stored transposed (needed only with the vec4 bits; the scalar reads go by the strides).
-// 8 scalar loads per 64 multiply-adds at a depth became 4 vec4 loads. The depths after the
-// last multiple of 4 are read one at a time.
+// 16 scalar loads per 64 multiply-adds at a depth became 4 vec4 loads (llvmpipe, char GPT
+// shapes: 3.5-4.5 became 6.7-8.3 GFLOP per CPU-second). The depths after the last multiple of 4
+// are read one at a time. (16x8 outputs a thread compiled for a minute and ran 5x slower.)
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
