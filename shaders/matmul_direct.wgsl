@@ -16,6 +16,8 @@
 // 16 scalar loads per 64 multiply-adds at a depth became 4 vec4 loads (llvmpipe, char GPT
 // shapes: 3.5-4.5 became 6.7-8.3 GFLOP per CPU-second). The depths after the last multiple of 4
 // are read one at a time. (16x8 outputs a thread compiled for a minute and ran 5x slower.)
+// Adapters with 8- or 16-lane subgroups run `matmul_direct_shared` (matmul_direct_subgroups.wgsl,
+// appended to this file) instead where A is read as vec4: one load of A per lane, not 8.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
 struct Params {
@@ -159,6 +161,70 @@ fn store4(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>) {
     }
 }
 
+// lo[i] += row i of `qa` times columns 0..3 of `qb` (hi: columns 4..7), at each of the 4 depths.
+fn mac_quad(lo: ptr<function, array<vec4<f32>, 8>>, hi: ptr<function, array<vec4<f32>, 8>>, qa: Quad, qb: Quad) {
+    for (var d = 0u; d < 4u; d++) {
+        let a0 = qa[2u * d];
+        let a1 = qa[2u * d + 1u];
+        let b0 = qb[2u * d];
+        let b1 = qb[2u * d + 1u];
+        (*lo)[0] += a0.x * b0;
+        (*hi)[0] += a0.x * b1;
+        (*lo)[1] += a0.y * b0;
+        (*hi)[1] += a0.y * b1;
+        (*lo)[2] += a0.z * b0;
+        (*hi)[2] += a0.z * b1;
+        (*lo)[3] += a0.w * b0;
+        (*hi)[3] += a0.w * b1;
+        (*lo)[4] += a1.x * b0;
+        (*hi)[4] += a1.x * b1;
+        (*lo)[5] += a1.y * b0;
+        (*hi)[5] += a1.y * b1;
+        (*lo)[6] += a1.z * b0;
+        (*hi)[6] += a1.z * b1;
+        (*lo)[7] += a1.w * b0;
+        (*hi)[7] += a1.w * b1;
+    }
+}
+
+// The depths after the last multiple of 4 (one scalar load per operand element), then the
+// stores of the thread's 8x8 outputs.
+fn finish(lo: ptr<function, array<vec4<f32>, 8>>, hi: ptr<function, array<vec4<f32>, 8>>, ar: array<u32, 8>, bc: array<u32, 8>, m0: u32, n0: u32, c_base: u32) {
+    for (var k = p.k - p.k % 4u; k < p.k; k++) {
+        let ak = k * p.a_cs;
+        let bk = k * p.b_rs;
+        let b0 = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
+        let b1 = vec4<f32>(load_b(bc[4] + bk), load_b(bc[5] + bk), load_b(bc[6] + bk), load_b(bc[7] + bk));
+        for (var i = 0u; i < 8u; i++) {
+            let av = f32(a[ar[i] + ak]);
+            (*lo)[i] += av * b0;
+            (*hi)[i] += av * b1;
+        }
+    }
+    for (var i = 0u; i < 8u; i++) {
+        store4(c_base, m0 + i, n0, (*lo)[i]);
+        store4(c_base, m0 + i, n0 + 4u, (*hi)[i]);
+    }
+}
+
+// Element index where each of the 8 rows of A from m0 starts (rows past M clamped to the last).
+fn row_starts(a_base: u32, m0: u32) -> array<u32, 8> {
+    var ar: array<u32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        ar[i] = a_base + min(m0 + i, p.m - 1u) * p.a_rs;
+    }
+    return ar;
+}
+
+// Element index where each of the 8 columns of B from n0 starts (past N clamped to the last).
+fn column_starts(b_base: u32, n0: u32) -> array<u32, 8> {
+    var bc: array<u32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        bc[j] = b_base + min(n0 + j, p.n - 1u) * p.b_cs;
+    }
+    return bc;
+}
+
 @compute @workgroup_size(16, 16)
 fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let m0 = wid.y * 128u + lid.y * 8u;
@@ -168,61 +234,13 @@ fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     }
     let a_base = p.a_off + wid.z * p.stride_a;
     let b_base = p.b_off + wid.z * p.stride_b;
-    let c_base = p.c_off + wid.z * p.stride_c;
-    var ar: array<u32, 8>;
-    var bc: array<u32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        ar[i] = a_base + min(m0 + i, p.m - 1u) * p.a_rs;
-        bc[i] = b_base + min(n0 + i, p.n - 1u) * p.b_cs;
-    }
+    let ar = row_starts(a_base, m0);
+    let bc = column_starts(b_base, n0);
     // lo[i], hi[i]: row m0 + i, columns n0..n0+3 and n0+4..n0+7
     var lo: array<vec4<f32>, 8>;
     var hi: array<vec4<f32>, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        lo[i] = vec4<f32>(0.0);
-        hi[i] = vec4<f32>(0.0);
+    for (var k = 0u; k < p.k - p.k % 4u; k += 4u) {
+        mac_quad(&lo, &hi, fetch_a(ar, m0, a_base, k), fetch_b(bc, n0, b_base, k));
     }
-    let k4 = p.k - p.k % 4u;
-    for (var k = 0u; k < k4; k += 4u) {
-        let qa = fetch_a(ar, m0, a_base, k);
-        let qb = fetch_b(bc, n0, b_base, k);
-        for (var d = 0u; d < 4u; d++) {
-            let a0 = qa[2u * d];
-            let a1 = qa[2u * d + 1u];
-            let b0 = qb[2u * d];
-            let b1 = qb[2u * d + 1u];
-            lo[0] += a0.x * b0;
-            hi[0] += a0.x * b1;
-            lo[1] += a0.y * b0;
-            hi[1] += a0.y * b1;
-            lo[2] += a0.z * b0;
-            hi[2] += a0.z * b1;
-            lo[3] += a0.w * b0;
-            hi[3] += a0.w * b1;
-            lo[4] += a1.x * b0;
-            hi[4] += a1.x * b1;
-            lo[5] += a1.y * b0;
-            hi[5] += a1.y * b1;
-            lo[6] += a1.z * b0;
-            hi[6] += a1.z * b1;
-            lo[7] += a1.w * b0;
-            hi[7] += a1.w * b1;
-        }
-    }
-    // the last K % 4 depths, one scalar load per operand element
-    for (var k = k4; k < p.k; k++) {
-        let ak = k * p.a_cs;
-        let bk = k * p.b_rs;
-        let b0 = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
-        let b1 = vec4<f32>(load_b(bc[4] + bk), load_b(bc[5] + bk), load_b(bc[6] + bk), load_b(bc[7] + bk));
-        for (var i = 0u; i < 8u; i++) {
-            let av = f32(a[ar[i] + ak]);
-            lo[i] += av * b0;
-            hi[i] += av * b1;
-        }
-    }
-    for (var i = 0u; i < 8u; i++) {
-        store4(c_base, m0 + i, n0, lo[i]);
-        store4(c_base, m0 + i, n0 + 4u, hi[i]);
-    }
+    finish(&lo, &hi, ar, bc, m0, n0, p.c_off + wid.z * p.stride_c);
 }

@@ -2,7 +2,7 @@
 //! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
 //! weight gradients.
 
-use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MAX_GROUPS};
+use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MATMUL_DIRECT_SUBGROUPS, MAX_GROUPS};
 use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
@@ -254,7 +254,12 @@ fn launch(
             let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
             let variant = Variant { flags, ..Default::default() };
             let views = [c, a, b, bias, bq, scales, a4, b4];
-            return k.dispatch_variant(MATMUL_DIRECT, "matmul_direct", variant, &views, &p, groups);
+            let (shader, entry) = if flags & 4 != 0 && subgroups_share_rows(k) {
+                (MATMUL_DIRECT_SUBGROUPS, "matmul_direct_shared")
+            } else {
+                (MATMUL_DIRECT, "matmul_direct")
+            };
+            return k.dispatch_variant(shader, entry, variant, &views, &p, groups);
         }
         MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
         MatmulVariant::Coop => {
@@ -309,6 +314,16 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
     k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
+}
+
+/// Whether `matmul_direct_shared` can run: subgroups of 8 or 16 lanes (each then lies within
+/// one row of 16 threads and reaches the 8 lanes that read A).
+fn subgroups_share_rows(k: &Kernels) -> bool {
+    let gpu = k.gpu();
+    let size_ok = |s: u32| s == 8 || s == 16;
+    gpu.features.contains(wgpu::Features::SUBGROUP)
+        && size_ok(gpu.info.subgroup_min_size)
+        && size_ok(gpu.info.subgroup_max_size)
 }
 
 /// `matmul_direct`'s compile-time choices (FLAGS in its shader): 4 A and 8 B read as vec4 (f32
