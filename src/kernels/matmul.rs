@@ -107,8 +107,8 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
 /// On CPU adapters (`Direct`) the split is for the caches instead: a thread of `matmul_direct`
 /// streams its rows and columns over the whole depth, so K is cut into slices of at least
-/// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, weight gradients of K = 2048: 2 GFLOP per
-/// CPU-second unsplit, 4 at K = 512; 2.72 CPU-s a step at slices of 256, 2.38 at 512).
+/// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, whose weight gradients have K = 2048: a step
+/// of 1050–1080 ms unsplit, 865–903 at slices of 512, 984 at 256, 823–1137 at 1024).
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
     if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct)
