@@ -1,7 +1,7 @@
 // matmul_coop: C[b] = alpha * op(A[b]) . op(B[b]) + beta * C[b] (+ bias), for b < batch, with A and
 // B in f16 on cooperative matrices (tensor cores), products accumulated in f32. One of A, B may
 // be f32 (B1, B2): it is rounded to f16 as its tiles are staged (mixed-precision products). The same product,
-// Params and layouts as `matmul_large` (shaders/matmul.wgsl); C may be f32 or f16 (B0).
+// Params and layouts as `matmul_large` (shaders/matmul_large.wgsl); C may be f32 or f16 (B0).
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
 // Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time

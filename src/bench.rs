@@ -233,6 +233,15 @@ pub struct AtBudget {
     pub stall_ms_per_step: Option<f64>,
     /// Per step: milliseconds submissions waited for the upload ring's copy threads.
     pub fill_wait_ms_per_step: Option<f64>,
+    /// Per step: host milliseconds in submissions (the waits for fills included) and in polls
+    /// of the device (which run map callbacks).
+    pub submit_ms_per_step: Option<f64>,
+    pub poll_ms_per_step: Option<f64>,
+    /// Bytes of upload staging slots made (on a discrete GPU they are VRAM behind the BAR,
+    /// beside the budget).
+    pub upload_ring_bytes: Option<u64>,
+    /// Per step: uploads by DMA behind their own write-back (`Counters::uploads_behind_writeback`).
+    pub uploads_behind_writeback_per_step: Option<f64>,
     /// Per step: dispatches and submissions recorded.
     pub dispatches_per_step: Option<f64>,
     pub submissions_per_step: Option<f64>,
@@ -251,6 +260,12 @@ pub struct StepTiming {
     pub access_s: f64,
     /// Per step: seconds submissions waited for upload-ring fills (`Counters::fill_wait_s`).
     pub fill_wait_s: f64,
+    /// Per step: host seconds in submissions and in device polls (`Recorder::host_seconds`).
+    pub submit_s: f64,
+    pub poll_s: f64,
+    /// Bytes of upload staging slots made by the end.
+    pub upload_ring_bytes: u64,
+    pub uploads_behind_writeback: f64,
     /// Bytes of all live tensors at most (what a resident run needs).
     pub footprint: u64,
     pub upload_path: String,
@@ -286,6 +301,7 @@ pub fn time_steps(
     }
     ctx.sync()?;
     let before = ctx.pager.counters();
+    let host_before = ctx.recorder.host_seconds();
     let recording = || {
         let (k, r) = (&ctx.kernels, &ctx.recorder);
         [k.dispatch_count(), r.passes(), r.submissions(), k.bind_groups_created()].map(|c| c as f64)
@@ -319,6 +335,7 @@ pub fn time_steps(
         eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
     }
     let after = ctx.pager.counters();
+    let host_after = ctx.recorder.host_seconds();
     let n = steps.max(1) as u64;
     Ok(StepTiming {
         ms,
@@ -328,6 +345,10 @@ pub fn time_steps(
         exposed_s: (after.stall_s - before.stall_s) / n as f64,
         access_s: (after.access_s - before.access_s) / n as f64,
         fill_wait_s: (after.fill_wait_s - before.fill_wait_s) / n as f64,
+        submit_s: (host_after.0 - host_before.0) / n as f64,
+        poll_s: (host_after.1 - host_before.1) / n as f64,
+        upload_ring_bytes: ctx.pager.staging_bytes().0,
+        uploads_behind_writeback: (after.uploads_behind_writeback - before.uploads_behind_writeback) as f64 / n as f64,
         footprint: ctx.pager.live_bytes().1,
         upload_path: ctx.pager.upload_path(),
         first_step_s: first_step_s.unwrap_or_default(),
@@ -408,6 +429,10 @@ pub fn step_times(
             pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
             stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
             fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),
+            submit_ms_per_step: t.as_ref().map(|t| t.submit_s * 1e3),
+            poll_ms_per_step: t.as_ref().map(|t| t.poll_s * 1e3),
+            upload_ring_bytes: t.as_ref().map(|t| t.upload_ring_bytes),
+            uploads_behind_writeback_per_step: t.as_ref().map(|t| t.uploads_behind_writeback),
             dispatches_per_step: t.as_ref().map(|t| t.recording[0]),
             submissions_per_step: t.as_ref().map(|t| t.recording[2]),
         });

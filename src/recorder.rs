@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::clock::Stopwatch;
 use crate::device::Gpu;
 
 /// Bytes of each kernel's uniform slot in the arena (also the bound size of the uniform).
@@ -57,6 +58,10 @@ pub struct Recorder {
     uniforms: RefCell<Vec<u8>>,
     arena: wgpu::Buffer,
     before_submit: RefCell<Vec<PreHook>>,
+    /// Host seconds in submissions (their hooks included: the waits for fills) and in polls of
+    /// the device, for the `bench --budget` breakdown.
+    submit_s: Cell<f64>,
+    poll_s: Cell<f64>,
     after_submit: RefCell<Vec<Hook>>,
     commands: Cell<u64>,
     staged_bytes: Cell<u64>,
@@ -86,6 +91,8 @@ impl Recorder {
             uniforms: RefCell::new(Vec::new()),
             arena,
             before_submit: RefCell::new(Vec::new()),
+            submit_s: Cell::new(0.0),
+            poll_s: Cell::new(0.0),
             after_submit: RefCell::new(Vec::new()),
             commands: Cell::new(0),
             staged_bytes: Cell::new(0),
@@ -222,6 +229,7 @@ impl Recorder {
 
     /// Submits everything recorded so far (and runs the after-submit hooks).
     pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
+        let start = Stopwatch::start();
         self.end_pass();
         let encoder = self.encoder.borrow_mut().take();
         for hook in std::mem::take(&mut *self.before_submit.borrow_mut()) {
@@ -249,6 +257,7 @@ impl Recorder {
         } else {
             debug_assert!(hooks.is_empty(), "hooks without recorded commands");
         }
+        self.submit_s.set(self.submit_s.get() + start.seconds());
         index
     }
 
@@ -266,8 +275,15 @@ impl Recorder {
 
     /// Runs ready callbacks (map_async) without blocking.
     pub fn poll(&self) {
+        let start = Stopwatch::start();
         #[cfg(not(target_arch = "wasm32"))]
         let _ = self.gpu.device.poll(wgpu::PollType::Poll);
+        self.poll_s.set(self.poll_s.get() + start.seconds());
+    }
+
+    /// Host seconds so far in submissions (with their hooks: the waits for fills) and in polls.
+    pub fn host_seconds(&self) -> (f64, f64) {
+        (self.submit_s.get(), self.poll_s.get())
     }
 
     pub fn submissions(&self) -> u64 {

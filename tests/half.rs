@@ -185,12 +185,14 @@ fn attention_in_f16_matches_reference_and_the_f32_backward() {
         let dout = round_f16(&randn(&mut rng, b * t * c, 1.0));
         // the same inputs through the f32 kernels (checked against finite differences) and the f16
         // ones, on each backward kernel: per row (at 8 and 64: lavapipe compiles it slowly at 24)
-        // and blocked where its tile fits
-        use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_BACKWARD_TILE};
+        // and blocked where its tile fits, and on 2 lanes a row (not at 24 either) where the adapter
+        // has subgroups
+        use kernels::attention::{blocked_workgroup_bytes, lanes_supported, Kernel, BLOCKED_BACKWARD_TILE};
         let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
         let blocked = Kernel::Blocked { tile: BLOCKED_BACKWARD_TILE };
         let fits = blocked_workgroup_bytes(d, BLOCKED_BACKWARD_TILE) <= limit;
-        let backward_kernels = [(d != 24).then_some(Kernel::Rows), fits.then_some(blocked)];
+        let lanes = (d != 24 && lanes_supported(&ctx.gpu, 2)).then_some(Kernel::Lanes { lanes: 2 });
+        let backward_kernels = [(d != 24).then_some(Kernel::Rows), fits.then_some(blocked), lanes];
         for kernel in backward_kernels.into_iter().flatten() {
             let mut dqkv = Vec::new();
             for dt in [DType::F32, DType::F16] {

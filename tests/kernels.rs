@@ -58,12 +58,15 @@ fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant,
 #[test]
 fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
     // Each of the 16 pipelines matmul_large compiles for f32 B (A/B transposed, bias, beta), on
-    // shapes with ragged 128-tiles in M and N and K off the 8-deep slice.
+    // shapes with ragged 128-tiles in M and N and K off the 8-deep slice; read by element, and
+    // by vec4 where the operands' rows are a multiple of 4 long ((1, 3, 257, 4): A only when
+    // not transposed; (2, 260, 132, 44): both, in every layout).
     let ctx = ctx();
     let mut rng = Rng::new(2);
     for flags in 0..16u32 {
-        // (1, 259, 130, 41): tiles wholly inside M and N, whose full slices load unchecked
-        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41)] {
+        // (1, 259, 130, 41), (2, 260, 132, 44): tiles wholly inside M and N, whose full slices
+        // load unchecked
+        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41), (2, 260, 132, 44)] {
             let g = Gemm {
                 batch,
                 m,
@@ -226,11 +229,12 @@ fn direct_matmul_reads_vec4_operands_in_every_layout_and_epilogue() {
 
 #[test]
 fn matmul_offsets_select_row_chunks() {
-    // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch.
+    // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch
+    // (K = 12: offsets and rows 4-aligned, which matmul_large reads by vec4).
     let ctx = ctx();
     let mut rng = Rng::new(21);
     // (K = 12: offsets and rows 4-aligned, which matmul_direct reads as vec4)
-    for ((m, n, k), variant) in [(17, 33, 9), (17, 36, 12)].into_iter().flat_map(|s| VARIANTS.map(|v| (s, v))) {
+    for (variant, (m, n, k)) in VARIANTS.into_iter().flat_map(|v| [(v, (17, 33, 9)), (v, (17, 36, 12))]) {
         let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
         let a = randn(&mut rng, oa + m * k, 1.0);
         let b = randn(&mut rng, ob + n * k, 1.0);
@@ -247,7 +251,7 @@ fn matmul_offsets_select_row_chunks() {
         let mut want: Vec<f64> = to64(&c0[..oc]);
         want.extend(chunk);
         c0.clear();
-        assert_close(&format!("matmul offsets {variant:?}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
+        assert_close(&format!("matmul offsets {variant:?} {m}x{n}x{k}"), &gc.read(&ctx), &want, 1e-4, 1e-5);
     }
 }
 
@@ -257,7 +261,7 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
     let ctx = ctx();
     let mut rng = Rng::new(22);
     for &(m, k, n) in &[(1, 1, 1), (3, 17, 65), (65, 129, 3), (17, 64, 1000)] {
-        for variant in [MatmulVariant::Tiled, MatmulVariant::Direct] {
+        for variant in VARIANTS {
             for trans_b in [false, true] {
                 // W is stored (rows, cols) = (k, n) for x·W, (n, k) for x·Wᵀ; one scale per stored row.
                 let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
@@ -610,16 +614,25 @@ fn fused_attention_matches_reference_across_row_blocks_tiles_and_head_sizes() {
     assert!(err.to_string().contains("head size"), "{err}");
 }
 
-/// The attention kernels this adapter runs: blocked at every tile that fits, and rows at head
+/// The attention kernels this adapter runs: blocked at every tile that fits, rows at head
 /// sizes 5 and 64 only (lavapipe compiles the per-row kernels slowly at some sizes: 190 s at 24;
-/// gradcheck covers them at others).
+/// gradcheck covers them at others), and where the adapter has subgroups that wide the backward on
+/// 2 lanes a row at 5, 16, 35 and 64, on 4 at 35 (padded: a lane's last vec4 group past the head
+/// size) and on 8 at 64 (lanes' compiles are kept few for CI's time).
 fn attention_kernels(ctx: &pagetrain::Context, d: usize) -> Vec<kernels::attention::Kernel> {
-    use kernels::attention::{blocked_workgroup_bytes, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
+    use kernels::attention::{blocked_workgroup_bytes, lanes_supported, Kernel, BLOCKED_MAX_HEAD_DIM, BLOCKED_TILES};
     let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
     let blocked =
         BLOCKED_TILES.iter().filter(|&&t| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit);
     let rows = matches!(d, 5 | 64).then_some(Kernel::Rows);
-    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).collect()
+    let sizes = |l: u32| match l {
+        4 => d == 35,
+        8 => d == 64,
+        _ => d != 32,
+    };
+    let lanes = [2, 4, 8].into_iter().filter(|&l| lanes_supported(&ctx.gpu, l) && sizes(l));
+    let lanes = lanes.map(|lanes| Kernel::Lanes { lanes });
+    rows.into_iter().chain(blocked.map(|&tile| Kernel::Blocked { tile })).chain(lanes).collect()
 }
 
 #[test]
@@ -630,7 +643,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
     let mut rng = Rng::new(41);
     let cases =
         [(1, 1, 2, 5), (3, 17, 1, 16), (1, 5, 3, 32), (1, 70, 2, 64), (2, 33, 1, 5), (1, 100, 1, 16), (1, 45, 2, 35)];
-    let mut blocked_runs = 0;
+    let (mut blocked_runs, mut lanes_runs) = (0, 0);
     for &(b, t, h, d) in &cases {
         let c = h * d;
         let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
@@ -650,10 +663,34 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         for kernel in attention_kernels(&ctx, d) {
             let what = format!("attention {kernel:?} b{b} t{t} h{h} d{d}");
             blocked_runs += matches!(kernel, kernels::attention::Kernel::Blocked { .. }) as usize;
+            lanes_runs += matches!(kernel, kernels::attention::Kernel::Lanes { .. }) as usize;
             let gqkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
             let (out, lse) = (Guarded::new(&ctx, b * t * c, None), Guarded::new(&ctx, b * h * t, None));
-            kernels::attention::forward_with(&ctx.kernels, kernel, &out.view(), &lse.view(), &gqkv.view(), dims)
-                .unwrap();
+            // the lanes kernels are backward only: they take the adapter's forward
+            let forward_kernel = match kernel {
+                kernels::attention::Kernel::Lanes { .. } => {
+                    let err = kernels::attention::forward_with(
+                        &ctx.kernels,
+                        kernel,
+                        &out.view(),
+                        &lse.view(),
+                        &gqkv.view(),
+                        dims,
+                    );
+                    assert!(err.unwrap_err().to_string().contains("backward kernel"), "{what}");
+                    kernels::attention::pick(&ctx.kernels, d, false)
+                }
+                _ => kernel,
+            };
+            kernels::attention::forward_with(
+                &ctx.kernels,
+                forward_kernel,
+                &out.view(),
+                &lse.view(),
+                &gqkv.view(),
+                dims,
+            )
+            .unwrap();
             assert_close(&what, &out.read(&ctx), &want, 1e-4, 1e-5);
             let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
             let gdq = Guarded::new(&ctx, qkv.len(), Some(&dqkv0));
@@ -682,6 +719,9 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
         }
     }
     assert!(blocked_runs > 0, "the blocked kernels fit no tile on {}", ctx.gpu.describe());
+    // GPUs with subgroups (lavapipe's are 8 lanes) run the lanes backward; OpenGL has none
+    let subgroups = ctx.gpu.features.contains(wgpu::Features::SUBGROUP) && ctx.gpu.info.backend != wgpu::Backend::Gl;
+    assert_eq!(lanes_runs > 0, subgroups && ctx.gpu.info.subgroup_min_size >= 2, "{}", ctx.gpu.describe());
     // A tile that is not offered, and head sizes past the blocked kernels, are errors.
     let g = Guarded::new(&ctx, 3 * 65, Some(&vec![1.0; 3 * 65]));
     for (d, tile) in [(65, 16), (4, 8)] {

@@ -1,10 +1,12 @@
 //! Launchers for fused causal self-attention that never stores the (T,T) scores, compiled per
 //! head size: `shaders/attention_blocked.wgsl` and `attention_blocked_backward.wgsl` (blocks of
-//! rows, 2-D register tiles; head sizes up to 64) and `shaders/attention.wgsl` (a thread per row).
+//! rows, 2-D register tiles; head sizes up to 64), `shaders/attention.wgsl` (a thread per row)
+//! and `attention_lanes.wgsl` (the per-row backward with a few subgroup lanes per row).
 //! Either backward takes either forward's `out` and `lse` (the same quantities); [`pick`] chooses
 //! per pass.
 
-use super::{Kernels, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, MAX_GROUPS};
+use super::{Kernels, Variant, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, ATTENTION_LANES, MAX_GROUPS};
+use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -30,6 +32,18 @@ pub enum Kernel {
     /// (`attention_blocked.wgsl`, and `attention_blocked_backward.wgsl` at `tile`
     /// [`BLOCKED_BACKWARD_TILE`] only), head sizes up to [`BLOCKED_MAX_HEAD_DIM`].
     Blocked { tile: u32 },
+    /// Backward only: [`Kernel::Rows`] with `lanes` (2, 4 or 8) threads of a subgroup per row, each
+    /// holding a slice of the head dimension (`attention_lanes.wgsl`), where [`lanes_supported`].
+    Lanes { lanes: u32 },
+}
+
+/// Whether `gpu` runs [`Kernel::Lanes`] with `lanes` threads a row: 2, 4 or 8, subgroups of at
+/// least that many lanes (not on OpenGL, whose subgroups wgpu does not offer).
+pub fn lanes_supported(gpu: &Gpu, lanes: u32) -> bool {
+    matches!(lanes, 2 | 4 | 8)
+        && gpu.features.contains(wgpu::Features::SUBGROUP)
+        && gpu.info.subgroup_min_size >= lanes
+        && gpu.info.backend != wgpu::Backend::Gl
 }
 
 /// Workgroup memory the blocked kernels declare for head size `d` and `tile` rows: `sm` (four
@@ -43,12 +57,14 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
 
 /// The kernel for head size `d` on this adapter, for the forward (`backward` false) or the
 /// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
-/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows. The
+/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows (the
+/// backward on [`Kernel::Lanes`] where [`super::Tuning::attention_lanes`] is over 1). The
 /// backward has one tile, [`BLOCKED_BACKWARD_TILE`].
 pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
     let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
-        return Kernel::Rows;
+        let lanes = k.tuning.attention_lanes;
+        return if backward && lanes > 1 { Kernel::Lanes { lanes } } else { Kernel::Rows };
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
     let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
@@ -98,8 +114,16 @@ impl Dims {
 
     /// Whether `kernel` takes this head size and fits the adapter's workgroup memory.
     fn check(&self, k: &Kernels, kernel: Kernel) -> Result<()> {
-        let Kernel::Blocked { tile } = kernel else {
-            return Ok(());
+        let tile = match kernel {
+            Kernel::Rows => return Ok(()),
+            Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
+            Kernel::Lanes { .. } => {
+                return Err(Error::invalid(
+                    "attention",
+                    format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
+                ))
+            }
+            Kernel::Blocked { tile } => tile,
         };
         let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
         let bytes = blocked_workgroup_bytes(self.d, tile);
@@ -124,6 +148,9 @@ pub fn forward_with(k: &Kernels, kernel: Kernel, out: &View, lse: &View, qkv: &V
     dims.check(k, kernel)?;
     let d = dims.d as u32;
     match kernel {
+        Kernel::Lanes { .. } => {
+            Err(Error::invalid("attention", format!("{kernel:?} is a backward kernel: forward with Kernel::Rows")))
+        }
         Kernel::Rows => {
             let sizes = (d, k.tuning.attention_tile_rows(dims.d));
             k.dispatch_unrolled(ATTENTION, "attention_forward", sizes, &[out, lse, qkv], &p, dims.grid(ROWS))
@@ -175,19 +202,29 @@ pub fn backward_with(
         }
     }
     let d = dims.d as u32;
-    let (shader, names, sizes, rows) = match kernel {
+    let (shader, names, variant, rows) = match kernel {
         // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory
-        Kernel::Rows => (
-            ATTENTION,
-            ["attention_backward_q", "attention_backward_kv"],
-            (d, k.tuning.attention_tile_rows(dims.d.next_multiple_of(4))),
-            ROWS,
-        ),
+        Kernel::Rows => {
+            let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4));
+            (
+                ATTENTION,
+                ["attention_backward_q", "attention_backward_kv"],
+                Variant { dim: d, tile, ..Default::default() },
+                ROWS,
+            )
+        }
+        // the same with rows of whole vec4s for each lane; FLAGS holds log2 of the lanes
+        Kernel::Lanes { lanes } => {
+            let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4 * lanes as usize));
+            let variant = Variant { dim: d, tile, flags: lanes.trailing_zeros(), ..Default::default() };
+            (ATTENTION_LANES, ["lanes_backward_q", "lanes_backward_kv"], variant, ROWS)
+        }
         Kernel::Blocked { tile } => {
-            (ATTENTION_BLOCKED_BACKWARD, ["blocked_backward_q", "blocked_backward_kv"], (d, tile), tile as usize)
+            let variant = Variant { dim: d, tile, ..Default::default() };
+            (ATTENTION_BLOCKED_BACKWARD, ["blocked_backward_q", "blocked_backward_kv"], variant, tile as usize)
         }
     };
     // backward_kv reads the delta backward_q writes
-    k.dispatch_unrolled(shader, names[0], sizes, &[dqkv, delta, qkv, dout, lse, out], &p, dims.grid(rows))?;
-    k.dispatch_unrolled(shader, names[1], sizes, &[dqkv, delta, qkv, dout, lse], &p, dims.grid(rows))
+    k.dispatch_variant(shader, names[0], variant, &[dqkv, delta, qkv, dout, lse, out], &p, dims.grid(rows))?;
+    k.dispatch_variant(shader, names[1], variant, &[dqkv, delta, qkv, dout, lse], &p, dims.grid(rows))
 }

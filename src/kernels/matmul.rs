@@ -1,8 +1,11 @@
-//! Launcher for `shaders/matmul.wgsl`: tiled, register-blocked, batched; transposes by strides
-//! (64×64 and direct kernels) or compiled into the pipeline (128×128 `matmul_large`); split-K for
-//! weight gradients.
+//! Launcher for `shaders/matmul.wgsl` and `shaders/matmul_large.wgsl`: tiled, register-blocked,
+//! batched; transposes by strides (64×64 and direct kernels) or compiled into the pipeline
+//! (128×128 `matmul_large`, vec4 reads where the layout allows); split-K for weight gradients.
 
-use super::{Kernels, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MATMUL_DIRECT_SUBGROUPS, MAX_GROUPS};
+use super::{
+    Kernels, LargeVec4, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MATMUL_DIRECT_SUBGROUPS,
+    MATMUL_LARGE, MAX_GROUPS,
+};
 use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
@@ -244,37 +247,72 @@ fn launch(
     };
     let bias = bias.unwrap_or(dummy);
     let (bq, scales) = qb.map_or((dummy, dummy), |q| (q.q, q.scales));
-    let (entry, flags) = match variant {
-        MatmulVariant::Tiled => ("matmul", 0),
-        MatmulVariant::Direct => {
-            let flags = direct_flags(&g, a, b, qb.is_some());
-            // (the stand-in for an operand read by scalars: 16 bytes, the least a vec4 array binds)
-            let unused = k.write_dummy();
-            let (a4, b4) = (if flags & 4 != 0 { a } else { &unused }, if flags & 8 != 0 { b } else { &unused });
-            let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
-            let variant = Variant { flags, ..Default::default() };
-            let views = [c, a, b, bias, bq, scales, a4, b4];
-            let (shader, entry) = if flags & 4 != 0 && subgroups_share_rows(k) {
-                (MATMUL_DIRECT_SUBGROUPS, "matmul_direct_shared")
-            } else {
-                (MATMUL_DIRECT, "matmul_direct")
-            };
-            return k.dispatch_variant(shader, entry, variant, &views, &p, groups);
-        }
-        MatmulVariant::Large => ("matmul_large", large_flags(&g, p.has_bias != 0, qb.is_some())),
-        MatmulVariant::Coop => {
-            let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
-            return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups);
-        }
+    let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
+    let entry = match variant {
+        MatmulVariant::Tiled => "matmul",
+        MatmulVariant::Direct => return launch_direct(k, [c, a, b, bias, bq, scales], &p, g, qb.is_some(), groups),
+        MatmulVariant::Large => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups),
+        MatmulVariant::Coop => return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups),
     };
-    k.dispatch_variant(
-        MATMUL,
-        entry,
-        Variant { flags, ..Default::default() },
-        &[c, a, b, bias, bq, scales],
-        &p,
-        [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32],
-    )
+    k.dispatch_variant(MATMUL, entry, Variant::default(), &[c, a, b, bias, bq, scales], &p, groups)
+}
+
+/// `matmul_direct` (CPU adapters), its operand reads compiled in (see [`direct_flags`]); the
+/// subgroup-shared reads of A (`matmul_direct_shared`) where the adapter's subgroups allow.
+fn launch_direct(
+    k: &Kernels,
+    [c, a, b, bias, bq, scales]: [&View; 6],
+    p: &Params,
+    g: Gemm,
+    quant_b: bool,
+    groups: [u32; 3],
+) -> Result<()> {
+    let flags = direct_flags(&g, a, b, quant_b);
+    // (the stand-in for an operand read by scalars: 16 bytes, the least a vec4 array binds)
+    let unused = k.write_dummy();
+    let (a4, b4) = (if flags & 4 != 0 { a } else { &unused }, if flags & 8 != 0 { b } else { &unused });
+    let variant = Variant { flags, ..Default::default() };
+    let views = [c, a, b, bias, bq, scales, a4, b4];
+    let (shader, entry) = if flags & 4 != 0 && subgroups_share_rows(k) {
+        (MATMUL_DIRECT_SUBGROUPS, "matmul_direct_shared")
+    } else {
+        (MATMUL_DIRECT, "matmul_direct")
+    };
+    k.dispatch_variant(shader, entry, variant, &views, p, groups)
+}
+
+/// `matmul_large`, its layout and epilogue compiled in (see [`large_flags`]). An f32 operand
+/// whose stored rows are a multiple of 4 long and that starts 4-aligned is read a vec4 at a
+/// time through a second binding of the same view (a 16-byte stand-in is bound otherwise).
+fn launch_large(
+    k: &Kernels,
+    [c, a, b, bias, bq, scales]: [&View; 6],
+    p: &Params,
+    g: Gemm,
+    groups: [u32; 3],
+) -> Result<()> {
+    let quant = p.quant_b != 0;
+    // stored row length of each operand (its contiguous dimension)
+    let a_row = if g.trans_a { g.m } else { g.k };
+    let b_row = if g.trans_b { g.k } else { g.n };
+    let vec_ok = |row: usize, off: usize, v: &View| {
+        v.dtype == DType::F32
+            && row.is_multiple_of(4)
+            && off.is_multiple_of(4)
+            && v.offset.is_multiple_of(16)
+            && v.size >= 16
+    };
+    let allowed = |depth_fast: bool, depth_bit: u32, rows_bit: u32| {
+        let bit = if depth_fast { depth_bit } else { rows_bit };
+        (k.tuning.large_vec4 & bit) != 0
+    };
+    let vec_a = allowed(!g.trans_a, LargeVec4::A_DEPTH, LargeVec4::A_ROWS) && vec_ok(a_row, g.offsets[0], a);
+    let vec_b = allowed(g.trans_b, LargeVec4::B_DEPTH, LargeVec4::B_ROWS) && !quant && vec_ok(b_row, g.offsets[1], b);
+    let flags = large_flags(&g, p.has_bias != 0, quant) | (vec_a as u32) << 5 | (vec_b as u32) << 6;
+    let stand_in = k.write_dummy();
+    let (a4, b4) = (if vec_a { a } else { &stand_in }, if vec_b { b } else { &stand_in });
+    let variant = Variant { flags, ..Default::default() };
+    k.dispatch_variant(MATMUL_LARGE, "matmul_large", variant, &[c, a, b, bias, bq, scales, a4, b4], p, groups)
 }
 
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
@@ -347,8 +385,9 @@ fn direct_flags(g: &Gemm, a: &View, b: &View, quant_b: bool) -> u32 {
         | (quant_b as u32) << 4
 }
 
-/// `matmul_large`'s compile-time choices (FLAGS in the shader): 1 A transposed, 2 B transposed,
-/// 4 bias, 8 beta != 0 (C is read), 16 int8 B.
+/// The layout and epilogue `matmul_large` and `matmul_coop` compile in (FLAGS in the shaders):
+/// 1 A transposed, 2 B transposed, 4 bias, 8 beta != 0 (C is read); 16 int8 B for
+/// `matmul_large` (16 and up are each kernel's own).
 fn large_flags(g: &Gemm, bias: bool, quant_b: bool) -> u32 {
     g.trans_a as u32
         | (g.trans_b as u32) << 1

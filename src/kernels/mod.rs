@@ -72,6 +72,7 @@ pub const ACTIVATION: Shader = shader!("activation");
 pub const ATTENTION: Shader = shader!("attention");
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
 pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true);
+pub const ATTENTION_LANES: Shader = shader!("attention_lanes");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
@@ -93,6 +94,7 @@ pub const MATMUL_DIRECT_SUBGROUPS: Shader = Shader {
     writes_workgroup_first: false,
     enables: "",
 };
+pub const MATMUL_LARGE: Shader = shader!("matmul_large", true);
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
@@ -141,6 +143,7 @@ pub const ALL: &[Shader] = &[
     ATTENTION,
     ATTENTION_BLOCKED,
     ATTENTION_BLOCKED_BACKWARD,
+    ATTENTION_LANES,
     CROSS_ENTROPY,
     DECODE,
     ELEMENTWISE,
@@ -151,6 +154,7 @@ pub const ALL: &[Shader] = &[
     MATMUL_COOP,
     MATMUL_DIRECT,
     MATMUL_DIRECT_SUBGROUPS,
+    MATMUL_LARGE,
     OPTIM,
     REDUCE,
     SOFTMAX,
@@ -217,6 +221,29 @@ pub struct Tuning {
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
     pub coop_f16: bool,
+    /// Threads per row of the per-row attention backward where it runs (`attention::pick`): over
+    /// 1, `attention_lanes.wgsl` splits the head dimension between that many lanes of a subgroup.
+    /// 2 on GPUs with subgroups (H200, GPT-2 small, f32: q + kv 16.1 + 15.7 ms a step, against
+    /// 25.9 + 19.8 at 4, 42.6 + 22.2 at 8 and 16.7 + 33.4 at 1), not on CPU adapters, where the
+    /// shuffles only add work, nor OpenGL; else 1. `PAGETRAIN_ATTENTION_LANES=1|2|4|8` chooses.
+    pub attention_lanes: u32,
+    /// Which operand reads `matmul_large` makes a vec4 at a time where the layout allows
+    /// ([`LargeVec4`] bits): all (H200 4096³ NN / NT / TN 41.2 / 40.2 / 47.2 TFLOP/s against 39.7
+    /// / 37.4 / 41.8 reading elements; GPT-2 small's f32 step 259.2 against 264.9 ms).
+    /// `PAGETRAIN_MATMUL_VEC4=<bits>` overrides it, for measuring.
+    pub large_vec4: u32,
+}
+
+/// Bits of [`Tuning::large_vec4`]: an operand read by vec4 along its depth (A not transposed,
+/// B transposed) or along its rows (A transposed, B not transposed).
+pub struct LargeVec4;
+
+impl LargeVec4 {
+    pub const A_DEPTH: u32 = 1;
+    pub const A_ROWS: u32 = 2;
+    pub const B_DEPTH: u32 = 4;
+    pub const B_ROWS: u32 = 8;
+    pub const ALL: u32 = 15;
 }
 
 impl Tuning {
@@ -229,6 +256,8 @@ impl Tuning {
 
 /// Workgroup memory `matmul_large` declares (two double-buffered 8-deep slices of 33 vec4 rows).
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
+/// Storage buffers `matmul_large` binds (c, a, b, bias, bq, bscale, and a, b again as vec4).
+pub const LARGE_STORAGE_BINDINGS: u32 = 8;
 /// Workgroup memory `matmul_coop` declares: two operands, two buffers of 128 × (32 + 8) halves,
 /// and a 16×16 f32 scratch for each of its 8 subgroups.
 pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 40 * 2 + 8 * 256 * 4;
@@ -250,7 +279,7 @@ pub enum MatmulVariant {
 
 impl Tuning {
     /// Direct matmul on CPU adapters; on GPUs large tiles where a product has enough of them
-    /// (and the adapter the workgroup memory), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
+    /// (and the adapter the workgroup memory and bindings), 64×64 tiles elsewhere. `PAGETRAIN_MATMUL=tiled|direct|large` forces one variant.
     pub fn for_adapter(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Tuning {
         let matmul = match std::env::var("PAGETRAIN_MATMUL").as_deref() {
             Ok("tiled") => MatmulVariant::Tiled,
@@ -258,6 +287,7 @@ impl Tuning {
             Ok("large") => MatmulVariant::Large,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
             _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
+            _ if limits.max_storage_buffers_per_shader_stage < LARGE_STORAGE_BINDINGS => MatmulVariant::Tiled,
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
@@ -267,7 +297,21 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false }
+        let large_vec4 =
+            std::env::var("PAGETRAIN_MATMUL_VEC4").ok().and_then(|v| v.parse().ok()).unwrap_or(LargeVec4::ALL);
+        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1, large_vec4 }
+    }
+
+    /// [`Tuning::attention_lanes`] for `gpu`.
+    pub fn attention_lanes_on(gpu: &Gpu) -> u32 {
+        let chosen = std::env::var("PAGETRAIN_ATTENTION_LANES").ok().and_then(|v| v.parse().ok());
+        let default = if gpu.info.device_type == wgpu::DeviceType::Cpu { 1 } else { 2 };
+        let lanes = chosen.unwrap_or(default);
+        if lanes > 1 && attention::lanes_supported(gpu, lanes) {
+            lanes
+        } else {
+            1
+        }
     }
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
@@ -332,7 +376,11 @@ impl Kernels {
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
-            tuning: Tuning { coop_f16: Tuning::coop_f16_on(&gpu), ..Tuning::for_adapter(&gpu.info, &gpu.limits) },
+            tuning: Tuning {
+                coop_f16: Tuning::coop_f16_on(&gpu),
+                attention_lanes: Tuning::attention_lanes_on(&gpu),
+                ..Tuning::for_adapter(&gpu.info, &gpu.limits)
+            },
             gpu,
             recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),
@@ -346,7 +394,8 @@ impl Kernels {
         }
     }
 
-    /// A 16-byte f32 storage buffer for unused read-write bindings (see `write_dummy`).
+    /// A 16-byte f32 storage buffer for unused read-write bindings, or read-only ones that must
+    /// hold at least a vec4 (see `write_dummy`).
     pub fn write_dummy(&self) -> View {
         self.write_dummy
             .borrow_mut()

@@ -195,6 +195,10 @@ struct State {
     dma: dma::DmaCopies,
     /// Uploads from a pinned store go by DMA straight from it (the `Pinned` path).
     direct_upload: bool,
+    /// On the ring's path, a tensor whose direct write-back is still in flight is uploaded by
+    /// DMA from the store instead of waiting for it (`PAGETRAIN_REUPLOAD_DMA=0`: waits, for
+    /// measuring).
+    reupload_in_flight: bool,
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
@@ -251,6 +255,7 @@ impl Pager {
             copier,
             dma: dma::DmaCopies::default(),
             direct_upload: false,
+            reupload_in_flight: std::env::var("PAGETRAIN_REUPLOAD_DMA").map_or(true, |v| v != "0"),
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,

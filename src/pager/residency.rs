@@ -251,9 +251,18 @@ impl State {
     }
 
     /// Whether the host bytes of `id` go to a buffer (`mapped`: zero-copy) by DMA straight from
-    /// the store.
+    /// the store: on the `Pinned` path, and on the ring's while a direct write-back of them is
+    /// still in flight (the GPU orders the upload after it; the ring's memcpy would first wait
+    /// for the GPU to finish everything submitted before the write-back).
     fn uploads_direct(&self, id: TensorId, mapped: bool) -> bool {
-        !mapped && self.direct_upload && (self.store.is_pinned() || self.store.dma(&self.entries[&id].host).is_some())
+        if mapped {
+            return false;
+        }
+        let host = &self.entries[&id].host;
+        if self.direct_upload {
+            return self.store.is_pinned() || self.store.dma(host).is_some();
+        }
+        self.reupload_in_flight && self.dma.busy(id, Some(dma::Dir::Down)) && self.store.dma(host).is_some()
     }
 
     /// The host bytes of `id` (`len` of `host`) into `buffer`, not mapped: by DMA straight from a
@@ -268,6 +277,9 @@ impl State {
     ) -> Result<()> {
         if self.uploads_direct(id, false) {
             if let Some((from, offset, n)) = self.direct(&host, len as u64) {
+                if !self.direct_upload {
+                    self.counters.uploads_behind_writeback += 1;
+                }
                 self.dma.record(recorder, id, dma::Dir::Up, &from, offset, buffer, 0, n);
                 return Ok(());
             }

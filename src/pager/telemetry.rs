@@ -59,6 +59,9 @@ pub struct Counters {
     /// Seconds submissions waited for the copy threads to fill upload-ring slots (not in
     /// `stall_s`): where uploads through the ring are bound by that memcpy.
     pub fill_wait_s: f64,
+    /// Uploads by DMA from a pinned store on the ring's path because the tensor's write-back
+    /// into it was still in flight (instead of waiting for the GPU to finish it).
+    pub uploads_behind_writeback: u64,
     /// Times the trainer halved its micro-batch because one did not fit.
     pub micro_batch_shrinks: u64,
     /// Bytes of activations that recompute (checkpointed blocks) did not keep from forward to

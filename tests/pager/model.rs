@@ -1,0 +1,212 @@
+//! The pager against a plain model: random sequences of ops on every store and upload path give
+//! bit-identical contents within the budget, and Belady's plan never uploads more than LRU.
+
+use super::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    New(usize),
+    Write(usize, u32),
+    Scale(usize, usize, u32),
+    Add(usize, usize, usize),
+    Read(usize),
+    Drop(usize),
+    Flush,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => prop::sample::select(vec![1usize, 255, 1000, 1500]).prop_map(Op::New),
+        1 => (any::<usize>(), any::<u32>()).prop_map(|(a, s)| Op::Write(a, s)),
+        4 => (any::<usize>(), any::<usize>(), any::<u32>()).prop_map(|(a, b, s)| Op::Scale(a, b, s)),
+        4 => (any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(a, b, c)| Op::Add(a, b, c)),
+        2 => any::<usize>().prop_map(Op::Read),
+        1 => any::<usize>().prop_map(Op::Drop),
+        1 => Just(Op::Flush),
+    ]
+}
+
+/// An output for an op on `n`-float inputs `avoid`: an existing tensor of that length picked
+/// by `choice`, or a new one (undefined until the op writes it).
+fn output(ctx: &Context, tensors: &mut Vec<(Tensor, Vec<f32>)>, n: usize, avoid: &[usize], choice: usize) -> usize {
+    let same: Vec<usize> = (0..tensors.len()).filter(|i| tensors[*i].1.len() == n && !avoid.contains(i)).collect();
+    if same.is_empty() || choice.is_multiple_of(3) {
+        tensors.push((ctx.empty("out", &[n], pagetrain::DType::F32, false).unwrap(), vec![f32::NAN; n]));
+        tensors.len() - 1
+    } else {
+        same[choice % same.len()]
+    }
+}
+
+/// Runs `ops` against the pager and a `HashMap` model. GPU ops are exact in f32 (a scale by a
+/// power of two, an add), so contents must match bit for bit.
+fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&std::path::Path>) {
+    let mut tensors: Vec<(Tensor, Vec<f32>)> = Vec::new();
+    for op in ops {
+        let pick = |i: usize, len: usize| if len == 0 { None } else { Some(i % len) };
+        match *op {
+            Op::New(n) => {
+                let data = values(n as u32, n);
+                tensors.push((ctx.from_f32("t", &[n], &data, false).unwrap(), data));
+            }
+            Op::Write(a, seed) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let data = values(seed, tensors[a].1.len());
+                    ctx.write_f32(&tensors[a].0, &data).unwrap();
+                    tensors[a].1 = data;
+                }
+            }
+            Op::Scale(a, b, s) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let n = tensors[a].1.len();
+                    let c = output(ctx, &mut tensors, n, &[a], b);
+                    let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
+                    let _op = ctx.op();
+                    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
+                    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
+                    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+                }
+            }
+            Op::Add(a, b, c) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let n = tensors[a].1.len();
+                    let same: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].1.len() == n).collect();
+                    let b = same[b % same.len()];
+                    let c = output(ctx, &mut tensors, n, &[a, b], c);
+                    let _op = ctx.op();
+                    let (out, x, y) = (
+                        ctx.write(&tensors[c].0).unwrap(),
+                        ctx.read(&tensors[a].0).unwrap(),
+                        ctx.read(&tensors[b].0).unwrap(),
+                    );
+                    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
+                    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
+                }
+            }
+            Op::Read(a) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    assert_same(&format!("tensor {a}"), &read(ctx, &tensors[a].0), &tensors[a].1);
+                }
+            }
+            Op::Drop(a) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    tensors.swap_remove(a);
+                }
+            }
+            Op::Flush => {
+                ctx.pager.flush().unwrap();
+                if let Some(dir) = store_dir {
+                    // The files alone, read back from disk, hold every value.
+                    for (t, want) in &tensors {
+                        let r: HostRange = ctx.pager.host_range(t.id()).unwrap();
+                        let file = std::fs::read(dir.join(format!("seg-{:05}.bin", r.segment))).unwrap();
+                        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&file[r.offset..r.offset + want.len() * 4]);
+                        assert_same("file contents after flush", &got, want);
+                    }
+                }
+            }
+        }
+        let stats = ctx.pager.stats();
+        assert!(stats.bytes_held <= budget, "{} bytes on the GPU over the {budget}-byte budget", stats.bytes_held);
+    }
+    for (t, want) in &tensors {
+        assert_same("at the end", &read(ctx, t), want);
+    }
+    assert!(ctx.pager.stats().peak_bytes <= budget);
+}
+
+#[test]
+fn pinning_a_store_segment_keeps_its_bytes_and_gives_the_gpu_a_buffer_over_them() {
+    let Some((_gpu, mut store)) = pinned_store() else { return };
+    let (a, b) = (store.alloc(1000).unwrap(), store.alloc(5000).unwrap());
+    let want: Vec<Vec<u8>> =
+        [a, b].iter().map(|r| (0..r.len).map(|i| (i * 31 + r.offset + 7) as u8).collect()).collect();
+    for (r, w) in [a, b].iter().zip(&want) {
+        store.bytes_mut(r).unwrap().copy_from_slice(w);
+    }
+    assert!(store.dma(&a).is_none(), "nothing is pinned before the pager asks");
+    assert!(store.pin(&a));
+    let ((buf_a, off_a), (buf_b, off_b)) = (store.dma(&a).unwrap(), store.dma(&b).unwrap());
+    assert_eq!((off_a, off_b), (a.offset as u64, b.offset as u64));
+    assert_eq!(buf_a, buf_b, "one segment, one buffer");
+    assert!(buf_a.size() >= (b.offset + b.len) as u64);
+    for (r, w) in [a, b].iter().zip(&want) {
+        assert_eq!(store.bytes(r).unwrap(), &w[..], "bytes kept across pinning");
+    }
+    let bad = HostRange { segment: 7, offset: 0, len: 4 };
+    assert!(store.bytes(&bad).is_err() && store.dma(&bad).is_none() && !store.pin(&bad));
+    assert!(store.describe().starts_with("pinned memory"), "{}", store.describe());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(budget, Policy::Belady));
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn zero_copy_uploads_match_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        // Tensors written straight into host-visible GPU buffers (unified-memory adapters, such
+        // as the CPU drivers CI runs on; elsewhere the pager keeps the staging ring).
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::ZeroCopy, ..opts(budget, Policy::Belady) });
+        assert_offered_path_taken(&ctx, UploadPath::ZeroCopy);
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn pinned_uploads_match_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        // The upload ring in pinned host memory, copied by DMA (every Vulkan adapter, lavapipe
+        // included; elsewhere the pager falls back to the mapped ring and says so).
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: UploadPath::Pinned, ..opts(budget, Policy::Belady) });
+        assert_offered_path_taken(&ctx, UploadPath::Pinned);
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn pinned_store_matches_a_plain_model(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64, direct_uploads in any::<bool>()) {
+        // The host store in pinned memory (Vulkan): write-backs go by DMA straight into it, and
+        // uploads too on the pinned path (the ring memcpys from it otherwise).
+        let budget = budget_kib * 1024;
+        let Some((gpu, store)) = pinned_store() else { return Ok(()) };
+        let path = if direct_uploads { UploadPath::Pinned } else { UploadPath::Ring };
+        let ctx = Context::with_store(gpu, Box::new(store), &PagerOptions { upload: path, ..opts(budget, Policy::Belady) });
+        assert_eq!(ctx.pager.upload_path_kind(), path, "{}", ctx.pager.upload_path());
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn mmap_store_matches_a_plain_model_and_its_files(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
+        let budget = budget_kib * 1024;
+        let dir = tmpdir("prop");
+        let store = MmapStore::with_segment_bytes(&dir, 1 << 16).unwrap();
+        let ctx = Context::with_store(gpu(), Box::new(store), &opts(budget, Policy::Lru));
+        run_against_model(&ctx, &ops, budget, Some(&dir));
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn belady_never_uploads_more_than_lru(
+        step in prop::collection::vec(0u64..12, 1..60),
+        sizes in prop::collection::vec(1u64..8, 12),
+        budget in 8u64..40,
+        repeats in 2usize..4,
+    ) {
+        // The same step repeated, as in training; every key fits the budget alone.
+        let step: Vec<Key> = step.into_iter().map(Key::Persistent).collect();
+        let sizes: HashMap<Key, u64> = (0..12).map(|i| (Key::Persistent(i), sizes[i as usize])).collect();
+        let steps = vec![step; repeats];
+        let opt = plan::simulate(&steps, &sizes, budget, Policy::Belady).unwrap();
+        let lru = plan::simulate(&steps, &sizes, budget, Policy::Lru).unwrap();
+        prop_assert!(opt <= lru, "belady {opt} > lru {lru}");
+    }
+}

@@ -1,0 +1,142 @@
+//! What the pager reports and keeps: telemetry, the budget it derives from the device, pins held
+//! across a busy pager, and host updates of tensors on the GPU.
+
+use super::*;
+
+#[test]
+fn telemetry_reports_where_tensors_are() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(64 << 10, Policy::Belady));
+    let rx = ctx.pager.subscribe();
+    let a = ctx.from_f32("a", &[8000], &values(1, 8000), false).unwrap();
+    let b = ctx.zeros("b", &[8000], false).unwrap();
+    {
+        let _op = ctx.op();
+        elementwise::scale_forward(&ctx.kernels, &ctx.write(&b).unwrap(), &ctx.read(&a).unwrap(), 0.5, 8000).unwrap();
+    }
+    let c = ctx.from_f32("c", &[8000], &values(2, 8000), false).unwrap();
+    {
+        let _op = ctx.op();
+        ctx.read(&c).unwrap();
+    }
+    ctx.pager.publish();
+    let snap = rx.try_recv().expect("a published snapshot");
+    let find = |t: &Tensor| snap.tensors.iter().find(|i| i.id == t.id()).unwrap().clone();
+    assert_eq!(find(&c).location, pagetrain::pager::Location::Gpu);
+    assert!(snap.gpu_bytes <= snap.budget);
+    assert!(snap.counters.bytes_uploaded >= 2 * 8000 * 4, "{:?}", snap.counters);
+    assert!(snap.counters.evictions >= 1 && snap.counters.writebacks >= 1, "{:?}", snap.counters);
+    assert_eq!(find(&b).uploads, 0, "b was only ever written on the GPU");
+}
+
+#[test]
+fn a_tensor_dropped_while_the_pager_is_busy_is_still_freed() {
+    // The closure of `update_host` runs while the pager is borrowed; a handle dropped there
+    // (or during a panic's unwind) used to leak its bytes for good.
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let a = ctx.from_f32("a", &[1000], &values(1, 1000), false).unwrap();
+    let b = ctx.from_f32("b", &[1000], &values(2, 1000), false).unwrap();
+    let before = ctx.pager.live_bytes().0;
+    ctx.pager.update_host(&[a.id()], &[], move |_| drop(b)).unwrap();
+    assert_eq!(ctx.pager.live_bytes().0, before - 4000, "b's bytes are given back");
+    assert_eq!(ctx.pager.stats().tensors, 1);
+    // The same for a handle dropped by a panic's unwind.
+    let c = ctx.from_f32("c", &[1000], &values(3, 1000), false).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ctx.pager.update_host(&[a.id()], &[], move |_| {
+            let _c = c;
+            panic!("a host update fails");
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(ctx.pager.live_bytes().0, before - 4000, "c's bytes are given back too");
+}
+
+#[test]
+fn an_op_scope_ended_while_the_pager_is_busy_still_unpins() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let a = ctx.from_f32("a", &[1000], &values(1, 1000), false).unwrap();
+    let other = ctx.from_f32("other", &[10], &values(2, 10), false).unwrap();
+    let scope = ctx.op();
+    ctx.read(&a).unwrap();
+    ctx.pager.update_host(&[other.id()], &[], move |_| drop(scope)).unwrap();
+    // Pinned forever, `a` could never leave the GPU.
+    ctx.pager.evict(a.id()).unwrap();
+    assert_eq!(location(&ctx, &a), pagetrain::pager::Location::HostRam, "a is unpinned and evictable");
+    assert_eq!(ctx.pager.pin_depth(), 0);
+}
+
+#[test]
+fn update_host_of_a_pinned_tensor_refreshes_its_gpu_copy() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let t = ctx.from_f32("t", &[1000], &values(1, 1000), false).unwrap();
+    let y = ctx.empty("y", &[1000], pagetrain::DType::F32, false).unwrap();
+    {
+        let _op = ctx.op();
+        let tv = ctx.read(&t).unwrap();
+        let new = values(2, 1000);
+        ctx.pager.update_host(&[t.id()], &[t.id()], |s| s[0].copy_from_slice(bytemuck::cast_slice(&new))).unwrap();
+        elementwise::scale_forward(&ctx.kernels, &ctx.write(&y).unwrap(), &tv, 1.0, 1000).unwrap();
+    }
+    assert_same("a kernel reading t after update_host", &read(&ctx, &y), &values(2, 1000));
+    assert_same("t", &read(&ctx, &t), &values(2, 1000));
+}
+
+#[test]
+fn update_host_refuses_written_tensors_it_was_not_given() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let (a, b) = (ctx.zeros("a", &[10], false).unwrap(), ctx.zeros("b", &[10], false).unwrap());
+    let err = ctx.pager.update_host(&[a.id()], &[b.id()], |_| ()).unwrap_err();
+    assert!(err.to_string().contains("`b`"), "{err}");
+}
+
+#[test]
+fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions::default());
+    let budget = ctx.pager.budget();
+    let source = ctx.pager.budget_source().to_string();
+    match ctx.gpu.heap_sizes() {
+        // Vulkan (lavapipe in CI): the heap is known, auto stays inside it, and more is refused.
+        Some(heap) => {
+            assert!(budget > 0 && budget <= heap.device_local, "auto {budget} B vs heap {heap:?}");
+            assert!(source.contains("device-local heap"), "{source}");
+            let over = heap.device_local + (1 << 30);
+            let opts = pagetrain::ContextOptions {
+                pager: PagerOptions { budget: Some(over), ..Default::default() },
+                ..Default::default()
+            };
+            let err = Context::from_gpu(gpu(), &opts).err().expect("a budget over the device is refused").to_string();
+            assert!(err.contains("gpu_budget") && err.contains("device-local memory"), "{err}");
+            assert!(err.contains(&ctx.gpu.info.name), "names the adapter: {err}");
+        }
+        // Elsewhere wgpu reports no memory sizes: the portable fallback, and it says so.
+        None => {
+            assert_eq!(budget, ctx.gpu.limits.max_buffer_size * 4);
+            assert!(source.contains("does not report its memory"), "{source}");
+        }
+    }
+    // A mapped upload ring in VRAM (discrete GPUs) grows within a quarter of the budget (4 slots
+    // at least); in host memory (unified memory, as on the CPU drivers in CI) it is no part of
+    // the GPU budget and grows as the copies need.
+    let (budget, slot) = (256u64 << 10, 16u64 << 10);
+    let small = Context::with_store(
+        gpu(),
+        Box::new(MemStore::new()),
+        &PagerOptions { budget: Some(budget), slot_bytes: slot, upload: UploadPath::Ring, ..Default::default() },
+    );
+    let n = 50_000; // 200 kB: 13 slots
+    let data = values(7, n);
+    let t = small.from_f32("big", &[n], &data, false).unwrap();
+    {
+        let _op = small.op();
+        small.read(&t).unwrap();
+    }
+    small.sync().unwrap();
+    assert_same("uploaded through a bounded ring", &read(&small, &t), &data);
+    let (up, _, pinned) = small.pager.staging_bytes();
+    assert!(!pinned);
+    if small.gpu.unified_memory() {
+        assert_eq!(up, 13 * slot, "host-memory ring: one slot per chunk");
+    } else {
+        assert_eq!(up, 4 * slot, "VRAM ring: a quarter of {budget} B, or 4 slots");
+    }
+}
