@@ -10,12 +10,7 @@
 // Tiling: one workgroup of 16x16 threads computes a 64x64 tile of C, each thread a 4x4 block held in
 // registers; K advances 16 at a time through workgroup memory. Loads are guarded (zero padding), so
 // any M, N, K works. Dispatch (ceil(N/64), ceil(M/64), batch).
-// matmul_direct: the same product without workgroup memory or barriers, each thread reading its
-// 8 rows of A and 8 columns of B straight from memory (a workgroup: a 128x128 tile of C; dispatch
-// (ceil(N/128), ceil(M/128), batch)). For CPU adapters (lavapipe, llvmpipe), where a workgroup
-// barrier costs more than the cache traffic it saves, and every storage load is a load per lane:
-// 8x8 outputs a thread take 16 loads per 64 multiply-adds (4x4: 8 per 16; llvmpipe, char GPT
-// shapes: 7.7 against 4.0 GFLOP/s).
+// matmul_direct (CPU adapters): shaders/matmul_direct.wgsl.
 // matmul_large (big shapes on GPUs, 128x128 tiles): shaders/matmul_large.wgsl.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
@@ -165,59 +160,4 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     }
 
     store_block(m0 + ty * 4u, n0 + tx * 4u, c_base, acc);
-}
-
-@compute @workgroup_size(16, 16)
-fn matmul_direct(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let m_base = wid.y * (2u * TILE) + lid.y * 8u;
-    let n_base = wid.x * (2u * TILE) + lid.x * 8u;
-    if (m_base >= p.m || n_base >= p.n) {
-        return;
-    }
-    let a_base = p.a_off + wid.z * p.stride_a;
-    let b_base = p.b_off + wid.z * p.stride_b;
-    let c_base = p.c_off + wid.z * p.stride_c;
-    var ar: array<u32, 8>;
-    var bc: array<u32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        ar[i] = a_base + min(m_base + i, p.m - 1u) * p.a_rs;
-    }
-    for (var i = 0u; i < 8u; i++) {
-        bc[i] = b_base + min(n_base + i, p.n - 1u) * p.b_cs;
-    }
-    var lo: array<vec4<f32>, 8>;
-    var hi: array<vec4<f32>, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        lo[i] = vec4<f32>(0.0);
-        hi[i] = vec4<f32>(0.0);
-    }
-    if (p.quant_b != 0u) {
-        for (var kk = 0u; kk < p.k; kk++) {
-            let ak = kk * p.a_cs;
-            let bk = kk * p.b_rs;
-            let b0 = vec4<f32>(load_b(bc[0] + bk), load_b(bc[1] + bk), load_b(bc[2] + bk), load_b(bc[3] + bk));
-            let b1 = vec4<f32>(load_b(bc[4] + bk), load_b(bc[5] + bk), load_b(bc[6] + bk), load_b(bc[7] + bk));
-            for (var i = 0u; i < 8u; i++) {
-                let av = f32(a[ar[i] + ak]);
-                lo[i] += av * b0;
-                hi[i] += av * b1;
-            }
-        }
-    } else {
-        for (var kk = 0u; kk < p.k; kk++) {
-            let ak = kk * p.a_cs;
-            let bk = kk * p.b_rs;
-            let b0 = vec4<f32>(f32(b[bc[0] + bk]), f32(b[bc[1] + bk]), f32(b[bc[2] + bk]), f32(b[bc[3] + bk]));
-            let b1 = vec4<f32>(f32(b[bc[4] + bk]), f32(b[bc[5] + bk]), f32(b[bc[6] + bk]), f32(b[bc[7] + bk]));
-            for (var i = 0u; i < 8u; i++) {
-                let av = f32(a[ar[i] + ak]);
-                lo[i] += av * b0;
-                hi[i] += av * b1;
-            }
-        }
-    }
-    store_block(m_base, n_base, c_base, array<vec4<f32>, 4>(lo[0], lo[1], lo[2], lo[3]));
-    store_block(m_base, n_base + 4u, c_base, array<vec4<f32>, 4>(hi[0], hi[1], hi[2], hi[3]));
-    store_block(m_base + 4u, n_base, c_base, array<vec4<f32>, 4>(lo[4], lo[5], lo[6], lo[7]));
-    store_block(m_base + 4u, n_base + 4u, c_base, array<vec4<f32>, 4>(hi[4], hi[5], hi[6], hi[7]));
 }

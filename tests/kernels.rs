@@ -180,7 +180,11 @@ fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
     assert_eq!(split_k(MatmulVariant::Large, &dw(768, 768)), 16);
     assert_eq!(split_k(MatmulVariant::Large, &dw(768, 3072)), 4);
     assert_eq!(split_k(MatmulVariant::Large, &dw(3072, 3072)), 1);
-    assert_eq!(split_k(MatmulVariant::Direct, &dw(768, 768)), 1);
+    // matmul_direct (CPU adapters) splits for its caches: slices of at least 512
+    assert_eq!(split_k(MatmulVariant::Direct, &dw(768, 768)), 16);
+    assert_eq!(split_k(MatmulVariant::Direct, &dw(128, 512)), 16);
+    assert_eq!(split_k(MatmulVariant::Direct, &Gemm { k: 2048, ..dw(128, 512) }), 4);
+    assert_eq!(split_k(MatmulVariant::Direct, &Gemm { k: 1000, ..dw(128, 512) }), 1);
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { trans_a: false, ..dw(768, 768) }), 1);
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { k: 300, ..dw(768, 768) }), 1);
     use kernels::matmul::pick;
@@ -233,11 +237,38 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
 }
 
 #[test]
+fn direct_matmul_reads_vec4_operands_in_every_layout_and_epilogue() {
+    // matmul_direct reads an f32 operand whose stored rows are a multiple of 4 long 4 floats at a
+    // time: every layout (flags 1, 2), bias (4), beta (8); M, N = 4 mod 8 (the last vec4 of rows
+    // or columns clamped), M below a thread's 8 rows, and K = 13, where only row- or
+    // column-contiguous operands are read as vec4 and the last depth is read alone.
+    let ctx = ctx();
+    let mut rng = Rng::new(23);
+    for flags in 0..16u32 {
+        for &(batch, m, n, k) in &[(2, 20, 12, 8), (1, 132, 36, 13), (1, 4, 260, 24)] {
+            let g = Gemm {
+                batch,
+                m,
+                n,
+                k,
+                trans_a: flags & 1 != 0,
+                trans_b: flags & 2 != 0,
+                alpha: 0.5,
+                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
+                offsets: [0; 3],
+            };
+            check_matmul(&ctx, &mut rng, MatmulVariant::Direct, g, flags & 4 != 0);
+        }
+    }
+}
+
+#[test]
 fn matmul_offsets_select_row_chunks() {
     // C[2..] = A[3..] · B[5..]ᵀ with every buffer carrying a prefix the kernel must not touch
     // (K = 12: offsets and rows 4-aligned, which matmul_large reads by vec4).
     let ctx = ctx();
     let mut rng = Rng::new(21);
+    // (K = 12: offsets and rows 4-aligned, which matmul_direct reads as vec4)
     for (variant, (m, n, k)) in VARIANTS.into_iter().flat_map(|v| [(v, (17, 33, 9)), (v, (17, 36, 12))]) {
         let (oa, ob, oc) = (3 * k, 5 * k, 2 * n);
         let a = randn(&mut rng, oa + m * k, 1.0);

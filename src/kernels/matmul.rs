@@ -3,7 +3,10 @@
 //! (128×128 or 128×96 `matmul_large`, vec4 reads where the layout allows); split-K for weight
 //! gradients.
 
-use super::{Kernels, LargeVec4, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_LARGE, MAX_GROUPS};
+use super::{
+    Kernels, LargeVec4, MatmulVariant, Variant, MATMUL, MATMUL_COOP, MATMUL_DIRECT, MATMUL_DIRECT_SUBGROUPS,
+    MATMUL_LARGE, MAX_GROUPS,
+};
 use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
@@ -100,6 +103,9 @@ fn coop_operands(a: &View, b: &View) -> bool {
     float(a) && float(b) && (a.dtype == DType::F16 || b.dtype == DType::F16)
 }
 
+/// Shallowest K slice a split product gives `matmul_direct` (see [`split_k`]).
+const DIRECT_MIN_SLICE: usize = 512;
+
 /// Output tiles a split product aims for (H200, GPT-2 step: 400 ran 284–289 ms, 200 290 ms).
 const SPLIT_TARGET_TILES: usize = 400;
 
@@ -108,13 +114,24 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// fill a GPU; 1 = no split. The slices run as a batch (in this layout slice s of A and B starts
 /// at s·(K/S)·M and s·(K/S)·N, exactly the batch strides) into a scratch of (S, M·N), which
 /// `reduce::sum_rows` then adds to C in a fixed order, so results stay deterministic.
+/// On CPU adapters (`Direct`) the split is for the caches instead: a thread of `matmul_direct`
+/// streams its rows and columns over the whole depth, so K is cut into slices of at least
+/// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, whose weight gradients have K = 2048: a step
+/// of 1050–1080 ms unsplit, 865–903 at slices of 512, 984 at 256, 823–1137 at 1024).
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
     let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
-    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop)
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct)
         || !layout_ok
         || g.m * g.n > super::MAX_GROUPS as usize * 256
     {
         return 1;
+    }
+    if tuned == MatmulVariant::Direct {
+        let mut s = 1;
+        while s < 16 && g.k.is_multiple_of(2 * s) && g.k / (2 * s) >= DIRECT_MIN_SLICE {
+            s *= 2;
+        }
+        return s;
     }
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
     let mut s = 1;
@@ -218,7 +235,7 @@ fn launch(
     dummy: &View,
     g: Gemm,
 ) -> Result<()> {
-    // (matmul_direct: 16x16 threads of 8x8 outputs)
+    // (matmul_direct: 16x16 threads of 8x8 outputs, as matmul_large)
     let (rows, cols) = match variant {
         MatmulVariant::Tiled => (TILE, TILE),
         MatmulVariant::Narrow => (LARGE_TILE, NARROW_TILE),
@@ -261,7 +278,7 @@ fn launch(
     let groups = [tiles_n.max(1) as u32, tiles_m.max(1) as u32, g.batch.max(1) as u32];
     let entry = match variant {
         MatmulVariant::Tiled => "matmul",
-        MatmulVariant::Direct => "matmul_direct",
+        MatmulVariant::Direct => return launch_direct(k, [c, a, b, bias, bq, scales], &p, g, qb.is_some(), groups),
         MatmulVariant::Large => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups, false),
         MatmulVariant::Narrow => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups, true),
         MatmulVariant::Coop => return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups),
@@ -269,10 +286,34 @@ fn launch(
     k.dispatch_variant(MATMUL, entry, Variant::default(), &[c, a, b, bias, bq, scales], &p, groups)
 }
 
+/// `matmul_direct` (CPU adapters), its operand reads compiled in (see [`direct_flags`]); the
+/// subgroup-shared reads of A (`matmul_direct_shared`) where the adapter's subgroups allow.
+fn launch_direct(
+    k: &Kernels,
+    [c, a, b, bias, bq, scales]: [&View; 6],
+    p: &Params,
+    g: Gemm,
+    quant_b: bool,
+    groups: [u32; 3],
+) -> Result<()> {
+    let flags = direct_flags(&g, a, b, quant_b);
+    // (the stand-in for an operand read by scalars: 16 bytes, the least a vec4 array binds)
+    let unused = k.write_dummy();
+    let (a4, b4) = (if flags & 4 != 0 { a } else { &unused }, if flags & 8 != 0 { b } else { &unused });
+    let variant = Variant { flags, ..Default::default() };
+    let views = [c, a, b, bias, bq, scales, a4, b4];
+    let (shader, entry) = if flags & 4 != 0 && subgroups_share_rows(k) {
+        (MATMUL_DIRECT_SUBGROUPS, "matmul_direct_shared")
+    } else {
+        (MATMUL_DIRECT, "matmul_direct")
+    };
+    k.dispatch_variant(shader, entry, variant, &views, p, groups)
+}
+
 /// `matmul_large`, its layout, epilogue and tile width (`narrow`: 96 columns) compiled in (see
-/// [`large_flags`]). An f32 operand
-/// whose stored rows are a multiple of 4 long and that starts 4-aligned is read a vec4 at a
-/// time through a second binding of the same view (a 16-byte stand-in is bound otherwise).
+/// [`large_flags`]). An f32 operand whose stored rows are a multiple of 4 long and that starts
+/// 4-aligned is read a vec4 at a time through a second binding of the same view (a 16-byte
+/// stand-in is bound otherwise).
 fn launch_large(
     k: &Kernels,
     [c, a, b, bias, bq, scales]: [&View; 6],
@@ -343,6 +384,37 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
     k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
+}
+
+/// Whether `matmul_direct_shared` can run: subgroups of 8 or 16 lanes (each then lies within
+/// one row of 16 threads and reaches the 8 lanes that read A).
+fn subgroups_share_rows(k: &Kernels) -> bool {
+    let gpu = k.gpu();
+    let size_ok = |s: u32| s == 8 || s == 16;
+    gpu.features.contains(wgpu::Features::SUBGROUP)
+        && size_ok(gpu.info.subgroup_min_size)
+        && size_ok(gpu.info.subgroup_max_size)
+}
+
+/// `matmul_direct`'s compile-time choices (FLAGS in its shader): 4 A and 8 B read as vec4 (f32
+/// operands whose stored rows are a multiple of 4 long and start 4-aligned, in a 16-aligned
+/// view), 1 A and 2 B transposed (only with their vec4 bit: scalar reads go by the strides),
+/// 16 int8 B.
+fn direct_flags(g: &Gemm, a: &View, b: &View, quant_b: bool) -> u32 {
+    let vec_ok = |row: usize, off: usize, v: &View| {
+        v.dtype == DType::F32
+            && row.is_multiple_of(4)
+            && off.is_multiple_of(4)
+            && v.offset.is_multiple_of(16)
+            && v.size >= 16
+    };
+    let vec_a = vec_ok(if g.trans_a { g.m } else { g.k }, g.offsets[0], a);
+    let vec_b = !quant_b && vec_ok(if g.trans_b { g.k } else { g.n }, g.offsets[1], b);
+    (vec_a && g.trans_a) as u32
+        | ((vec_b && g.trans_b) as u32) << 1
+        | (vec_a as u32) << 2
+        | (vec_b as u32) << 3
+        | (quant_b as u32) << 4
 }
 
 /// The layout and epilogue `matmul_large` and `matmul_coop` compile in (FLAGS in the shaders):

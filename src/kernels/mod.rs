@@ -80,6 +80,20 @@ pub const EMBEDDING: Shader = shader!("embedding");
 pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
 pub const MATMUL: Shader = shader!("matmul", true);
+/// Matmul for CPU adapters: no workgroup memory, vec4 operand reads (see the shader's header).
+pub const MATMUL_DIRECT: Shader = shader!("matmul_direct");
+/// `matmul_direct` with A's reads shared by a subgroup (its entry `matmul_direct_shared`), for
+/// adapters with 8- or 16-lane subgroups: the same source with the subgroup entry appended.
+pub const MATMUL_DIRECT_SUBGROUPS: Shader = Shader {
+    name: "matmul_direct_subgroups",
+    source: concat!(
+        include_str!("../../shaders/common.wgsl"),
+        include_str!("../../shaders/matmul_direct.wgsl"),
+        include_str!("../../shaders/matmul_direct_subgroups.wgsl")
+    ),
+    writes_workgroup_first: false,
+    enables: "",
+};
 pub const MATMUL_LARGE: Shader = shader!("matmul_large", true);
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
@@ -138,6 +152,8 @@ pub const ALL: &[Shader] = &[
     LAYERNORM,
     MATMUL,
     MATMUL_COOP,
+    MATMUL_DIRECT,
+    MATMUL_DIRECT_SUBGROUPS,
     MATMUL_LARGE,
     OPTIM,
     REDUCE,
