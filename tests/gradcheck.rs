@@ -244,7 +244,7 @@ fn attention_backward_matches_finite_differences() {
 
 #[test]
 fn the_reference_attention_backward_matches_finite_differences() {
-    // tests/kernels.rs checks every attention kernel's backward against this CPU reference
+    // tests/kernels/attention.rs checks every attention kernel's backward against this CPU reference
     let mut rng = Rng::new(42);
     let (b, t, c, h) = (2, 6, 6, 2);
     let qkv = to64(&randn(&mut rng, b * t * 3 * c, 1.0));
