@@ -14,30 +14,7 @@
 // matmul_large (big shapes on GPUs, 128x128 tiles): shaders/matmul_large.wgsl.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
-    has_bias: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    alpha: f32,
-    beta: f32,
-    // element offsets of the first batch entry of a, b and c (chunks of larger tensors)
-    a_off: u32,
-    b_off: u32,
-    c_off: u32,
-    // quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len]
-    quant_b: u32,
-    q_row_len: u32,
-    _pad0: u32,
-}
+// Params: shaders/matmul_params.wgsl
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
 @group(0) @binding(1) var<storage, read> a: array<B1>;

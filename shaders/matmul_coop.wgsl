@@ -19,28 +19,7 @@
 // launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
-    has_bias: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    alpha: f32,
-    beta: f32,
-    a_off: u32,
-    b_off: u32,
-    c_off: u32,
-    quant_b: u32,
-    q_row_len: u32,
-    _pad0: u32,
-}
+// Params: shaders/matmul_params.wgsl
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
 // (a4 and b4 are a and b again or a stand-in: B4 = B1 and B5 = B2 where they are read.)

@@ -20,28 +20,7 @@
 // appended to this file) instead where A is read as vec4: one load of A per lane, not 8.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
-    has_bias: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    alpha: f32,
-    beta: f32,
-    a_off: u32,
-    b_off: u32,
-    c_off: u32,
-    quant_b: u32,
-    q_row_len: u32,
-    _pad0: u32,
-}
+// Params: shaders/matmul_params.wgsl
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
 @group(0) @binding(1) var<storage, read> a: array<B1>;

@@ -56,11 +56,13 @@ macro_rules! shader {
     ($name:literal, $writes_first:literal) => {
         shader!($name, $writes_first, "")
     };
-    ($name:literal, $writes_first:literal, $enables:literal) => {
+    // (after the enables: files every source of the family starts with, e.g. a shared uniform)
+    ($name:literal, $writes_first:literal, $enables:literal $(, $prelude:literal)*) => {
         Shader {
             name: $name,
             source: concat!(
                 include_str!("../../shaders/common.wgsl"),
+                $(include_str!(concat!("../../shaders/", $prelude, ".wgsl")),)*
                 include_str!(concat!("../../shaders/", $name, ".wgsl"))
             ),
             writes_workgroup_first: $writes_first,
@@ -80,25 +82,27 @@ pub const ELEMENTWISE: Shader = shader!("elementwise");
 pub const EMBEDDING: Shader = shader!("embedding");
 pub const FILL: Shader = shader!("fill");
 pub const LAYERNORM: Shader = shader!("layernorm");
-pub const MATMUL: Shader = shader!("matmul", true);
+pub const MATMUL: Shader = shader!("matmul", true, "", "matmul_params");
 /// Matmul for CPU adapters: no workgroup memory, vec4 operand reads (see the shader's header).
-pub const MATMUL_DIRECT: Shader = shader!("matmul_direct");
+pub const MATMUL_DIRECT: Shader = shader!("matmul_direct", false, "", "matmul_params");
 /// `matmul_direct` with A's reads shared by a subgroup (its entry `matmul_direct_shared`), for
 /// adapters with 8- or 16-lane subgroups: the same source with the subgroup entry appended.
 pub const MATMUL_DIRECT_SUBGROUPS: Shader = Shader {
     name: "matmul_direct_subgroups",
     source: concat!(
         include_str!("../../shaders/common.wgsl"),
+        include_str!("../../shaders/matmul_params.wgsl"),
         include_str!("../../shaders/matmul_direct.wgsl"),
         include_str!("../../shaders/matmul_direct_subgroups.wgsl")
     ),
     writes_workgroup_first: false,
     enables: "",
 };
-pub const MATMUL_LARGE: Shader = shader!("matmul_large", true);
+pub const MATMUL_LARGE: Shader = shader!("matmul_large", true, "", "matmul_params");
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
-pub const MATMUL_COOP: Shader = shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
+pub const MATMUL_COOP: Shader =
+    shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n", "matmul_params");
 pub const OPTIM: Shader = shader!("optim");
 pub const REDUCE: Shader = shader!("reduce");
 pub const SOFTMAX: Shader = shader!("softmax");
