@@ -181,17 +181,15 @@ pub fn pick(tuned: MatmulVariant, g: &Gemm) -> MatmulVariant {
 /// Whether 128×96 tiles finish an unbatched product in clearly fewer tile-times than 128×128
 /// ones, counting whole waves of [`WAVE_TILES`] and a narrow tile as 3/4 of a wide one: e.g.
 /// N = 768, M = 8192: 384 wide tiles take 2 waves (the second half empty), 512 narrow ones 2
-/// waves of 3/4 the time. Measured on the H200, that holds where B is transposed (8192×768×K
-/// NT: 1.19–1.23×) or the wide tiles are under one wave (4096×768×50257 NN: 1.17×), but not for
-/// NN products of more than a wave (8192×768×{768, 3072} NN: 0.91×, 0.87×), which keep wide
-/// tiles. (Batched products, split-K's among them, keep wide tiles: not measured.)
+/// waves of 3/4 the time, NN and NT alike (H200, one binary: 8192×768×768 NN 31.0 narrow against
+/// 28.7 wide, 8192×768×2304 NT 35.6 against 30.6 TFLOP/s; wide tiles for NN over a wave made
+/// the GPT-2 step 239.2 ms against 238.2). (Batched products, split-K's among them, keep wide
+/// tiles: not measured.)
 pub fn narrow_fills_better(g: &Gemm) -> bool {
-    let tiles = |cols: usize| g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(cols);
-    let waves = |cols: usize| tiles(cols).div_ceil(WAVE_TILES);
+    let waves = |cols: usize| (g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(cols)).div_ceil(WAVE_TILES);
     // in quarter tile-times; a narrow tile has more loads per product, so it must win by a fifth
     let (wide, narrow) = (4 * waves(LARGE_TILE), 3 * waves(NARROW_TILE));
-    let measured_to_gain = g.trans_b || tiles(LARGE_TILE) < WAVE_TILES;
-    g.batch == 1 && 5 * narrow < 4 * wide && measured_to_gain
+    g.batch == 1 && 5 * narrow < 4 * wide
 }
 
 /// [`matmul`] with an explicit variant (tests check every variant on every adapter).

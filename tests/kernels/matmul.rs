@@ -183,9 +183,8 @@ fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { trans_a: false, ..dw(768, 768) }), 1);
     assert_eq!(split_k(MatmulVariant::Large, &Gemm { k: 300, ..dw(768, 768) }), 1);
     use kernels::matmul::pick;
-    // N = 768: 384 wide tiles are 1.45 waves of 264, 512 narrow ones 1.94; narrow where B is
-    // transposed or the wide tiles are under a wave (measured to gain), not NN over a wave
-    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Large);
+    // N = 768: 384 wide tiles are 1.45 waves of 264, 512 narrow ones 1.94
+    assert_eq!(pick(MatmulVariant::Large, &Gemm::new(8192, 768, 768)), MatmulVariant::Narrow);
     assert_eq!(pick(MatmulVariant::Large, &Gemm::new(4096, 768, 50257)), MatmulVariant::Narrow);
     let nt = Gemm { trans_b: true, ..Gemm::new(8192, 768, 3072) };
     assert_eq!(pick(MatmulVariant::Large, &nt), MatmulVariant::Narrow);
