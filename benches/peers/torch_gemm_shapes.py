@@ -7,22 +7,11 @@ best of 3. Prints one JSON line: TFLOP/s by product.
 """
 import json
 import sys
-import time
 
 import torch
 
-
-def tflops(f, flops, iters=10, repeats=3):
-    f()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(iters):
-            f()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / iters)
-    return flops / best / 1e12
+# (the script's folder is on the path: run as `python3 benches/peers/torch_gemm_shapes.py`)
+from torch_peer import tflops
 
 
 def main():
@@ -36,7 +25,7 @@ def main():
         c = torch.empty(m, n, device="cuda")
         op_a = a.t() if layout[0] == "t" else a
         op_b = b.t() if layout[1] == "t" else b
-        out[spec] = round(tflops(lambda: torch.matmul(op_a, op_b, out=c), 2.0 * m * n * k), 2)
+        out[spec] = round(tflops(lambda: torch.matmul(op_a, op_b, out=c), 2.0 * m * n * k, iters=10), 2)
         del a, b, c
     print(json.dumps(out))
 
