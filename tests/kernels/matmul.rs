@@ -51,6 +51,31 @@ fn check_matmul(ctx: &pagetrain::Context, rng: &mut Rng, variant: MatmulVariant,
     assert_close(&what, &gc.read(ctx), &want, rtol, 1e-5 * (k as f64).sqrt());
 }
 
+/// [`check_matmul`] on each (batch, M, N, K) with the layout and epilogue of `flags`: 1 A
+/// transposed, 2 B transposed, 4 bias, 8 beta = 0.25 (else 0); alpha 0.5.
+fn check_flagged(
+    ctx: &pagetrain::Context,
+    rng: &mut Rng,
+    variant: MatmulVariant,
+    flags: u32,
+    shapes: &[(usize, usize, usize, usize)],
+) {
+    for &(batch, m, n, k) in shapes {
+        let g = Gemm {
+            batch,
+            m,
+            n,
+            k,
+            trans_a: flags & 1 != 0,
+            trans_b: flags & 2 != 0,
+            alpha: 0.5,
+            beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
+            offsets: [0; 3],
+        };
+        check_matmul(ctx, rng, variant, g, flags & 4 != 0);
+    }
+}
+
 #[test]
 fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
     // Each of the 16 pipelines matmul_large compiles for f32 B (A/B transposed, bias, beta), on
@@ -62,20 +87,13 @@ fn large_matmul_matches_reference_in_every_layout_and_epilogue() {
     for flags in 0..16u32 {
         // (1, 259, 130, 41), (2, 260, 132, 44): tiles wholly inside M and N, whose full slices
         // load unchecked
-        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41), (2, 260, 132, 44)] {
-            let g = Gemm {
-                batch,
-                m,
-                n,
-                k,
-                trans_a: flags & 1 != 0,
-                trans_b: flags & 2 != 0,
-                alpha: 0.5,
-                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
-                offsets: [0; 3],
-            };
-            check_matmul(&ctx, &mut rng, MatmulVariant::Large, g, flags & 4 != 0);
-        }
+        check_flagged(
+            &ctx,
+            &mut rng,
+            MatmulVariant::Large,
+            flags,
+            &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 130, 41), (2, 260, 132, 44)],
+        );
     }
 }
 
@@ -87,20 +105,13 @@ fn narrow_matmul_matches_reference_in_every_layout() {
     let ctx = ctx();
     let mut rng = Rng::new(4);
     for flags in [0u32, 1, 2, 3, 12, 14] {
-        for &(batch, m, n, k) in &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 194, 41), (1, 129, 192, 44)] {
-            let g = Gemm {
-                batch,
-                m,
-                n,
-                k,
-                trans_a: flags & 1 != 0,
-                trans_b: flags & 2 != 0,
-                alpha: 0.5,
-                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
-                offsets: [0; 3],
-            };
-            check_matmul(&ctx, &mut rng, MatmulVariant::Narrow, g, flags & 4 != 0);
-        }
+        check_flagged(
+            &ctx,
+            &mut rng,
+            MatmulVariant::Narrow,
+            flags,
+            &[(2, 131, 67, 13), (1, 3, 257, 4), (1, 259, 194, 41), (1, 129, 192, 44)],
+        );
     }
 }
 
@@ -239,20 +250,13 @@ fn direct_matmul_reads_vec4_operands_in_every_layout_and_epilogue() {
     let ctx = ctx();
     let mut rng = Rng::new(23);
     for flags in 0..16u32 {
-        for &(batch, m, n, k) in &[(2, 20, 12, 8), (1, 132, 36, 13), (1, 4, 260, 24)] {
-            let g = Gemm {
-                batch,
-                m,
-                n,
-                k,
-                trans_a: flags & 1 != 0,
-                trans_b: flags & 2 != 0,
-                alpha: 0.5,
-                beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
-                offsets: [0; 3],
-            };
-            check_matmul(&ctx, &mut rng, MatmulVariant::Direct, g, flags & 4 != 0);
-        }
+        check_flagged(
+            &ctx,
+            &mut rng,
+            MatmulVariant::Direct,
+            flags,
+            &[(2, 20, 12, 8), (1, 132, 36, 13), (1, 4, 260, 24)],
+        );
     }
 }
 
