@@ -15,12 +15,7 @@
 // qkv, out, dout and dqkv may be f16 (B0 dqkv/out, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
 // CPU reference: tests/common/reference.rs `attention_forward`; backward by finite differences.
 
-struct Params {
-    b: u32,
-    t: u32,
-    h: u32,
-    scale: f32,
-}
+// Params, qkv_row, out_row: shaders/attention_layout.wgsl
 
 const ROWS: u32 = 64u;
 // Rows of the streamed tiles (TILE_ROWS, from the adapter's tuning): two tiles of TILE x DIM floats
@@ -46,18 +41,6 @@ const MASKED: f32 = -3.0e38;
 
 var<workgroup> tile_a: array<f32, TILE * DIM>;
 var<workgroup> tile_b: array<f32, TILE * DIM>;
-
-// Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
-fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * 3u * c + part * c + (bh % prm.h) * DIM;
-}
-
-// Start of row t of head `bh % H` of batch entry `bh / H` in out (B,T,C).
-fn out_row(prm: Params, bh: u32, t: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * c + (bh % prm.h) * DIM;
-}
 
 // Tile rows r0..r0+TILE of parts `pa` and `pv` into tile_a and tile_b (rows past T repeat row
 // T-1; they are masked). Called by all ROWS threads of a workgroup.

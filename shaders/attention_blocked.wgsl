@@ -14,12 +14,7 @@
 // qkv and out may be f16 (qkv converted on load into f32 workgroup memory); lse is f32.
 // CPU reference: tests/common/reference.rs `attention_forward`.
 
-struct Params {
-    b: u32,
-    t: u32,
-    h: u32,
-    scale: f32,
-}
+// Params, qkv_row, out_row: shaders/attention_layout.wgsl
 
 const CB: u32 = TILE_ROWS;
 const CB4: u32 = CB / 4u;
@@ -46,18 +41,6 @@ var<workgroup> stat: array<f32, 2u * CB * CB4>;
 @group(0) @binding(1) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(2) var<storage, read> qkv: array<B2>;
 @group(0) @binding(3) var<uniform> p: Params;
-
-// Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
-fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * 3u * c + part * c + (bh % prm.h) * DIM;
-}
-
-// Start of row t of head `bh % H` of batch entry `bh / H` in out (B,T,C).
-fn out_row(prm: Params, bh: u32, t: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * c + (bh % prm.h) * DIM;
-}
 
 // Element d of a row starting at `a`, 0 in the pad columns (the index is clamped: no read past DIM).
 fn ld_qkv(a: u32, d: u32) -> f32 {

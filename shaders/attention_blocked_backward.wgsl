@@ -20,12 +20,7 @@
 // qkv, out, dout, dqkv may be f16 (converted on load into f32 workgroup memory); lse, delta f32.
 // CPU reference: tests/common/reference.rs `attention_backward`.
 
-struct Params {
-    b: u32,
-    t: u32,
-    h: u32,
-    scale: f32,
-}
+// Params, qkv_row, out_row: shaders/attention_layout.wgsl
 
 // Rows of a block and of a streamed tile (`attention::BLOCKED_BACKWARD_TILE`).
 const CB: u32 = 32u;
@@ -60,18 +55,6 @@ var<workgroup> stat: array<f32, 2u * CB * (CB / 4u)>;
 struct Grad {
     g0: mat4x4<f32>,
     g1: mat4x4<f32>,
-}
-
-// Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
-fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * 3u * c + part * c + (bh % prm.h) * DIM;
-}
-
-// Start of row t of head `bh % H` of batch entry `bh / H` in out and dout (B,T,C).
-fn out_row(prm: Params, bh: u32, t: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * c + (bh % prm.h) * DIM;
 }
 
 // Element d of a row starting at `a`, 0 in the pad columns (the index is clamped: no read past DIM).

@@ -17,12 +17,7 @@
 // qkv, out, dout, dqkv may be f16 (B0 dqkv, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
 // CPU reference: tests/common/reference.rs `attention_backward`.
 
-struct Params {
-    b: u32,
-    t: u32,
-    h: u32,
-    scale: f32,
-}
+// Params, qkv_row, out_row: shaders/attention_layout.wgsl
 
 const LANES: u32 = 1u << (FLAGS & 3u);
 const ROWS: u32 = 64u;
@@ -46,18 +41,6 @@ const RS: u32 = DPL * LANES;
 
 var<workgroup> rows_a: array<vec4<f32>, TILE * RS>;
 var<workgroup> rows_b: array<vec4<f32>, TILE * RS>;
-
-// Start of row t of part (0 q, 1 k, 2 v) of head `bh % H` of batch entry `bh / H` in qkv (B,T,3C).
-fn qkv_row(prm: Params, bh: u32, t: u32, part: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * 3u * c + part * c + (bh % prm.h) * DIM;
-}
-
-// Start of row t of head `bh % H` of batch entry `bh / H` in out and dout (B,T,C).
-fn out_row(prm: Params, bh: u32, t: u32) -> u32 {
-    let c = prm.h * DIM;
-    return ((bh / prm.h) * prm.t + t) * c + (bh % prm.h) * DIM;
-}
 
 // Elements d..d+4 of the row at `a` of qkv (dout, out), 0 past DIM (indices clamped: no read past DIM).
 fn ld_qkv(a: u32, d: u32) -> vec4<f32> {

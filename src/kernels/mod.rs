@@ -72,10 +72,10 @@ macro_rules! shader {
 }
 
 pub const ACTIVATION: Shader = shader!("activation");
-pub const ATTENTION: Shader = shader!("attention");
-pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true);
-pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true);
-pub const ATTENTION_LANES: Shader = shader!("attention_lanes");
+pub const ATTENTION: Shader = shader!("attention", false, "", "attention_layout");
+pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true, "", "attention_layout");
+pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true, "", "attention_layout");
+pub const ATTENTION_LANES: Shader = shader!("attention_lanes", false, "", "attention_layout");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
 pub const DECODE: Shader = shader!("decode");
 pub const ELEMENTWISE: Shader = shader!("elementwise");
