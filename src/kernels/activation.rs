@@ -6,7 +6,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     n: u32,
     _pad: [u32; 3],
 }

@@ -88,7 +88,7 @@ pub struct Dims {
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 /// The uniform of every attention family: `shaders/attention_layout.wgsl` (same fields, same order).
-struct Params {
+pub(super) struct Params {
     b: u32,
     t: u32,
     h: u32,

@@ -6,7 +6,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     rows: u32,
     v: u32,
     ignore: u32,

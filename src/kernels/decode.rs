@@ -6,7 +6,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     /// decode_embed: the token; kv_append: rows; decode_attention: heads.
     token: u32,
     pos: u32,

@@ -7,7 +7,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     n: u32,
     alpha: f32,
     /// `fill_normal`'s seed, low word first.

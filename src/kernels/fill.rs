@@ -10,7 +10,7 @@ use crate::recorder::{Clearer, Recorder, UNIFORM_SLOT};
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     n: u32,
     _pad: [u32; 3],
 }

@@ -7,7 +7,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     rows: u32,
     c: u32,
     eps: f32,

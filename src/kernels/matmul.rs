@@ -14,7 +14,7 @@ use crate::tensor::DType;
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 /// The uniform of every matmul family: `shaders/matmul_params.wgsl` (same fields, same order).
-struct Params {
+pub(super) struct Params {
     m: u32,
     n: u32,
     k: u32,

@@ -18,6 +18,8 @@ pub mod fill;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
+#[cfg(test)]
+mod params_layout;
 pub mod pipeline_cache;
 mod profile;
 pub mod reduce;

@@ -6,7 +6,7 @@ use crate::pager::View;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     n: u32,
     squares: u32,
     slot: u32,

@@ -8,7 +8,7 @@ use crate::tensor::DType;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(super) struct Params {
     n: [u32; 8],
     base: u32,
     _pad: [u32; 3],
