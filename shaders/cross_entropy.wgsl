@@ -4,7 +4,9 @@
 //                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
 //   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target)),
 //                           dlogits f32 or f16; with accumulate = 0, dlogits = that instead
-//                           (never read: a fresh buffer needs no clearing, and ignored rows get 0)
+//                           (never read: a fresh buffer needs no clearing, and ignored rows get 0);
+//                           dlogits rows `stride` long (0: V), 0 past V (tensor-core products read
+//                           rows a multiple of 8 long: ops/cross_entropy.rs)
 //                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
 // cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
@@ -19,7 +21,8 @@ struct Params {
     inv_count: f32,
     row0: u32,
     accumulate: u32,
-    _pad1: u32,
+    // backward: elements a row of dlogits holds (0: v)
+    stride: u32,
     _pad2: u32,
 }
 
@@ -72,15 +75,20 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
 @compute @workgroup_size(256)
 fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;
-    if (i >= pb.rows * pb.v) {
+    let stride = select(pb.stride, pb.v, pb.stride == 0u);
+    if (i >= pb.rows * stride) {
         return;
     }
-    let row = i / pb.v;
-    let j = i % pb.v;
+    let row = i / stride;
+    let j = i % stride;
+    if (j >= pb.v) {
+        losses[i] = B0(0.0);
+        return;
+    }
     let t = tg[pb.row0 + row];
     var g = 0.0;
     if (t != pb.ignore) {
-        let prob = exp(lg[i] - lse_in[pb.row0 + row]);
+        let prob = exp(lg[row * pb.v + j] - lse_in[pb.row0 + row]);
         let onehot = select(0.0, 1.0, j == t);
         g = dloss[0] * pb.inv_count * (prob - onehot);
     }

@@ -5,8 +5,9 @@
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
 // Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time
-// when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's rows are a multiple of 8 long and start
-// 8-aligned; otherwise each half is read alone (any shape), and a4/b4 go unused.
+// when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's stored rows are a multiple of 8 long (or
+// padded to one with finite values: `row_stride`) and start 8-aligned; otherwise each half is read
+// alone (any shape), and a4/b4 go unused.
 // Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
 // 64x32 of it as 4x2 accumulators of 16x16. K advances 32 at a time through two workgroup
 // buffers of f16 tiles that keep the global layout (so each operand is read coalesced and each
@@ -77,6 +78,15 @@ fn operand_dims(is_a: bool) -> vec2<u32> {
     return select(vec2<u32>(p.k, p.n), vec2<u32>(p.n, p.k), TRANS_B);
 }
 
+// Elements from one stored row of an operand to the next: its row length, or more where the
+// launcher pads A's rows (Gemm::a_stride; the padding is finite, so whole chunks may read it).
+fn row_stride(is_a: bool) -> u32 {
+    if (is_a) {
+        return select(p.a_rs, p.a_cs, TRANS_A);
+    }
+    return select(p.b_rs, p.b_cs, TRANS_B);
+}
+
 // 4 halves of an operand from element `at` (in row `gr`, column `gc` of the stored layout), zero
 // outside the matrix.
 fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
@@ -119,7 +129,7 @@ fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2>
         gr = t0 + r;
         gc = k0 + c8;
     }
-    let at = base + gr * operand_dims(is_a).y + gc;
+    let at = base + gr * row_stride(is_a) + gc;
     return array<vec4<f16>, 2>(fetch4(is_a, at, gr, gc), fetch4(is_a, at + 4u, gr, gc + 4u));
 }
 

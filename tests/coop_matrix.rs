@@ -178,6 +178,56 @@ fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
 }
 
 #[test]
+fn coop_matmul_reads_a_with_padded_rows() {
+    // A's stored rows padded with zeros to a multiple of 8 (Gemm::a_stride, as GPT-2's dlogits
+    // are): A (M,K) and A stored (K,M), rows off a multiple of 8 and then read 8 halves at a
+    // time, C overwritten (poisoned first) or accumulated
+    let ctx = ctx();
+    let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
+    // every adapter: the other kernels refuse padded rows, and rows shorter than A's are refused
+    let x = Guarded::new(&ctx, 64, Some(&[0.5; 64]));
+    let padded_on = |variant, a_stride| {
+        let g = Gemm { a_stride, ..Gemm::new(2, 2, 5) };
+        kernels::matmul::matmul_variant(&ctx.kernels, variant, &x.view(), &x.view(), &x.view(), None, &dummy.view(), g)
+    };
+    assert!(padded_on(MatmulVariant::Large, 8).is_err());
+    assert!(padded_on(MatmulVariant::Tiled, 8).is_err());
+    assert!(padded_on(MatmulVariant::Coop, 4).is_err());
+    if !has_coop(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(61);
+    for &(m, n, k, trans_a, beta) in
+        &[(33, 70, 57, false, 0.0), (130, 200, 1001, false, 1.0), (57, 96, 129, true, 0.0), (1001, 72, 64, true, 1.0)]
+    {
+        let (rows, len): (usize, usize) = if trans_a { (k, m) } else { (m, k) };
+        let stride = len.next_multiple_of(8);
+        let a = round_f16(&randn(&mut rng, rows * len, 1.0));
+        let mut padded = vec![0.0; rows * stride];
+        for (dst, src) in padded.chunks_mut(stride).zip(a.chunks(len)) {
+            dst[..len].copy_from_slice(src);
+        }
+        let b = round_f16(&randn(&mut rng, k * n, 1.0));
+        let c0 = if beta == 0.0 { vec![f32::NAN; m * n] } else { randn(&mut rng, m * n, 1.0) };
+        let (ga, gb, gc) = (
+            Guarded::of(&ctx, DType::F16, padded.len(), Some(&padded)),
+            Guarded::of(&ctx, DType::F16, b.len(), Some(&b)),
+            Guarded::new(&ctx, m * n, Some(&c0)),
+        );
+        let g = Gemm { trans_a, beta, a_stride: stride, ..Gemm::new(m, n, k) };
+        let (c, av, bv) = (gc.view(), ga.view(), gb.view());
+        kernels::matmul::matmul_variant(&ctx.kernels, MatmulVariant::Coop, &c, &av, &bv, None, &dummy.view(), g)
+            .unwrap();
+        let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, trans_a, false, false, 1.0);
+        if beta != 0.0 {
+            want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
+        }
+        let what = format!("matmul_coop {m}x{n}x{k} ta={trans_a} beta={beta}, A rows of {stride}");
+        assert_close(&what, &gc.read(&ctx), &want, 1e-4, 1e-4 * (k as f64).sqrt());
+    }
+}
+
+#[test]
 fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     // Runs everywhere: the automatic choice follows the adapter, and the kernel forced on an
     // adapter without cooperative matrices (or on f32 operands) is an error, not a wrong result.

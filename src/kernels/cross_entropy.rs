@@ -1,7 +1,7 @@
 //! Launchers for `shaders/cross_entropy.wgsl`: fused softmax cross-entropy.
 
 use super::{grid_1d, row_launch, Kernels, CROSS_ENTROPY};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pager::View;
 
 #[repr(C)]
@@ -13,7 +13,8 @@ pub(super) struct Params {
     inv_count: f32,
     row0: u32,
     accumulate: u32,
-    _pad: [u32; 2],
+    stride: u32,
+    _pad: u32,
 }
 
 /// Which rows a launch covers: `rows` rows of `v` classes held in the logits it is given, which
@@ -35,7 +36,8 @@ fn params(r: Rows, inv_count: f32) -> Params {
         inv_count,
         row0: r.row0 as u32,
         accumulate: 0,
-        _pad: [0; 2],
+        stride: 0,
+        _pad: 0,
     }
 }
 
@@ -57,11 +59,12 @@ pub fn backward(
     r: Rows,
     inv_count: f32,
 ) -> Result<()> {
-    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, true)
+    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, true, r.v)
 }
 
 /// [`backward`] that writes dlogits instead of adding to them (0 in ignored rows): a fresh
-/// buffer needs no clearing, and is written without being read.
+/// buffer needs no clearing, and is written without being read. Its rows are `stride` ≥ V
+/// elements long, 0 past V.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_write(
     k: &Kernels,
@@ -72,11 +75,22 @@ pub fn backward_write(
     dloss: &View,
     r: Rows,
     inv_count: f32,
+    stride: usize,
 ) -> Result<()> {
-    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, false)
+    if stride < r.v {
+        return Err(Error::invalid("cross_entropy", format!("dlogits rows of {stride} cannot hold {} classes", r.v)));
+    }
+    dispatch_backward(k, [dlogits, logits, targets, lse, dloss], r, inv_count, false, stride)
 }
 
-fn dispatch_backward(k: &Kernels, views: [&View; 5], r: Rows, inv_count: f32, accumulate: bool) -> Result<()> {
-    let p = Params { accumulate: accumulate as u32, ..params(r, inv_count) };
-    k.dispatch(CROSS_ENTROPY, "cross_entropy_backward", &views, &p, grid_1d((r.rows * r.v) as u64))
+fn dispatch_backward(
+    k: &Kernels,
+    views: [&View; 5],
+    r: Rows,
+    inv_count: f32,
+    accumulate: bool,
+    stride: usize,
+) -> Result<()> {
+    let p = Params { accumulate: accumulate as u32, stride: stride as u32, ..params(r, inv_count) };
+    k.dispatch(CROSS_ENTROPY, "cross_entropy_backward", &views, &p, grid_1d((r.rows * stride) as u64))
 }

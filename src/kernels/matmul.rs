@@ -62,11 +62,15 @@ pub struct Gemm {
     pub beta: f32,
     /// Element offsets where A, B and C start in their buffers (row chunks of larger tensors).
     pub offsets: [usize; 3],
+    /// Elements from one stored row of A to the next, past its length (0: packed rows). The
+    /// padding must hold finite values (zeros): `matmul_coop` reads rows padded to a multiple of
+    /// 8 a chunk at a time. Cooperative-matrix products only (see [`coop_pads_rows`]).
+    pub a_stride: usize,
 }
 
 impl Gemm {
     pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0, offsets: [0; 3] }
+        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0, offsets: [0; 3], a_stride: 0 }
     }
 }
 
@@ -100,8 +104,20 @@ pub fn for_operands(k: &Kernels, variant: MatmulVariant, a: &View, b: &View) -> 
 
 /// Operands `matmul_coop` takes: f16 and f16, or f16 and f32.
 fn coop_operands(a: &View, b: &View) -> bool {
-    let float = |v: &View| matches!(v.dtype, DType::F16 | DType::F32);
-    float(a) && float(b) && (a.dtype == DType::F16 || b.dtype == DType::F16)
+    coop_dtypes(a.dtype, b.dtype)
+}
+
+fn coop_dtypes(a: DType, b: DType) -> bool {
+    let float = |d: DType| matches!(d, DType::F16 | DType::F32);
+    float(a) && float(b) && (a == DType::F16 || b == DType::F16)
+}
+
+/// Whether a product of A and B in these element types runs on cooperative matrices, which read
+/// A's rows 8 halves at a time where they are padded to a multiple of 8 ([`Gemm::a_stride`]):
+/// e.g. GPT-2's dlogits, whose 50257-long rows are otherwise read a half at a time (H200:
+/// 4096x768x50257 NN 37.5 TFLOP/s against 79.8 at K = 50264; 50257x768x4096 TN 49.3 against 116.6).
+pub fn coop_pads_rows(k: &Kernels, a: DType, b: DType) -> bool {
+    k.tuning.coop_f16 && k.tuning.matmul != MatmulVariant::Direct && coop_dtypes(a, b)
 }
 
 /// Shallowest K slice a split product gives `matmul_direct` (see [`split_k`]).
@@ -248,14 +264,23 @@ fn launch(
             format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
         ));
     }
-    let (a_rs, a_cs) = if g.trans_a { (1, g.m) } else { (g.k, 1) };
+    // A's stored rows: (K,M) used transposed, or (M,K); padded where a_stride says
+    let a_row = if g.trans_a { g.m } else { g.k };
+    let a_stride = if g.a_stride == 0 { a_row } else { g.a_stride };
+    if g.a_stride != 0 && (variant != MatmulVariant::Coop || a_stride < a_row) {
+        return Err(Error::invalid(
+            "matmul",
+            format!("{g:?}: padded A rows take cooperative matrices (not {variant:?}) and at least the row length"),
+        ));
+    }
+    let (a_rs, a_cs) = if g.trans_a { (1, a_stride) } else { (a_stride, 1) };
     let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
     let p = Params {
         m: g.m as u32,
         n: g.n as u32,
         k: g.k as u32,
         batch: g.batch as u32,
-        stride_a: (g.m * g.k) as u32,
+        stride_a: (if g.trans_a { g.k } else { g.m } * a_stride) as u32,
         stride_b: (g.k * g.n) as u32,
         stride_c: (g.m * g.n) as u32,
         has_bias: bias.is_some() as u32,
@@ -363,8 +388,8 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
             ),
         ));
     }
-    // stored row length of each operand (its contiguous dimension)
-    let a_row = if g.trans_a { g.m } else { g.k };
+    // stored row stride of each operand (its contiguous dimension, or A's padded rows)
+    let a_row = if g.trans_a { p.a_cs } else { p.a_rs } as usize;
     let b_row = if g.trans_b { g.k } else { g.n };
     let vec_ok = |row: usize, off: usize, v: &View| {
         row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16

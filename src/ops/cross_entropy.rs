@@ -181,6 +181,12 @@ impl Backward for HeadLossBackward {
         let dx = grads.of(ctx, &self.x)?;
         let dwte = grads.of(ctx, &self.wte)?;
         let (rows, c, v) = (self.x.rows(), self.x.last_dim(), self.wte.shape()[0]);
+        // dlogits rows padded with zeros to a multiple of 8 where both products run on
+        // cooperative matrices, which then read them 8 halves at a time (mm::coop_pads_rows)
+        let (xt, wt) = (self.x.dtype(), self.wte.dtype());
+        let pad = mm::coop_pads_rows(&ctx.kernels, xt, wt) && mm::coop_pads_rows(&ctx.kernels, xt, xt);
+        let stride = if pad { v.next_multiple_of(8) } else { v };
+        let a_stride = if stride == v { 0 } else { stride };
         for r0 in (0..rows).step_by(self.per) {
             let n = self.per.min(rows - r0);
             let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
@@ -188,7 +194,7 @@ impl Backward for HeadLossBackward {
             // Under mixed precision (f16 x) dlogits are f16 too, so both products below run
             // on tensor cores; the loss scale keeps their small values in f16's range.
             // written whole by the kernel: no clearing
-            let dlogits = ctx.empty("dlogits chunk", &[n, v], self.x.dtype(), false)?;
+            let dlogits = ctx.empty("dlogits chunk", &[n, stride], self.x.dtype(), false)?;
             {
                 let _op = ctx.op();
                 let r = Rows { rows: n, v, ignore: self.ignore, row0: r0 };
@@ -199,12 +205,12 @@ impl Backward for HeadLossBackward {
                     ctx.read(&self.lse)?,
                     ctx.read(&dloss)?,
                 );
-                k::backward_write(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count)?;
+                k::backward_write(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count, stride)?;
             }
             drop(logits);
             if let Some(dx) = &dx {
                 let _op = ctx.op();
-                let g = Gemm { beta: 1.0, offsets: [0, 0, r0 * c], ..Gemm::new(n, c, v) };
+                let g = Gemm { beta: 1.0, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
                 mm::matmul(
                     &ctx.kernels,
                     &ctx.modify(dx)?,
@@ -217,7 +223,7 @@ impl Backward for HeadLossBackward {
             }
             if let Some(dwte) = &dwte {
                 let _op = ctx.op();
-                let g = Gemm { beta: 1.0, trans_a: true, offsets: [0, r0 * c, 0], ..Gemm::new(v, c, n) };
+                let g = Gemm { beta: 1.0, trans_a: true, offsets: [0, r0 * c, 0], a_stride, ..Gemm::new(v, c, n) };
                 mm::matmul(
                     &ctx.kernels,
                     &ctx.modify(dwte)?,

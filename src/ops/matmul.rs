@@ -111,6 +111,7 @@ pub(super) fn product_with_grad_to(
         alpha: opts.alpha.unwrap_or(1.0),
         beta: 0.0,
         offsets: [0; 3],
+        a_stride: 0,
     };
     {
         let _op = ctx.op();

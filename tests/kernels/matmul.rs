@@ -71,6 +71,7 @@ fn check_flagged(
             alpha: 0.5,
             beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
             offsets: [0; 3],
+            a_stride: 0,
         };
         check_matmul(ctx, rng, variant, g, flags & 4 != 0);
     }
@@ -235,6 +236,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 alpha: 0.75,
                 beta: if accumulate { 1.0 } else { 0.0 },
                 offsets: [0; 3],
+                a_stride: 0,
             };
             check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
