@@ -389,7 +389,7 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         ));
     }
     // stored row stride of each operand (its contiguous dimension, or A's padded rows)
-    let a_row = if g.trans_a { p.a_cs } else { p.a_rs } as usize;
+    let a_row = (if g.trans_a { p.a_cs } else { p.a_rs }) as usize;
     let b_row = if g.trans_b { g.k } else { g.n };
     let vec_ok = |row: usize, off: usize, v: &View| {
         row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
