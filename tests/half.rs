@@ -6,7 +6,7 @@
 mod common;
 
 use common::reference as r;
-use common::{assert_close, ctx, has_f16, randn, round_f16, to64, Guarded};
+use common::{assert_close, ctx, has_f16, randn, round_f16, to64, AdamWInputs, Guarded};
 use pagetrain::kernels::{self, activation::Activation, matmul::Gemm, reduce::SumSpec, MatmulVariant};
 use pagetrain::rng::Rng;
 use pagetrain::DType;
@@ -237,16 +237,7 @@ fn adamw_writes_the_f16_weight_copy_with_the_update() {
     }
     let mut rng = Rng::new(35);
     for &n in &[1usize, 3, 1000] {
-        let (p, g) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
-        let m = randn(&mut rng, n, 0.1);
-        let v: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
-        let clip = Guarded::new(&ctx, 2, Some(&[0.8, 0.0]));
-        let (gp, gm, gv, gg) = (
-            Guarded::new(&ctx, n, Some(&p)),
-            Guarded::new(&ctx, n, Some(&m)),
-            Guarded::new(&ctx, n, Some(&v)),
-            Guarded::new(&ctx, n, Some(&g)),
-        );
+        let AdamWInputs { p, g, m, v, gp, gg, gm, gv, clip } = AdamWInputs::draw(&ctx, &mut rng, n);
         let half = Guarded::new_f16(&ctx, n, None);
         let s = kernels::optim::AdamWStep {
             lr: 0.01,

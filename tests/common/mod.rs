@@ -175,6 +175,32 @@ pub fn finite_diff_at(x: &[f64], at: &[usize], h: f64, mut f: impl FnMut(&[f64])
 }
 
 /// Σ out·w: the scalar whose gradient with respect to `out` is `w`.
+/// AdamW's inputs on random data of length n — weights, gradients, first and (positive) second
+/// moments, drawn in that order — and their buffers, beside the clip factor 0.8 the kernel reads.
+pub struct AdamWInputs {
+    pub p: Vec<f32>,
+    pub g: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    pub gp: Guarded,
+    pub gg: Guarded,
+    pub gm: Guarded,
+    pub gv: Guarded,
+    pub clip: Guarded,
+}
+
+impl AdamWInputs {
+    pub fn draw(ctx: &Context, rng: &mut Rng, n: usize) -> AdamWInputs {
+        let (p, g) = (randn(rng, n, 1.0), randn(rng, n, 1.0));
+        let m = randn(rng, n, 0.1);
+        let v: Vec<f32> = randn(rng, n, 0.1).iter().map(|x| x * x).collect();
+        let on_gpu = |x: &[f32]| Guarded::new(ctx, n, Some(x));
+        let (gp, gg, gm, gv) = (on_gpu(&p), on_gpu(&g), on_gpu(&m), on_gpu(&v));
+        let clip = Guarded::new(ctx, 2, Some(&[0.8, 0.0]));
+        AdamWInputs { p, g, m, v, gp, gg, gm, gv, clip }
+    }
+}
+
 pub fn dot(out: &[f64], w: &[f64]) -> f64 {
     out.iter().zip(w).map(|(a, b)| a * b).sum()
 }

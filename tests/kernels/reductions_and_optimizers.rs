@@ -1,6 +1,7 @@
 //! Reductions, sums of squares, in-pass clears and the optimizers against the reference.
 
 use super::*;
+use common::AdamWInputs;
 
 #[test]
 fn reductions_match_reference() {
@@ -44,17 +45,7 @@ fn optimizers_match_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(10);
     for &n in AWKWARD {
-        let p = randn(&mut rng, n, 1.0);
-        let g = randn(&mut rng, n, 1.0);
-        let m: Vec<f32> = randn(&mut rng, n, 0.1);
-        let v: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
-        let clip = Guarded::new(&ctx, 2, Some(&[0.8, 0.0]));
-        let (gp, gm, gv, gg) = (
-            Guarded::new(&ctx, n, Some(&p)),
-            Guarded::new(&ctx, n, Some(&m)),
-            Guarded::new(&ctx, n, Some(&v)),
-            Guarded::new(&ctx, n, Some(&g)),
-        );
+        let AdamWInputs { p, g, m, v, gp, gg, gm, gv, clip } = AdamWInputs::draw(&ctx, &mut rng, n);
         let s = kernels::optim::AdamWStep {
             lr: 0.01,
             beta1: 0.9,
