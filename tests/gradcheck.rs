@@ -315,11 +315,13 @@ fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     let mut rng = Rng::new(17);
     let (n, c, v) = (9, 5, 37);
     let targets: Vec<u32> = (0..n).map(|i| if i == 4 { u32::MAX } else { rng.below(v) as u32 }).collect();
-    // A 16 KiB budget splits the 9 rows of logits into chunks of 2 rows (and a last of 1).
-    for budget in [None, Some(16u64 << 10)] {
+    // With the device's budget the head keeps its logits for backward; an 8 KiB budget makes them
+    // in chunks of 5 and 4 rows and again in backward.
+    for budget in [None, Some(8u64 << 10)] {
         let opts = pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
         let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
         let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+        assert_eq!(ops::head_keeps_logits(&ctx, n, v), budget.is_none(), "budget {budget:?}");
         let tg = targets.clone();
         check(
             &ctx,
@@ -369,12 +371,16 @@ fn embedding_and_cross_entropy_backward_match_finite_differences() {
 #[test]
 fn head_loss_chunks_fit_the_storage_binding_limit() {
     // 2048 rows of 20000 logits (164 MB) exceed a 128 MiB storage binding (lavapipe, WebGPU's
-    // default): the head must make them in chunks that fit, forward and backward.
-    let ctx = ctx();
+    // default): the head must make them in chunks that fit, and, at a 2 GiB budget, keep every
+    // chunk for backward.
+    let opts = pagetrain::pager::PagerOptions { budget: Some(2 << 30), ..Default::default() };
+    let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
+    let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
     let mut rng = Rng::new(18);
     let (n, c, v) = (2048, 4, 20000);
     let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
+    assert!(ops::head_keeps_logits(&ctx, n, v));
     let (xt, wt) = (ctx.from_f32("x", &[n, c], &x, true).unwrap(), ctx.from_f32("wte", &[v, c], &w, true).unwrap());
     let loss = ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
     let mut grads = Grads::new();

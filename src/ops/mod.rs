@@ -15,7 +15,7 @@ mod softmax;
 
 pub use activation::{gelu, relu};
 pub use attention::causal_self_attention;
-pub use cross_entropy::{cross_entropy, lm_head_loss};
+pub use cross_entropy::{cross_entropy, head_keeps_logits, lm_head_loss};
 pub use decode::{decode_attention, decode_embed, kv_append};
 pub use elementwise::{add, cast, mean, scale, sum};
 pub use embedding::embedding;
