@@ -50,8 +50,8 @@ impl Optimizer {
         }
     }
 
-    /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
-    /// then reuses its clip factor). The GPU optimizer defers each parameter's update to just
+    /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the optimizer
+    /// then reuses its clip factor, or the host one its norm). The GPU optimizer defers each parameter's update to just
     /// before the next forward reads it ([`AdamW::defer`]) and zeroes gradients as it goes; the
     /// host optimizer updates at once, and the gradients are zeroed here. f16 weight copies are
     /// rewritten either way.
@@ -66,7 +66,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
             Optimizer::Host(o) => {
-                o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
+                o.step_with_norm(ctx, &model.params(), lr, grad_scale, clipped.then_some(o.last_norm))?;
                 model.refresh_half(ctx)?;
                 model.zero_grad(ctx)
             }
@@ -103,7 +103,7 @@ impl Optimizer {
                 o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
-            Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale),
             Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }
