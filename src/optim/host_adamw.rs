@@ -4,6 +4,7 @@
 //! as one pass over every tensor on all cores ([`super::host_kernels`]).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
 use super::AdamWConfig;
@@ -11,7 +12,7 @@ use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Param};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorId};
 
 pub struct HostAdamW {
     pub config: AdamWConfig,
@@ -24,6 +25,20 @@ pub struct HostAdamW {
     /// Host seconds spent in the optimizer's passes over the host bytes (norms and updates,
     /// the pager's bookkeeping for them included), summed over all steps.
     pub host_seconds: f64,
+    /// Index in `m`/`v` of each parameter, by its value's tensor id.
+    index: HashMap<TensorId, usize>,
+    /// A step begun by [`HostAdamW::defer`] whose updates have not all been applied.
+    deferred: Option<Deferred>,
+}
+
+/// A step whose norm is taken and whose updates wait for each parameter's next use.
+struct Deferred {
+    lr: f32,
+    /// Multiplies the gradients: the clip factor times 1 / loss scale.
+    scale: f32,
+    t: u64,
+    /// Per parameter: still waiting for its update.
+    pending: Vec<bool>,
 }
 
 /// One AdamW update of a slice of a parameter (the sharded optimizer's unit, `crate::dist`):
@@ -114,7 +129,8 @@ impl HostAdamW {
         }
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
-        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0 })
+        let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
+        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None })
     }
 
     /// The global norm of the gradients times `grad_scale` (one GPU round trip, then one pass
@@ -130,9 +146,11 @@ impl HostAdamW {
         Ok(sumsq.sqrt() as f32)
     }
 
-    /// [`HostAdamW::grad_norm`], kept as `last_norm` for a step that follows with the same
-    /// gradients and `grad_scale` (see [`HostAdamW::step_with_norm`]).
+    /// [`HostAdamW::grad_norm`] (after any deferred update still pending), kept as `last_norm`
+    /// for a step that follows with the same gradients and `grad_scale` (see
+    /// [`HostAdamW::defer`]).
     pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+        self.apply_deferred(ctx, params)?;
         let start = Stopwatch::start();
         self.last_norm = Self::grad_norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();
@@ -142,14 +160,17 @@ impl HostAdamW {
     /// One update at learning rate `lr`; gradients are multiplied by `grad_scale` and clipped to
     /// the configured global norm first.
     pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
-        self.step_with_norm(ctx, params, lr, grad_scale, None)
+        self.defer(ctx, params, lr, grad_scale, None)?;
+        self.apply_deferred(ctx, params)
     }
 
-    /// [`HostAdamW::step_lr`] with the gradients' norm already known (`norm`: what `grad_norm`
-    /// gave for these gradients and this `grad_scale`), or taken here (None). One GPU round
-    /// trip brings every gradient down; then one pass takes the norm and one updates every
-    /// tensor, in place in the host store.
-    pub fn step_with_norm(
+    /// Begins a step: one GPU round trip brings every gradient down and one pass takes their
+    /// norm (unless `norm` gives it: what `grad_norm` found for these gradients and this
+    /// `grad_scale`); each parameter then gets its update — its gradient zeroed and its f16
+    /// copy rewritten — from [`HostAdamW::apply_deferred`], just before its next use. The host
+    /// passes of the next step's later layers then run while the GPU computes the earlier
+    /// ones. The result is [`HostAdamW::step_lr`]'s: each update reads only its own tensors.
+    pub fn defer(
         &mut self,
         ctx: &Context,
         params: &[&Param],
@@ -160,52 +181,100 @@ impl HostAdamW {
         if params.len() != self.m.len() {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
+        self.apply_deferred(ctx, params)?;
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
         ctx.pager.sync_to_host(&ids)?;
+        let norm = match norm {
+            Some(n) => n,
+            None => {
+                let start = Stopwatch::start();
+                let n = Self::grad_norm(ctx, params, grad_scale)?;
+                self.host_seconds += start.seconds();
+                n
+            }
+        };
+        self.last_norm = norm;
+        let c = self.config;
+        let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        self.t += 1;
+        let pending = vec![true; self.m.len()];
+        self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending });
+        ctx.pager.end_step();
+        Ok(())
+    }
+
+    /// Applies the deferred update to those of `params` still waiting for it (one pass over
+    /// them on all cores), zeroes their gradients and rewrites their f16 copies; a no-op
+    /// without a deferred step.
+    pub fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        let Some(d) = self.deferred.as_ref() else { return Ok(()) };
+        let mut due = Vec::new();
+        for p in params {
+            let i = *self.index.get(&p.value.id()).ok_or_else(|| {
+                Error::invalid("host AdamW", format!("`{}` is not a parameter of this optimizer", p.name))
+            })?;
+            if d.pending[i] {
+                due.push((i, *p));
+            }
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        // What is recorded for the layers before runs on the GPU while the host updates these.
+        ctx.recorder.flush();
         let start = Stopwatch::start();
+        self.update(ctx, &due, d.lr, d.scale, d.t)?;
+        self.host_seconds += start.seconds();
+        for (i, p) in due {
+            ctx.pager.zero(p.grad.id())?;
+            p.refresh_half(ctx)?;
+            if let Some(d) = self.deferred.as_mut() {
+                d.pending[i] = false;
+            }
+        }
+        if self.deferred.as_ref().is_some_and(|d| !d.pending.contains(&true)) {
+            self.deferred = None;
+        }
+        Ok(())
+    }
+
+    /// Whether a deferred step still has updates to apply.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// One AdamW update of the parameters `due` (index in `m`/`v`, parameter), gradients times
+    /// `scale`, in one pass in place in the host store.
+    fn update(&self, ctx: &Context, due: &[(usize, &Param)], lr: f32, scale: f32, t: u64) -> Result<()> {
         // Per tensor: value, moments, gradient; the first three are written.
-        let mut ids = Vec::with_capacity(4 * params.len());
-        let mut written = Vec::with_capacity(3 * params.len());
-        for (i, p) in params.iter().enumerate() {
+        let mut ids = Vec::with_capacity(4 * due.len());
+        let mut written = Vec::with_capacity(3 * due.len());
+        for &(i, p) in due {
             let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id()];
             ids.extend(quad);
             written.extend(&quad[..3]);
         }
+        let c = self.config;
         let decays: Vec<f32> =
-            params.iter().map(|p| if p.value.shape().len() >= 2 { self.config.weight_decay } else { 0.0 }).collect();
-        self.t += 1;
-        let (c, t) = (self.config, self.t);
-        let norm = ctx.pager.update_host(&ids, &written, |s| -> Result<f32> {
-            let threads = worker_threads();
+            due.iter().map(|(_, p)| if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 }).collect();
+        ctx.pager.update_host(&ids, &written, |s| -> Result<()> {
             let mut views = Vec::with_capacity(decays.len());
             for quad in s.chunks_exact_mut(4) {
                 let [p, m, v, g] = quad else { unreachable!("chunks of four") };
                 views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), f32s(g)));
             }
-            let norm = match norm {
-                Some(n) => n,
-                None => {
-                    let grads: Vec<&[f32]> = views.iter().map(|v| &*v.3).collect();
-                    sum_of_squares(&grads, grad_scale, threads).sqrt() as f32
-                }
-            };
-            let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
             let tensors = views
                 .iter_mut()
                 .zip(&decays)
                 .map(|((p, m, v, g), &decay)| AdamWSlices { p: p.values(), m: m.values(), v: v.values(), g, decay })
                 .collect();
-            adamw_update(tensors, &AdamWStep { config: &c, lr, scale: clip * grad_scale, t }, threads)?;
+            adamw_update(tensors, &AdamWStep { config: &c, lr, scale, t }, worker_threads())?;
             for (p, m, v, _) in views {
                 p.finish();
                 m.finish();
                 v.finish();
             }
-            Ok(norm)
-        })??;
-        self.last_norm = norm;
-        self.host_seconds += start.seconds();
-        ctx.pager.end_step();
-        Ok(())
+            Ok(())
+        })?
     }
 }
