@@ -51,11 +51,8 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
     let mut results = Vec::new();
     for threads in [1, 4] {
         let mut state: Vec<_> = inputs.clone();
-        let tensors = state
-            .iter_mut()
-            .enumerate()
-            .map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i) })
-            .collect();
+        let tensors =
+            state.iter_mut().enumerate().map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i) }).collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, ((p, m, v, g), (p1, m1, v1, _))) in inputs.iter().zip(&state).enumerate() {
             let n = p.len();

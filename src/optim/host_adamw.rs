@@ -151,6 +151,8 @@ impl HostAdamW {
     /// [`HostAdamW::defer`]).
     pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
+        // The wait for the gradients is the GPU's time, not the host passes'.
+        ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
         let start = Stopwatch::start();
         self.last_norm = Self::grad_norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();
@@ -199,6 +201,8 @@ impl HostAdamW {
         self.t += 1;
         let pending = vec![true; self.m.len()];
         self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending });
+        let values: Vec<_> = params.iter().map(|p| p.value.id()).collect();
+        ctx.pager.expect_host_update(&values);
         ctx.pager.end_step();
         Ok(())
     }
