@@ -463,7 +463,7 @@ pub fn step_times(
                     format!("{:?}", cfg.optimizer_on).to_lowercase()
                 )
             }),
-            host_optimizer_ms_per_step: t.as_ref().and_then(|t| host_ms(t)),
+            host_optimizer_ms_per_step: t.as_ref().and_then(&host_ms),
             pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
             stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
             fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),

@@ -47,7 +47,7 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
         (p, m, v, g)
     };
     let inputs: Vec<_> = lengths.iter().map(|&n| draw(&mut rng, n)).collect();
-    let decay = |i: usize| if i % 2 == 0 { 0.1 } else { 0.0 };
+    let decay = |i: usize| if i.is_multiple_of(2) { 0.1 } else { 0.0 };
     let mut results = Vec::new();
     for threads in [1, 4] {
         let mut state: Vec<_> = inputs.clone();

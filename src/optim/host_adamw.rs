@@ -77,7 +77,7 @@ enum F32sMut<'a> {
 
 impl<'a> F32sMut<'a> {
     fn new(bytes: &'a mut [u8]) -> Self {
-        if bytes.as_ptr().align_offset(4) == 0 && bytes.len() % 4 == 0 {
+        if bytes.as_ptr().align_offset(4) == 0 && bytes.len().is_multiple_of(4) {
             F32sMut::InPlace(bytemuck::cast_slice_mut(bytes))
         } else {
             F32sMut::Copied(bytemuck::pod_collect_to_vec(bytes), bytes)
