@@ -210,6 +210,12 @@ pub struct StepReport {
     pub submissions_per_step: f64,
     pub bind_groups_per_step: f64,
     pub budget25_vs_resident: Option<f64>,
+    /// Where AdamW ran in the resident steps (`gpu`, `host`), and why (`--optimizer-on auto`
+    /// decides per budget: each budget's step below says where it ran).
+    pub optimizer_resident: String,
+    pub optimizer_resident_reason: String,
+    /// Per resident step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
+    pub host_optimizer_ms_resident: Option<f64>,
     /// Budgets (percent) where the GPU optimizer's working set did not fit and AdamW ran on the
     /// host instead (as `--optimizer-on auto` would choose).
     pub host_optimizer_at: Vec<u64>,
@@ -226,7 +232,14 @@ pub struct AtBudget {
     pub bytes_up_per_step: Option<u64>,
     pub bytes_down_per_step: Option<u64>,
     pub tokens_per_s: Option<f64>,
+    /// Resident step time / this step time, each step with the optimizer its run chose.
     pub vs_resident: Option<f64>,
+    /// Where AdamW ran in these steps, and why; and what `vs_resident` compares, in words.
+    pub optimizer: Option<String>,
+    pub optimizer_reason: Option<String>,
+    pub compared: Option<String>,
+    /// Per step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
+    pub host_optimizer_ms_per_step: Option<f64>,
     /// Per step: host milliseconds in the pager's accesses (placing, evicting, recording the
     /// copies, waiting), and of those, waiting for transfers.
     pub pager_ms_per_step: Option<f64>,
@@ -275,6 +288,11 @@ pub struct StepTiming {
     pub first_step_creation: crate::kernels::Creation,
     /// Per timed step: dispatches, compute passes, submissions, bind groups created.
     pub recording: [f64; 4],
+    /// Where AdamW ran (`Optimizer::name`) and why; per step, host seconds in the host
+    /// optimizer's passes (0 on the GPU).
+    pub optimizer: String,
+    pub optimizer_reason: String,
+    pub host_optimizer_s: f64,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
@@ -307,6 +325,11 @@ pub fn time_steps(
         [k.dispatch_count(), r.passes(), r.submissions(), k.bind_groups_created()].map(|c| c as f64)
     };
     let recorded_before = recording();
+    let host_optimizer_s = |t: &crate::train::Trainer| match &t.opt {
+        crate::train::trainer::Optimizer::Host(o) => o.host_seconds,
+        _ => 0.0,
+    };
+    let host_optimizer_before = host_optimizer_s(&t);
     let start = Instant::now();
     // As the training loop runs: a step's loss is read once the next step is recorded.
     let mut pending = None;
@@ -354,6 +377,9 @@ pub fn time_steps(
         first_step_s: first_step_s.unwrap_or_default(),
         first_step_creation,
         recording: per_step,
+        optimizer: t.opt.name().to_string(),
+        optimizer_reason: t.optimizer_reason.clone(),
+        host_optimizer_s: (host_optimizer_s(&t) - host_optimizer_before) / n as f64,
     })
 }
 
@@ -412,6 +438,7 @@ pub fn step_times(
         }
     });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
+    let host_ms = |t: &StepTiming| (t.optimizer == "host").then_some(t.host_optimizer_s * 1e3);
     let mut at_budgets = Vec::new();
     for &b in budgets.bytes {
         let t = match time_steps(make_ctx, cfg, data, Some(b), warmup, steps) {
@@ -426,6 +453,17 @@ pub fn step_times(
             bytes_down_per_step: t.as_ref().map(|t| t.bytes_down),
             tokens_per_s: t.as_ref().map(|t| tokens as f64 / (t.ms / 1e3)),
             vs_resident: t.as_ref().map(|t| resident / t.ms),
+            optimizer: t.as_ref().map(|t| t.optimizer.clone()),
+            optimizer_reason: t.as_ref().map(|t| t.optimizer_reason.clone()),
+            compared: t.as_ref().map(|t| {
+                format!(
+                    "this paged step (AdamW on the {}) against the resident step of the same model (AdamW on the {}), each where --optimizer-on {} put it",
+                    t.optimizer,
+                    full.optimizer,
+                    format!("{:?}", cfg.optimizer_on).to_lowercase()
+                )
+            }),
+            host_optimizer_ms_per_step: t.as_ref().and_then(&host_ms),
             pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
             stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
             fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),
@@ -470,5 +508,8 @@ pub fn step_times(
         bind_groups_per_step: full.recording[3],
         budget25_vs_resident: at[1].as_ref().map(|r| resident / r.ms),
         host_optimizer_at,
+        optimizer_resident: full.optimizer.clone(),
+        optimizer_resident_reason: full.optimizer_reason.clone(),
+        host_optimizer_ms_resident: host_ms(&full),
     })
 }

@@ -171,7 +171,7 @@ impl ShardedAdamW {
                 let owned = &layout.owned[i];
                 let mut ids = vec![mv[0], mv[1]];
                 ids.extend(owned.iter().map(|p| params[p.param].value.id()));
-                ctx.pager.update_host(&ids, &mv, |s| {
+                ctx.pager.update_host(&ids, &mv, |s| -> Result<()> {
                     let (mvs, ps) = s.split_at_mut(2);
                     let (ms, vs) = mvs.split_at_mut(1);
                     with_f32_mut(ms[0], |m| {
@@ -183,11 +183,12 @@ impl ShardedAdamW {
                                 let decay = if params[p.param].value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
                                 let g = &reduced[i][p.at..p.at + p.len];
                                 let (m, v) = (&mut m[at..at + p.len], &mut v[at..at + p.len]);
-                                update_slice(out, m, v, g, &c, lr, decay, scale, t);
+                                update_slice(out, m, v, g, &c, lr, decay, scale, t)?;
                             }
+                            Ok(())
                         })
                     })
-                })?;
+                })??;
                 let used: usize = owned.iter().map(|p| p.len).sum();
                 chunk[used..].fill(0.0);
                 Ok(())

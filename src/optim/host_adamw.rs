@@ -1,13 +1,18 @@
 //! AdamW on the host (ZeRO-Offload's idea): the moments never leave host memory, gradients come
 //! down and updated parameters go up — about 8 bytes per parameter on the bus each step instead
-//! of the ~28 a GPU optimizer moves when nothing stays resident. The update runs on worker
-//! threads in chunks the compiler vectorizes.
+//! of the ~28 a GPU optimizer moves when nothing stays resident. The norm and the update each run
+//! as one pass over every tensor on all cores ([`super::host_kernels`]).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
 use super::AdamWConfig;
+use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Param};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorId};
 
 pub struct HostAdamW {
     pub config: AdamWConfig,
@@ -15,56 +20,25 @@ pub struct HostAdamW {
     pub m: Vec<Tensor>,
     pub v: Vec<Tensor>,
     pub t: u64,
-    /// Global gradient norm of the last step.
+    /// Global gradient norm of the last step (or of the last [`HostAdamW::note_norm`]).
     pub last_norm: f32,
+    /// Host seconds spent in the optimizer's passes over the host bytes (norms and updates,
+    /// the pager's bookkeeping for them included), summed over all steps.
+    pub host_seconds: f64,
+    /// Index in `m`/`v` of each parameter, by its value's tensor id.
+    index: HashMap<TensorId, usize>,
+    /// A step begun by [`HostAdamW::defer`] whose updates have not all been applied.
+    deferred: Option<Deferred>,
 }
 
-/// Everything one update of one tensor needs besides the tensors.
-struct Hyper<'a> {
-    c: &'a AdamWConfig,
+/// A step whose norm is taken and whose updates wait for each parameter's next use.
+struct Deferred {
     lr: f32,
-    /// Weight decay for this tensor (0 for biases and gains).
-    decay: f32,
-    /// Multiplies the gradient (the clip factor).
+    /// Multiplies the gradients: the clip factor times 1 / loss scale.
     scale: f32,
     t: u64,
-}
-
-/// One AdamW update of `p`, `m`, `v` from `g` (all the same length), like `adamw_update` in
-/// shaders/optim.wgsl.
-fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
-    let c = h.c;
-    let bc1 = 1.0 - c.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - c.beta2.powi(h.t as i32);
-    for i in 0..p.len() {
-        let gi = g[i] * h.scale;
-        let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
-        let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
-        p[i] -= h.lr * (upd + h.decay * p[i]);
-    }
-}
-
-/// `update` split over worker threads.
-fn update_parallel(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-        if threads > 1 && p.len() >= 1 << 16 {
-            let chunk = p.len().div_ceil(threads);
-            std::thread::scope(|s| {
-                for (((p, m), v), g) in
-                    p.chunks_mut(chunk).zip(m.chunks_mut(chunk)).zip(v.chunks_mut(chunk)).zip(g.chunks(chunk))
-                {
-                    s.spawn(move || update(p, m, v, g, h));
-                }
-            });
-            return;
-        }
-    }
-    update(p, m, v, g, h)
+    /// Per parameter: still waiting for its update.
+    pending: Vec<bool>,
 }
 
 /// One AdamW update of a slice of a parameter (the sharded optimizer's unit, `crate::dist`):
@@ -81,49 +55,72 @@ pub(crate) fn update_slice(
     decay: f32,
     scale: f32,
     t: u64,
-) {
-    update_parallel(p, m, v, g, &Hyper { c, lr, decay, scale, t })
+) -> Result<()> {
+    let step = AdamWStep { config: c, lr, scale, t };
+    adamw_update(vec![AdamWSlices { p, m, v, g, decay }], &step, worker_threads())
 }
 
 /// The f32 values of host bytes (copied when the bytes are not 4-aligned).
-fn f32s(bytes: &[u8]) -> std::borrow::Cow<'_, [f32]> {
+fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
     match bytemuck::try_cast_slice(bytes) {
-        Ok(v) => std::borrow::Cow::Borrowed(v),
-        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+        Ok(v) => Cow::Borrowed(v),
+        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
 }
 
-/// Runs `f` on four byte slices seen as f32 (in place when aligned, through copies otherwise).
-fn with_f32s(
-    p: &mut [u8],
-    m: &mut [u8],
-    v: &mut [u8],
-    g: &[u8],
-    f: impl FnOnce(&mut [f32], &mut [f32], &mut [f32], &[f32]),
-) {
-    let g = f32s(g);
-    match (bytemuck::try_cast_slice_mut(p), bytemuck::try_cast_slice_mut(m), bytemuck::try_cast_slice_mut(v)) {
-        (Ok(p), Ok(m), Ok(v)) => f(p, m, v, &g),
-        _ => {
-            let (mut pc, mut mc, mut vc): (Vec<f32>, Vec<f32>, Vec<f32>) =
-                (bytemuck::pod_collect_to_vec(p), bytemuck::pod_collect_to_vec(m), bytemuck::pod_collect_to_vec(v));
-            f(&mut pc, &mut mc, &mut vc, &g);
-            p.copy_from_slice(bytemuck::cast_slice(&pc));
-            m.copy_from_slice(bytemuck::cast_slice(&mc));
-            v.copy_from_slice(bytemuck::cast_slice(&vc));
+/// Host bytes seen as f32 to change: in place when 4-aligned (the store aligns every tensor to
+/// 256 bytes), else through a copy that [`F32sMut::finish`] writes back.
+enum F32sMut<'a> {
+    InPlace(&'a mut [f32]),
+    Copied(Vec<f32>, &'a mut [u8]),
+}
+
+impl<'a> F32sMut<'a> {
+    fn new(bytes: &'a mut [u8]) -> Self {
+        if bytes.as_ptr().align_offset(4) == 0 && bytes.len().is_multiple_of(4) {
+            F32sMut::InPlace(bytemuck::cast_slice_mut(bytes))
+        } else {
+            F32sMut::Copied(bytemuck::pod_collect_to_vec(bytes), bytes)
+        }
+    }
+
+    fn values(&mut self) -> &mut [f32] {
+        match self {
+            F32sMut::InPlace(v) => v,
+            F32sMut::Copied(v, _) => v,
+        }
+    }
+
+    fn finish(self) {
+        if let F32sMut::Copied(v, bytes) = self {
+            bytes.copy_from_slice(bytemuck::cast_slice(&v));
         }
     }
 }
 
 impl HostAdamW {
-    /// Parameters per second this host updates (timed on `n` of them, all threads).
+    /// Parameters per second this host's step takes (norm and update, all threads), timed on
+    /// `n` parameters in tensors of 4 Mi: pick `n` well above the caches. The arrays are swept
+    /// once untimed first, so page faults are not counted.
     pub fn measure_rate(n: usize) -> f64 {
         let (mut p, mut m, mut v, g) = (vec![0.1f32; n], vec![0f32; n], vec![0f32; n], vec![0.01f32; n]);
         let c = AdamWConfig::default();
-        let h = Hyper { c: &c, lr: 1e-3, decay: 0.1, scale: 1.0, t: 1 };
-        let start = crate::clock::Stopwatch::start();
-        update_parallel(&mut p, &mut m, &mut v, &g, &h);
-        n as f64 / start.seconds().max(1e-9)
+        let threads = worker_threads();
+        const PIECE: usize = 1 << 22;
+        let mut pass = || {
+            let start = Stopwatch::start();
+            let grads: Vec<&[f32]> = g.chunks(PIECE).collect();
+            let norm = sum_of_squares(&grads, 1.0, threads).sqrt() as f32;
+            let scale = (c.max_grad_norm / (norm + 1e-6)).min(1.0);
+            let parts = p.chunks_mut(PIECE).zip(m.chunks_mut(PIECE)).zip(v.chunks_mut(PIECE)).zip(g.chunks(PIECE));
+            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay: 0.1 }).collect();
+            let step = AdamWStep { config: &c, lr: 1e-3, scale, t: 1 };
+            adamw_update(tensors, &step, threads).map(|()| start.seconds())
+        };
+        match pass().and_then(|_| pass()) {
+            Ok(s) => n as f64 / s.max(1e-9),
+            Err(_) => 0.0,
+        }
     }
 
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
@@ -132,47 +129,156 @@ impl HostAdamW {
         }
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
-        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0 })
+        let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
+        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None })
     }
 
-    /// The global norm of the gradients times `grad_scale` (one GPU round trip, then host sums).
+    /// The global norm of the gradients times `grad_scale` (one GPU round trip, then one pass
+    /// on all cores, f64 sums in a fixed order: the same on every machine).
     pub fn grad_norm(ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).collect();
         ctx.pager.sync_to_host(&ids)?;
-        let mut sumsq = 0.0f64;
-        for p in params {
-            sumsq += ctx.pager.update_host(&[p.grad.id()], &[], |s| {
-                f32s(s[0]).iter().map(|&g| (g * grad_scale) as f64 * (g * grad_scale) as f64).sum::<f64>()
-            })?;
-        }
+        let sumsq = ctx.pager.update_host(&ids, &[], |s| {
+            let grads: Vec<Cow<[f32]>> = s.iter().map(|b| f32s(b)).collect();
+            let grads: Vec<&[f32]> = grads.iter().map(|g| &**g).collect();
+            sum_of_squares(&grads, grad_scale, worker_threads())
+        })?;
         Ok(sumsq.sqrt() as f32)
+    }
+
+    /// [`HostAdamW::grad_norm`] (after any deferred update still pending), kept as `last_norm`
+    /// for a step that follows with the same gradients and `grad_scale` (see
+    /// [`HostAdamW::defer`]).
+    pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+        self.apply_deferred(ctx, params)?;
+        // The wait for the gradients is the GPU's time, not the host passes'.
+        ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
+        let start = Stopwatch::start();
+        self.last_norm = Self::grad_norm(ctx, params, grad_scale)?;
+        self.host_seconds += start.seconds();
+        Ok(self.last_norm)
     }
 
     /// One update at learning rate `lr`; gradients are multiplied by `grad_scale` and clipped to
     /// the configured global norm first.
     pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
+        self.defer(ctx, params, lr, grad_scale, None)?;
+        self.apply_deferred(ctx, params)
+    }
+
+    /// Begins a step: one GPU round trip brings every gradient down and one pass takes their
+    /// norm (unless `norm` gives it: what `grad_norm` found for these gradients and this
+    /// `grad_scale`); each parameter then gets its update — its gradient zeroed and its f16
+    /// copy rewritten — from [`HostAdamW::apply_deferred`], just before its next use. The host
+    /// passes of the next step's later layers then run while the GPU computes the earlier
+    /// ones. The result is [`HostAdamW::step_lr`]'s: each update reads only its own tensors.
+    pub fn defer(
+        &mut self,
+        ctx: &Context,
+        params: &[&Param],
+        lr: f32,
+        grad_scale: f32,
+        norm: Option<f32>,
+    ) -> Result<()> {
         if params.len() != self.m.len() {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
-        // One GPU round trip for all gradients (and parameters), then in-place host updates.
+        self.apply_deferred(ctx, params)?;
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
         ctx.pager.sync_to_host(&ids)?;
-        let norm = Self::grad_norm(ctx, params, grad_scale)?;
+        let norm = match norm {
+            Some(n) => n,
+            None => {
+                let start = Stopwatch::start();
+                let n = Self::grad_norm(ctx, params, grad_scale)?;
+                self.host_seconds += start.seconds();
+                n
+            }
+        };
         self.last_norm = norm;
-        let clip =
-            if self.config.max_grad_norm > 0.0 { (self.config.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
-        self.t += 1;
         let c = self.config;
-        for (i, p) in params.iter().enumerate() {
-            let decay = if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
-            let h = Hyper { c: &c, lr, decay, scale: clip * grad_scale, t: self.t };
-            let (pv, m, v, g) = (p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id());
-            ctx.pager.update_host(&[pv, m, v, g], &[pv, m, v], |s| {
-                let [ps, ms, vs, gs] = s else { unreachable!("four slices") };
-                with_f32s(ps, ms, vs, gs, |p, m, v, g| update_parallel(p, m, v, g, &h));
-            })?;
-        }
+        let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        self.t += 1;
+        let pending = vec![true; self.m.len()];
+        self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending });
+        let values: Vec<_> = params.iter().map(|p| p.value.id()).collect();
+        ctx.pager.expect_host_update(&values);
         ctx.pager.end_step();
         Ok(())
+    }
+
+    /// Applies the deferred update to those of `params` still waiting for it (one pass over
+    /// them on all cores), zeroes their gradients and rewrites their f16 copies; a no-op
+    /// without a deferred step.
+    pub fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        let Some(d) = self.deferred.as_ref() else { return Ok(()) };
+        let mut due = Vec::new();
+        for p in params {
+            let i = *self.index.get(&p.value.id()).ok_or_else(|| {
+                Error::invalid("host AdamW", format!("`{}` is not a parameter of this optimizer", p.name))
+            })?;
+            if d.pending[i] {
+                due.push((i, *p));
+            }
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        // What is recorded for the layers before runs on the GPU while the host updates these.
+        ctx.recorder.flush();
+        let start = Stopwatch::start();
+        self.update(ctx, &due, d.lr, d.scale, d.t)?;
+        self.host_seconds += start.seconds();
+        for (i, p) in due {
+            ctx.pager.zero(p.grad.id())?;
+            p.refresh_half(ctx)?;
+            if let Some(d) = self.deferred.as_mut() {
+                d.pending[i] = false;
+            }
+        }
+        if self.deferred.as_ref().is_some_and(|d| !d.pending.contains(&true)) {
+            self.deferred = None;
+        }
+        Ok(())
+    }
+
+    /// Whether a deferred step still has updates to apply.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// One AdamW update of the parameters `due` (index in `m`/`v`, parameter), gradients times
+    /// `scale`, in one pass in place in the host store.
+    fn update(&self, ctx: &Context, due: &[(usize, &Param)], lr: f32, scale: f32, t: u64) -> Result<()> {
+        // Per tensor: value, moments, gradient; the first three are written.
+        let mut ids = Vec::with_capacity(4 * due.len());
+        let mut written = Vec::with_capacity(3 * due.len());
+        for &(i, p) in due {
+            let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id()];
+            ids.extend(quad);
+            written.extend(&quad[..3]);
+        }
+        let c = self.config;
+        let decays: Vec<f32> =
+            due.iter().map(|(_, p)| if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 }).collect();
+        ctx.pager.update_host(&ids, &written, |s| -> Result<()> {
+            let mut views = Vec::with_capacity(decays.len());
+            for quad in s.chunks_exact_mut(4) {
+                let [p, m, v, g] = quad else { unreachable!("chunks of four") };
+                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), f32s(g)));
+            }
+            let tensors = views
+                .iter_mut()
+                .zip(&decays)
+                .map(|((p, m, v, g), &decay)| AdamWSlices { p: p.values(), m: m.values(), v: v.values(), g, decay })
+                .collect();
+            adamw_update(tensors, &AdamWStep { config: &c, lr, scale, t }, worker_threads())?;
+            for (p, m, v, _) in views {
+                p.finish();
+                m.finish();
+                v.finish();
+            }
+            Ok(())
+        })?
     }
 }

@@ -114,6 +114,9 @@ struct Entry {
     read_on_host: bool,
     /// `lost` because the plan dropped it unwritten (not a failure: `flush` does not report it).
     lost_by_plan: bool,
+    /// The caller will rewrite its host bytes before reading it (`Pager::expect_host_update`):
+    /// not prefetched until they change.
+    host_update_due: bool,
 }
 
 /// Why a dirty tensor was evicted without a write-back.
@@ -352,6 +355,7 @@ impl Pager {
             unread_writeback: 0,
             read_on_host: false,
             lost_by_plan: false,
+            host_update_due: false,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;
@@ -422,6 +426,7 @@ impl Pager {
         let e = st.entries.get_mut(&id).expect("exists");
         if access.writes() {
             e.dirty = true;
+            e.host_update_due = false;
         }
         let buffer = e.gpu.clone().expect("resident");
         Ok(View { buffer, offset: 0, size: e.copy_len(), dtype: DType::F32 })

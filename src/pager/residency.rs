@@ -360,6 +360,7 @@ impl State {
         e.dirty = false;
         e.lost = None;
         e.lost_by_plan = false;
+        e.host_update_due = false;
         if e.pins == 0 {
             if let Some(buf) = e.gpu.take() {
                 self.pool.give(buf);
@@ -415,7 +416,13 @@ impl State {
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
-            if e.gpu.is_some() || e.contents != Contents::Host || e.lost.is_some() || self.readback.has_jobs_for(id) {
+            let stale = e.host_update_due;
+            if e.gpu.is_some()
+                || e.contents != Contents::Host
+                || e.lost.is_some()
+                || stale
+                || self.readback.has_jobs_for(id)
+            {
                 continue;
             }
             if !self.pool.fits_without_eviction(e.bytes.max(4)) {

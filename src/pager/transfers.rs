@@ -49,10 +49,24 @@ impl Pager {
             recorder.clear(buf, 0, len);
         }
         e.contents = Contents::Zero;
+        e.host_update_due = false;
         e.dirty = false;
         e.lost = None;
         e.lost_by_plan = false;
         Ok(())
+    }
+
+    /// Says the host bytes of `ids` will be rewritten (`update_host`, `write`) before they are
+    /// next read — a deferred host optimizer's parameters — so prefetching them would upload
+    /// values about to be replaced: the prefetcher leaves them alone until their bytes change.
+    /// Reads are unaffected (a read before the rewrite gets the bytes as they are).
+    pub fn expect_host_update(&self, ids: &[TensorId]) {
+        let mut st = self.state();
+        for id in ids {
+            if let Some(e) = st.entries.get_mut(id) {
+                e.host_update_due = true;
+            }
+        }
     }
 
     /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold

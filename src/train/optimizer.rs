@@ -51,10 +51,10 @@ impl Optimizer {
     }
 
     /// One update; `clipped`: `grad_norm` has just run with this `grad_scale` (the GPU optimizer
-    /// then reuses its clip factor). The GPU optimizer defers each parameter's update to just
-    /// before the next forward reads it ([`AdamW::defer`]) and zeroes gradients as it goes; the
-    /// host optimizer updates at once, and the gradients are zeroed here. f16 weight copies are
-    /// rewritten either way.
+    /// then reuses its clip factor, the host one its norm). The GPU and host optimizers defer
+    /// each parameter's update to just before the next forward reads it ([`AdamW::defer`],
+    /// [`HostAdamW::defer`]) and zero gradients and rewrite f16 weight copies as they go; the
+    /// sharded one updates at once, and the gradients are zeroed here.
     pub(super) async fn step(
         &mut self,
         ctx: &Context,
@@ -65,11 +65,7 @@ impl Optimizer {
     ) -> Result<()> {
         match self {
             Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
-            Optimizer::Host(o) => {
-                o.step_lr(ctx, &model.params(), lr, grad_scale).await?;
-                model.refresh_half(ctx)?;
-                model.zero_grad(ctx)
-            }
+            Optimizer::Host(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped.then_some(o.last_norm)),
             Optimizer::Sharded(o) => {
                 o.step_lr(ctx, &model.params(), lr, grad_scale)?;
                 model.refresh_half(ctx)?;
@@ -91,7 +87,8 @@ impl Optimizer {
     pub(super) fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {
             Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
-            Optimizer::Host(_) | Optimizer::Sharded(_) => Ok(()),
+            Optimizer::Host(o) => o.apply_deferred(ctx, params),
+            Optimizer::Sharded(_) => Ok(()),
         }
     }
 
@@ -103,7 +100,7 @@ impl Optimizer {
                 o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
-            Optimizer::Host(_) => HostAdamW::grad_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale),
             Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }

@@ -14,7 +14,8 @@ use crate::optim::HostAdamW;
 /// gradients and both moments (16 bytes per parameter) fit in half the budget, so they stay
 /// resident. Otherwise it compares per-step estimates from what it measures here: the GPU
 /// optimizer pages ~28 bytes per parameter across the bus (parameter, gradient, both moments in;
-/// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time.
+/// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time
+/// (the norm and update passes on all cores, timed here on arrays larger than the caches).
 pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
     let params = model.num_params() as f64;
     match cfg.optimizer_on {
@@ -43,7 +44,8 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
                 return (OptimizerOn::Host, why);
             }
             let bus = ctx.pager.probe_upload_gbps(16 << 20).unwrap_or(1.0).max(0.01) * 1e9;
-            let cpu = HostAdamW::measure_rate(1 << 21).max(1.0);
+            // 32 Mi parameters (512 MiB of arrays) leave the caches, as a model's sweep does.
+            let cpu = HostAdamW::measure_rate(1 << 25).max(1.0);
             let gpu_s = 28.0 * params / bus;
             let host_s = 8.0 * params / bus + params / cpu;
             let figures = format!(

@@ -140,3 +140,56 @@ fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
         assert_eq!(up, 4 * slot, "VRAM ring: a quarter of {budget} B, or 4 slots");
     }
 }
+
+#[test]
+fn a_tensor_expecting_a_host_update_is_not_prefetched_and_reads_its_new_bytes() {
+    // Each step reads `a` then `b`. From the second on, the plan knows `b` comes next, so the
+    // miss on `a` prefetches it — unless `b` is about to be rewritten on the host.
+    let run = |hint: bool| {
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+        let n = 1000;
+        let (a, b) = (
+            ctx.from_f32("a", &[n], &values(1, n), false).unwrap(),
+            ctx.from_f32("b", &[n], &values(2, n), false).unwrap(),
+        );
+        let ys = [0, 1].map(|i| ctx.empty(&format!("y{i}"), &[n], pagetrain::DType::F32, false).unwrap());
+        let step = || {
+            ctx.pager.begin_step();
+            for (x, y) in [&a, &b].into_iter().zip(&ys) {
+                let _op = ctx.op();
+                let xv = ctx.read(x).unwrap();
+                elementwise::scale_forward(&ctx.kernels, &ctx.write(y).unwrap(), &xv, 1.0, n).unwrap();
+            }
+        };
+        step();
+        ctx.pager.sync_to_host(&[ys[0].id(), ys[1].id()]).unwrap();
+        for t in [&a, &b] {
+            ctx.pager.evict(t.id()).unwrap();
+        }
+        if hint {
+            ctx.pager.expect_host_update(&[b.id()]);
+        }
+        let before = ctx.pager.counters().prefetches;
+        ctx.pager.begin_step();
+        {
+            let _op = ctx.op();
+            let av = ctx.read(&a).unwrap();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&ys[0]).unwrap(), &av, 1.0, n).unwrap();
+        }
+        let prefetched = ctx.pager.counters().prefetches - before;
+        // The rewrite, then the read: the kernel sees the new bytes either way.
+        let new = values(3, n);
+        ctx.pager.update_host(&[b.id()], &[b.id()], |s| s[0].copy_from_slice(bytemuck::cast_slice(&new))).unwrap();
+        {
+            let _op = ctx.op();
+            let bv = ctx.read(&b).unwrap();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&ys[1]).unwrap(), &bv, 1.0, n).unwrap();
+        }
+        assert_same(&format!("y1 after b's update, hint {hint}"), &read(&ctx, &ys[1]), &new);
+        assert_same(&format!("y0, hint {hint}"), &read(&ctx, &ys[0]), &values(1, n));
+        prefetched
+    };
+    let (plain, hinted) = (run(false), run(true));
+    assert!(plain >= 1, "without the hint `b` is prefetched: {plain}");
+    assert!(hinted < plain, "with it, `b` is left alone: {hinted} prefetches vs {plain}");
+}

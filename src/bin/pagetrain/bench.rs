@@ -264,7 +264,14 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 s.tokens_per_step,
                 s.footprint_bytes >> 20
             );
-            println!("  resident:    {:9.1} ms  ({:.0} tokens/s)", s.step_ms_resident, s.resident_tokens_per_s);
+            let host_ms = |v: Option<f64>| v.map_or(String::new(), |v| format!(", {v:.0} ms of it host passes"));
+            println!(
+                "  resident:    {:9.1} ms  ({:.0} tokens/s; AdamW on the {}{})",
+                s.step_ms_resident,
+                s.resident_tokens_per_s,
+                s.optimizer_resident,
+                host_ms(s.host_optimizer_ms_resident)
+            );
             println!(
                 "  50% budget:  {}  {}",
                 ms(s.step_ms_budget50),
@@ -294,6 +301,12 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                     mib(b.bytes_up_per_step.zip(b.bytes_down_per_step).map(|(u, d)| u + d), b.bytes_up_per_step),
                     b.vs_resident.map_or(String::new(), |r| format!(" {r:.2}x resident"))
                 );
+                if let Some(on) = &b.optimizer {
+                    println!("    AdamW on the {on}{}", host_ms(b.host_optimizer_ms_per_step));
+                }
+                if let Some(c) = &b.compared {
+                    println!("    ({c})");
+                }
             }
             println!("  paged runs uploaded by: {}", s.upload_path);
             if !s.host_optimizer_at.is_empty() {

@@ -1,0 +1,135 @@
+//! The host optimizer's two passes over every parameter: the sum of squares of the gradients
+//! (for the clip) and the AdamW update. Both cut each tensor into fixed-size chunks that worker
+//! threads take from one shared queue, so one set of threads serves a whole model (GPT-2 XL has
+//! ~580 tensors, 1.56 B parameters) and the loops are simple enough to vectorize.
+
+use std::sync::Mutex;
+
+use super::AdamWConfig;
+use crate::error::{Error, Result};
+
+/// Elements per chunk (256 KiB of f32 per array). Fixed, not derived from the thread count, so
+/// the norm's partial sums are the same on every machine.
+pub const CHUNK: usize = 1 << 16;
+
+/// Worker threads the passes use: every core the process may run on.
+pub fn worker_threads() -> usize {
+    if cfg!(target_arch = "wasm32") {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Runs `f` on every job, on up to `threads` worker threads taking jobs in order from one queue,
+/// and returns the results in job order. One lock a job: a job is a chunk, tens of microseconds
+/// of work, so the queue never contends.
+fn run_jobs<J: Send, R: Send>(jobs: Vec<J>, threads: usize, f: impl Fn(J) -> R + Sync) -> Vec<R> {
+    let count = jobs.len();
+    let threads = threads.min(count);
+    if threads <= 1 || cfg!(target_arch = "wasm32") {
+        return jobs.into_iter().map(f).collect();
+    }
+    let queue = Mutex::new(jobs.into_iter().enumerate());
+    let (queue, f) = (&queue, &f);
+    let done: Vec<Vec<(usize, R)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    // A poisoned lock only means another worker panicked; the scope re-raises that.
+                    loop {
+                        // The lock is let go at the end of this statement, before the job runs.
+                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        let Some((i, job)) = next else { break };
+                        out.push((i, f(job)));
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    let mut slots: Vec<Option<R>> = (0..count).map(|_| None).collect();
+    for (i, r) in done.into_iter().flatten() {
+        slots[i] = Some(r);
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// Sum of `(g · scale)²` over one chunk in f64, eight lanes in a fixed order.
+fn chunk_sum_of_squares(g: &[f32], scale: f32) -> f64 {
+    let square = |g: f32| {
+        let x = (g * scale) as f64;
+        x * x
+    };
+    let mut lanes = [0.0f64; 8];
+    let mut eights = g.chunks_exact(8);
+    for e in &mut eights {
+        for (lane, &g) in lanes.iter_mut().zip(e) {
+            *lane += square(g);
+        }
+    }
+    let tail: f64 = eights.remainder().iter().map(|&g| square(g)).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// Σ (g · scale)² over all of `grads`, in f64: a partial sum per [`CHUNK`] of each tensor, the
+/// partials added in tensor and chunk order. Bit-identical for any `threads`.
+pub fn sum_of_squares(grads: &[&[f32]], scale: f32, threads: usize) -> f64 {
+    let chunks: Vec<&[f32]> = grads.iter().flat_map(|g| g.chunks(CHUNK)).collect();
+    run_jobs(chunks, threads, |g| chunk_sum_of_squares(g, scale)).iter().sum()
+}
+
+/// One tensor's part in an AdamW update: its values, moments and gradient (the same length) and
+/// its weight decay (0 for biases and gains).
+pub struct AdamWSlices<'a> {
+    pub p: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub v: &'a mut [f32],
+    pub g: &'a [f32],
+    pub decay: f32,
+}
+
+/// What every tensor's update shares: the configuration, learning rate, the factor the
+/// gradients are multiplied by (the clip factor times 1 / loss scale) and the step, from 1.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWStep<'a> {
+    pub config: &'a AdamWConfig,
+    pub lr: f32,
+    pub scale: f32,
+    pub t: u64,
+}
+
+/// One AdamW update of a chunk, element for element as `adamw_update` in shaders/optim.wgsl.
+fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
+    let c = h.config;
+    let bc1 = 1.0 - c.beta1.powi(h.t as i32);
+    let bc2 = 1.0 - c.beta2.powi(h.t as i32);
+    let (lr, decay, scale) = (h.lr, s.decay, h.scale);
+    for (((p, m), v), &g) in s.p.iter_mut().zip(s.m.iter_mut()).zip(s.v.iter_mut()).zip(s.g) {
+        let gi = g * scale;
+        let mi = c.beta1 * *m + (1.0 - c.beta1) * gi;
+        let vi = c.beta2 * *v + (1.0 - c.beta2) * gi * gi;
+        *m = mi;
+        *v = vi;
+        let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
+        *p -= lr * (upd + decay * *p);
+    }
+}
+
+/// The AdamW update of every tensor in `tensors`, in [`CHUNK`]s on up to `threads` threads.
+pub fn adamw_update(tensors: Vec<AdamWSlices>, step: &AdamWStep, threads: usize) -> Result<()> {
+    if let Some(t) = tensors.iter().find(|t| t.m.len() != t.p.len() || t.v.len() != t.p.len() || t.g.len() != t.p.len())
+    {
+        let lens = format!("values {}, moments {} and {}, gradient {}", t.p.len(), t.m.len(), t.v.len(), t.g.len());
+        return Err(Error::invalid("host AdamW", format!("a tensor's slices differ in length: {lens}")));
+    }
+    let mut jobs = Vec::new();
+    for t in tensors {
+        let decay = t.decay;
+        let parts = t.p.chunks_mut(CHUNK).zip(t.m.chunks_mut(CHUNK)).zip(t.v.chunks_mut(CHUNK)).zip(t.g.chunks(CHUNK));
+        jobs.extend(parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay }));
+    }
+    run_jobs(jobs, threads, |job| update_chunk(job, step));
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! The host optimizer's passes on worker threads: the gradient norm is the same to the bit on
+//! any number of threads and agrees with a plain f64 sum; the AdamW update matches the f64
+//! reference on every element, whatever the thread count. No GPU needed.
+
+mod common;
+
+use common::{assert_close, randn, reference as r, to64};
+use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, CHUNK};
+use pagetrain::rng::Rng;
+
+/// Lengths around the chunk size: shorter than one, one short of it, exact, just over, several.
+fn awkward_lengths() -> Vec<usize> {
+    vec![1, 3, 17, CHUNK - 1, CHUNK, CHUNK + 3, 2 * CHUNK + 17, 1000]
+}
+
+#[test]
+fn gradient_norm_is_bit_identical_on_any_thread_count() {
+    let mut rng = Rng::new(21);
+    let grads: Vec<Vec<f32>> = awkward_lengths().into_iter().map(|n| randn(&mut rng, n, 2.0)).collect();
+    let scale = 0.7f32;
+    let plain = |gs: &[&[f32]]| -> f64 {
+        gs.iter().flat_map(|g| g.iter()).map(|&g| ((g * scale) as f64) * ((g * scale) as f64)).sum()
+    };
+    // All tensors, then single tensors (one shorter than a chunk, one just over).
+    let all: Vec<&[f32]> = grads.iter().map(|g| &g[..]).collect();
+    for set in [all.clone(), vec![all[1]], vec![all[5]], vec![]] {
+        let one = sum_of_squares(&set, scale, 1);
+        for threads in [2, 3, 8] {
+            let many = sum_of_squares(&set, scale, threads);
+            assert_eq!(many.to_bits(), one.to_bits(), "{threads} threads: {many} vs {one} on 1");
+        }
+        let want = plain(&set);
+        assert!((one - want).abs() <= 1e-12 * want.abs(), "chunked {one} vs plain {want}");
+        assert!(set.is_empty() || one > 0.0);
+    }
+}
+
+#[test]
+fn host_adamw_update_matches_the_reference_on_any_thread_count() {
+    let mut rng = Rng::new(22);
+    let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, ..Default::default() };
+    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.8, t: 3 };
+    let lengths = awkward_lengths();
+    let draw = |rng: &mut Rng, n: usize| {
+        let (p, g, m) = (randn(rng, n, 1.0), randn(rng, n, 1.0), randn(rng, n, 0.1));
+        let v: Vec<f32> = randn(rng, n, 0.1).iter().map(|x| x * x).collect();
+        (p, m, v, g)
+    };
+    let inputs: Vec<_> = lengths.iter().map(|&n| draw(&mut rng, n)).collect();
+    let decay = |i: usize| if i.is_multiple_of(2) { 0.1 } else { 0.0 };
+    let mut results = Vec::new();
+    for threads in [1, 4] {
+        let mut state: Vec<_> = inputs.clone();
+        let tensors =
+            state.iter_mut().enumerate().map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i) }).collect();
+        adamw_update(tensors, &step, threads).unwrap();
+        for (i, ((p, m, v, g), (p1, m1, v1, _))) in inputs.iter().zip(&state).enumerate() {
+            let n = p.len();
+            let (wp, wm, wv) =
+                r::adamw_update(&to64(p), &to64(g), &to64(m), &to64(v), 0.01, 0.9, 0.95, 1e-8, decay(i) as f64, 3, 0.8);
+            assert_close(&format!("host adamw p {n}, {threads} threads"), p1, &wp, 1e-5, 1e-6);
+            assert_close(&format!("host adamw m {n}, {threads} threads"), m1, &wm, 1e-5, 1e-7);
+            assert_close(&format!("host adamw v {n}, {threads} threads"), v1, &wv, 1e-5, 1e-7);
+        }
+        results.push(state);
+    }
+    assert!(results[0] == results[1], "1 and 4 threads differ");
+}
+
+#[test]
+fn host_adamw_rejects_slices_of_different_lengths() {
+    let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 4], vec![0.5f32; 5]);
+    let c = AdamWConfig::default();
+    let step = AdamWStep { config: &c, lr: 0.01, scale: 1.0, t: 1 };
+    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0 }];
+    let err = adamw_update(tensors, &step, 2).unwrap_err();
+    assert!(err.to_string().contains("differ in length"), "{err}");
+    assert_eq!(p, vec![1.0; 5], "nothing was updated");
+}
