@@ -12,12 +12,14 @@ use crate::error::{Error, Result};
 /// the norm's partial sums are the same on every machine.
 pub const CHUNK: usize = 1 << 16;
 
-/// Worker threads the passes use: every core the process may run on.
+/// Worker threads the passes use: every core the process may run on (`PAGETRAIN_HOST_THREADS`
+/// overrides).
 pub fn worker_threads() -> usize {
     if cfg!(target_arch = "wasm32") {
         return 1;
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    let asked = std::env::var("PAGETRAIN_HOST_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1)
 }
 
 /// Runs `f` on every job, on up to `threads` worker threads taking jobs in order from one queue,
