@@ -14,7 +14,7 @@ use super::Dist;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Param};
-use crate::optim::{update_slice, AdamWConfig};
+use crate::optim::{update_slice, AdamWConfig, F32sMut};
 use crate::tensor::{Tensor, TensorId};
 use crate::train::tensor_file::TensorFile;
 
@@ -42,19 +42,6 @@ pub struct ShardedAdamW {
     n_params: usize,
     /// This rank's chunk of the summed gradients, per bucket, from the last exchange.
     reduced: Option<Vec<Vec<f32>>>,
-}
-
-/// Runs `f` on bytes seen as f32 (in place when aligned, through a copy otherwise).
-fn with_f32_mut<R>(bytes: &mut [u8], f: impl FnOnce(&mut [f32]) -> R) -> R {
-    match bytemuck::try_cast_slice_mut(bytes) {
-        Ok(v) => f(v),
-        Err(_) => {
-            let mut v: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
-            let r = f(&mut v);
-            bytes.copy_from_slice(bytemuck::cast_slice(&v));
-            r
-        }
-    }
 }
 
 /// Copies elements `offset..offset + dst.len()` of a tensor's host bytes into `dst`.
@@ -174,20 +161,19 @@ impl ShardedAdamW {
                 ctx.pager.update_host(&ids, &mv, |s| -> Result<()> {
                     let (mvs, ps) = s.split_at_mut(2);
                     let (ms, vs) = mvs.split_at_mut(1);
-                    with_f32_mut(ms[0], |m| {
-                        with_f32_mut(vs[0], |v| {
-                            for (k, p) in owned.iter().enumerate() {
-                                let out = &mut chunk[p.at..p.at + p.len];
-                                read_elems(ps[k], p.offset, out);
-                                let at = shard_at[i] + p.at;
-                                let decay = if params[p.param].value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
-                                let g = &reduced[i][p.at..p.at + p.len];
-                                let (m, v) = (&mut m[at..at + p.len], &mut v[at..at + p.len]);
-                                update_slice(out, m, v, g, &c, lr, decay, scale, t)?;
-                            }
-                            Ok(())
-                        })
-                    })
+                    let (mut m, mut v) = (F32sMut::new(ms[0]), F32sMut::new(vs[0]));
+                    let updated = owned.iter().enumerate().try_for_each(|(k, p)| {
+                        let out = &mut chunk[p.at..p.at + p.len];
+                        read_elems(ps[k], p.offset, out);
+                        let at = shard_at[i] + p.at;
+                        let decay = if params[p.param].value.shape().len() >= 2 { c.weight_decay } else { 0.0 };
+                        let g = &reduced[i][p.at..p.at + p.len];
+                        let (m, v) = (&mut m.values()[at..at + p.len], &mut v.values()[at..at + p.len]);
+                        update_slice(out, m, v, g, &c, lr, decay, scale, t)
+                    });
+                    m.finish();
+                    v.finish();
+                    updated
                 })??;
                 let used: usize = owned.iter().map(|p| p.len).sum();
                 chunk[used..].fill(0.0);

@@ -69,14 +69,15 @@ fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
 }
 
 /// Host bytes seen as f32 to change: in place when 4-aligned (the store aligns every tensor to
-/// 256 bytes), else through a copy that [`F32sMut::finish`] writes back.
-enum F32sMut<'a> {
+/// 256 bytes), else through a copy that [`F32sMut::finish`] writes back (the host and the
+/// sharded optimizers' moments and values).
+pub(crate) enum F32sMut<'a> {
     InPlace(&'a mut [f32]),
     Copied(Vec<f32>, &'a mut [u8]),
 }
 
 impl<'a> F32sMut<'a> {
-    fn new(bytes: &'a mut [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a mut [u8]) -> Self {
         if bytes.as_ptr().align_offset(4) == 0 && bytes.len().is_multiple_of(4) {
             F32sMut::InPlace(bytemuck::cast_slice_mut(bytes))
         } else {
@@ -84,14 +85,14 @@ impl<'a> F32sMut<'a> {
         }
     }
 
-    fn values(&mut self) -> &mut [f32] {
+    pub(crate) fn values(&mut self) -> &mut [f32] {
         match self {
             F32sMut::InPlace(v) => v,
             F32sMut::Copied(v, _) => v,
         }
     }
 
-    fn finish(self) {
+    pub(crate) fn finish(self) {
         if let F32sMut::Copied(v, bytes) = self {
             bytes.copy_from_slice(bytemuck::cast_slice(&v));
         }

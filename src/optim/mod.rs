@@ -8,8 +8,8 @@ mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{EarlyNorms, GradClip};
-pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
+pub(crate) use host_adamw::{update_slice, F32sMut};
 pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, CHUNK};
 pub use sgd::{Sgd, SgdConfig};
 
