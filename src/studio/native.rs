@@ -3,7 +3,9 @@
 //! of it and exits.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use eframe::egui;
 
@@ -54,8 +56,11 @@ enum Phase {
     Training,
     /// Asked the run to pause so the picture holds a fresh snapshot.
     Pausing,
-    /// Asked for a screenshot; waiting for it to be saved.
-    Shooting,
+    /// Asked for a screenshot at `since` (the `tries`th request); waiting for it to be saved.
+    Shooting {
+        since: Instant,
+        tries: u32,
+    },
     Done,
 }
 
@@ -85,7 +90,8 @@ pub fn run(opts: Options) -> Result<Report, String> {
                 app.start(opts.setup.clone(), &cc.egui_ctx);
             }
             if let Some(path) = opts.screenshot.clone() {
-                install_headless(&mut app, path, opts.exit_after_steps.max(1), shared);
+                let device = cc.wgpu_render_state.as_ref().map(|r| r.device.clone());
+                install_headless(&mut app, path, opts.exit_after_steps.max(1), shared, device);
             }
             Ok(Box::new(app))
         }),
@@ -98,9 +104,32 @@ pub fn run(opts: Options) -> Result<Report, String> {
     }
 }
 
-fn install_headless(app: &mut StudioApp, path: PathBuf, steps: u64, report: Arc<Mutex<Report>>) {
+/// A screenshot not saved this long after it was asked for is asked for again, up to
+/// `SHOT_TRIES` times; then the headless run fails instead of waiting for ever.
+const SHOT_PATIENCE: Duration = Duration::from_secs(30);
+const SHOT_TRIES: u32 = 3;
+
+fn install_headless(
+    app: &mut StudioApp,
+    path: PathBuf,
+    steps: u64,
+    report: Arc<Mutex<Report>>,
+    device: Option<wgpu::Device>,
+) {
     let mut phase = Phase::Training;
     let saved: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
+    let shot_done = Arc::new(AtomicBool::new(false));
+    let request = {
+        let (saved, path) = (saved.clone(), path.clone());
+        move |ctx: &egui::Context| {
+            let (saved, path, waker) = (saved.clone(), path.clone(), ctx.clone());
+            ctx.request_screenshot(move |image| {
+                *saved.lock().expect("not poisoned") = Some(save_png(&image, &path));
+                waker.request_repaint();
+            });
+            ctx.request_repaint();
+        }
+    };
     app.set_after_frame(move |app, ctx| match phase {
         Phase::Training => {
             let ended = matches!(app.dash.status, RunStatus::Finished | RunStatus::Failed(_) | RunStatus::Stopped);
@@ -113,19 +142,25 @@ fn install_headless(app: &mut StudioApp, path: PathBuf, steps: u64, report: Arc<
         }
         Phase::Pausing => {
             if app.dash.status != RunStatus::Running {
-                let (saved, path, waker) = (saved.clone(), path.clone(), ctx.clone());
-                ctx.request_screenshot(move |image| {
-                    *saved.lock().expect("not poisoned") = Some(save_png(&image, &path));
-                    waker.request_repaint();
-                });
-                ctx.request_repaint();
-                phase = Phase::Shooting;
+                request(ctx);
+                keep_waking(ctx.clone(), device.clone(), shot_done.clone());
+                phase = Phase::Shooting { since: Instant::now(), tries: 1 };
             }
         }
-        Phase::Shooting => {
-            let Some(result) = saved.lock().expect("not poisoned").take() else {
-                ctx.request_repaint();
-                return;
+        Phase::Shooting { since, tries } => {
+            let taken = saved.lock().expect("not poisoned").take();
+            let result = match taken {
+                Some(result) => result,
+                None if since.elapsed() < SHOT_PATIENCE => return,
+                None if tries < SHOT_TRIES => {
+                    log::warn!("no screenshot {} s after asking; asking again", SHOT_PATIENCE.as_secs());
+                    request(ctx);
+                    phase = Phase::Shooting { since: Instant::now(), tries: tries + 1 };
+                    return;
+                }
+                None => {
+                    Err(format!("the screenshot never arrived ({tries} requests, {} s apart)", SHOT_PATIENCE.as_secs()))
+                }
             };
             let mut r = report.lock().expect("not poisoned");
             let f = &app.frames;
@@ -145,9 +180,26 @@ fn install_headless(app: &mut StudioApp, path: PathBuf, steps: u64, report: Arc<
             };
             app.send(Command::Stop);
             ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            shot_done.store(true, Ordering::Relaxed);
             phase = Phase::Done;
         }
         Phase::Done => {}
+    });
+}
+
+/// Until `done`, polls the window's device and wakes the UI every 100 ms. The picture is read back
+/// through a buffer mapping, which completes only when the device is polled, and egui polls it
+/// only as a side effect of its next submission: a surface that keeps timing out (as under Xvfb)
+/// submits nothing, and a UI with nothing to repaint runs no frame to see the picture arrive.
+fn keep_waking(ctx: egui::Context, device: Option<wgpu::Device>, done: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        while !done.load(Ordering::Relaxed) {
+            if let Some(device) = &device {
+                let _ = device.poll(wgpu::PollType::Poll);
+            }
+            ctx.request_repaint();
+            std::thread::sleep(Duration::from_millis(100));
+        }
     });
 }
 
