@@ -6,15 +6,9 @@
 // Backward accumulates into dx. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. One thread per element, 256 per workgroup, 2-D folded grid.
 // CPU references: tests/common/reference.rs `gelu_forward`, `gelu_backward`, `relu_forward`, `relu_backward`.
 
-struct Params {
-    n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read> x: array<B1>;
+// Params: activation::Params in src/kernels/activation.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(2) var<uniform> p: Params;
 
 @group(0) @binding(2) var<storage, read> dout: array<B2>;

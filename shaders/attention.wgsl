@@ -15,7 +15,7 @@
 // qkv, out, dout and dqkv may be f16 (B0 dqkv/out, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
 // CPU reference: tests/common/reference.rs `attention_forward`; backward by finite differences.
 
-// Params, qkv_row, out_row: shaders/attention_layout.wgsl
+// Params: attention::Params in src/kernels/attention.rs; qkv_row, out_row: shaders/attention_layout.wgsl
 
 const ROWS: u32 = 64u;
 // Rows of the streamed tiles (TILE_ROWS, from the adapter's tuning): two tiles of TILE x DIM floats

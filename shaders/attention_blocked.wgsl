@@ -14,7 +14,7 @@
 // qkv and out may be f16 (qkv converted on load into f32 workgroup memory); lse is f32.
 // CPU reference: tests/common/reference.rs `attention_forward`.
 
-// Params, qkv_row, out_row: shaders/attention_layout.wgsl
+// Params: attention::Params in src/kernels/attention.rs; qkv_row, out_row: shaders/attention_layout.wgsl
 
 const CB: u32 = TILE_ROWS;
 const CB4: u32 = CB / 4u;

@@ -20,7 +20,7 @@
 // qkv, out, dout, dqkv may be f16 (converted on load into f32 workgroup memory); lse, delta f32.
 // CPU reference: tests/common/reference.rs `attention_backward`.
 
-// Params, qkv_row, out_row: shaders/attention_layout.wgsl
+// Params: attention::Params in src/kernels/attention.rs; qkv_row, out_row: shaders/attention_layout.wgsl
 
 // Rows of a block and of a streamed tile (`attention::BLOCKED_BACKWARD_TILE`).
 const CB: u32 = 32u;

@@ -17,7 +17,7 @@
 // qkv, out, dout, dqkv may be f16 (B0 dqkv, B2 qkv, B3 dout, B5 saved out); lse, delta are f32.
 // CPU reference: tests/common/reference.rs `attention_backward`.
 
-// Params, qkv_row, out_row: shaders/attention_layout.wgsl
+// Params: attention::Params in src/kernels/attention.rs; qkv_row, out_row: shaders/attention_layout.wgsl
 
 const LANES: u32 = 1u << (FLAGS & 3u);
 const ROWS: u32 = 64u;

@@ -14,17 +14,6 @@
 
 // row0: where this launch's rows start in targets, losses and lse (logits hold just these rows),
 // so a large (N,V) head can be computed one chunk of rows at a time.
-struct Params {
-    rows: u32,
-    v: u32,
-    ignore: u32,
-    inv_count: f32,
-    row0: u32,
-    accumulate: u32,
-    // backward: elements a row of dlogits holds (0: v)
-    stride: u32,
-    _pad2: u32,
-}
 
 // forward: 0 losses, 1 lse, 2 logits, 3 targets, 4 params
 // (B0: f32 losses in forward; dlogits f32 or f16 in backward, f16 under mixed precision)
@@ -32,6 +21,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read> targets: array<u32>;
+// Params: cross_entropy::Params in src/kernels/cross_entropy.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(4) var<uniform> p: Params;
 
 // backward: 0 dlogits, 1 logits (`lg`), 2 targets (`tg`), 3 lse, 4 dloss, 5 params

@@ -12,21 +12,11 @@
 // CPU references: tests/common/reference.rs `attention_forward` (the last row of a causal window
 // equals one decode step) and `embedding_forward`.
 
-struct Params {
-    token: u32,  // decode_embed: the token; kv_append: rows; decode_attention: heads
-    pos: u32,    // position of the (first) new row
-    c: u32,      // channels C = H·D
-    max_t: u32,  // rows of the cache (and of scores)
-    scale: f32,  // decode_attention: 1/sqrt(D)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
 // decode_embed: 0 out, 1 wte, 2 wpe, 3 params
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read> wte: array<f32>;
 @group(0) @binding(2) var<storage, read> wpe: array<f32>;
+// Params: decode::Params in src/kernels/decode.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(3) var<uniform> p: Params;
 
 // kv_append: 0 cache, 1 qkv (`new_qkv`), 2 params

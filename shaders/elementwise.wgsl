@@ -11,17 +11,10 @@
 // CPU references: tests/common/reference.rs `add_forward`, `axpy`, `scale_forward`;
 // `fill_normal`: pagetrain::rng::counter_normal.
 
-struct Params {
-    n: u32,
-    alpha: f32,
-    // fill_normal's 64-bit seed (low, high words); unused elsewhere
-    seed0: u32,
-    seed1: u32,
-}
-
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read> a: array<B1>;
 @group(0) @binding(2) var<storage, read> b: array<B2>;
+// Params: elementwise::Params in src/kernels/elementwise.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(3) var<uniform> p: Params;
 
 @group(0) @binding(2) var<uniform> p2: Params;

@@ -10,18 +10,12 @@
 // Token ids are checked against V on the host before they are uploaded.
 // CPU references: tests/common/reference.rs `embedding_forward`, `embedding_backward`.
 
-struct Params {
-    n: u32,   // B*T
-    t: u32,
-    c: u32,
-    _pad0: u32,
-}
-
 // forward: 0 out, 1 tokens, 2 wte, 3 wpe, 4 params
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @group(0) @binding(1) var<storage, read> tokens: array<u32>;
 @group(0) @binding(2) var<storage, read> wte: array<f32>;
 @group(0) @binding(3) var<storage, read> wpe: array<f32>;
+// Params: embedding::Params in src/kernels/embedding.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(4) var<uniform> p: Params;
 
 // token_links: 0 links, 1 tokens, 2 params (`pp`)

@@ -3,14 +3,8 @@
 //   fill_zero: out[i] = 0 for i < n        out (n u32 words)   dispatch grid_1d(n), 2-D folded
 // CPU reference: tests/kernels.rs `in_pass_clears_zero_exactly_their_range`.
 
-struct Params {
-    n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
 @group(0) @binding(0) var<storage, read_write> out: array<u32>;
+// Params: fill::Params in src/kernels/fill.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(1) var<uniform> p: Params;
 
 @compute @workgroup_size(256)

@@ -13,13 +13,6 @@
 // weight, bias and their gradients are f32 (binding 0 is dweight, f32, in backward_params).
 // CPU references: tests/common/reference.rs `layernorm_forward`, `layernorm_backward`.
 
-struct Params {
-    rows: u32,
-    c: u32,
-    eps: f32,
-    block_rows: u32,
-}
-
 // forward
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
 @group(0) @binding(1) var<storage, read_write> mean_out: array<f32>;
@@ -27,6 +20,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> x: array<B3>;
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
+// Params: layernorm::Params in src/kernels/layernorm.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(6) var<uniform> p: Params;
 
 // backward (dx): 0 dx, 1 dout, 2 x (as `bx`), 3 weight (`bw`), 4 mean, 5 rstd, 6 params

@@ -20,7 +20,7 @@
 // launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
-// Params: shaders/matmul_params.wgsl
+// Params: matmul::Params in src/kernels/matmul.rs (gpu_params!: the WGSL struct is made from it)
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
 // (a4 and b4 are a and b again or a stand-in: B4 = B1 and B5 = B2 where they are read.)

@@ -16,7 +16,7 @@
 // Dispatch (ceil(N/TN), ceil(M/128), batch). Loads are guarded, so any shape is correct.
 // CPU reference: tests/common/reference.rs `matmul_forward`.
 
-// Params: shaders/matmul_params.wgsl
+// Params: matmul::Params in src/kernels/matmul.rs (gpu_params!: the WGSL struct is made from it)
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
 @group(0) @binding(1) var<storage, read> a: array<B1>;

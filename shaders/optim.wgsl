@@ -11,27 +11,13 @@
 // Grids: 256 threads per workgroup, 2-D folded. CPU references: tests/common/reference.rs `adamw_update`,
 // `sgd_update`.
 
-struct Params {
-    n: u32,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
-    bc1: f32,
-    bc2: f32,
-    grad_scale: f32,
-    momentum: f32,
-    max_norm: f32,
-    _pad0: u32,
-}
-
 // adamw: 0 param, 1 m, 2 v, 3 grad, 4 clip, 5 params
 @group(0) @binding(0) var<storage, read_write> param: array<f32>;
 @group(0) @binding(1) var<storage, read_write> m: array<f32>;
 @group(0) @binding(2) var<storage, read_write> v: array<f32>;
 @group(0) @binding(3) var<storage, read> grad: array<f32>;
 @group(0) @binding(4) var<storage, read> clip: array<f32>;
+// Params: optim::Params in src/kernels/optim.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(5) var<uniform> p: Params;
 
 // adamw_update_half: 0-4 as adamw, 5 half, 6 params

@@ -11,19 +11,9 @@
 // x may be f16 (B1); sums and outputs are f32.
 // CPU references: tests/common/reference.rs `sum_forward`, `sum_rows`.
 
-struct Params {
-    n: u32,
-    squares: u32,
-    slot: u32,
-    accumulate: u32,
-    scale: f32,
-    cols: u32,
-    block_rows: u32,
-    _pad0: u32,
-}
-
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @group(0) @binding(1) var<storage, read> x: array<B1>;
+// Params: reduce::Params in src/kernels/reduce.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(2) var<uniform> p: Params;
 
 @compute @workgroup_size(256)

@@ -5,15 +5,9 @@
 // One workgroup of 256 threads per row (2-D folded grid); backward accumulates into dx.
 // CPU references: tests/common/reference.rs `softmax_forward`, `softmax_backward`.
 
-struct Params {
-    rows: u32,
-    len: u32,
-    causal_t: u32,
-    scale: f32,
-}
-
 @group(0) @binding(0) var<storage, read_write> y: array<f32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
+// Params: softmax::Params in src/kernels/softmax.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(2) var<uniform> p: Params;
 
 // backward: 0 dx, 1 y (`yb`), 2 dy, 3 params

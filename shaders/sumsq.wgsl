@@ -7,15 +7,6 @@
 // Deterministic: the slices and the workgroup sums depend on the shapes only.
 // CPU reference: tests/kernels.rs `sumsq_multi_matches_reference`.
 
-struct Params {
-    // n[j / 4][j % 4]: elements of tensor j
-    n: array<vec4<u32>, 2>,
-    base: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @group(0) @binding(1) var<storage, read> x0: array<f32>;
 @group(0) @binding(2) var<storage, read> x1: array<f32>;
@@ -24,6 +15,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> x4: array<f32>;
 @group(0) @binding(6) var<storage, read> x5: array<f32>;
 @group(0) @binding(7) var<storage, read> x6: array<f32>;
+// Params: sumsq::Params in src/kernels/sumsq.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(8) var<uniform> p: Params;
 
 // Element i of tensor j (j is the same for the whole workgroup: no divergence).

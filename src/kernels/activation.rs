@@ -4,11 +4,13 @@ use super::{grid_1d, Kernels, ACTIVATION};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    _pad: [u32; 3],
+gpu_params! {
+    pub(super) struct Params {
+        n: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Which activation function.
@@ -29,12 +31,12 @@ impl Activation {
 
 /// `out = f(x)`, both (n).
 pub fn forward(k: &Kernels, f: Activation, out: &View, x: &View, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, _pad: [0; 3] };
+    let p = Params { n: n as u32, ..Default::default() };
     k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_1d(n as u64))
 }
 
 /// `dx += dout * f'(x)`, all (n).
 pub fn backward(k: &Kernels, f: Activation, dx: &View, x: &View, dout: &View, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, _pad: [0; 3] };
+    let p = Params { n: n as u32, ..Default::default() };
     k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_1d(n as u64))
 }

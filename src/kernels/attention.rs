@@ -85,14 +85,14 @@ pub struct Dims {
     pub scale: f32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-/// The uniform of every attention family: `shaders/attention_layout.wgsl` (same fields, same order).
-pub(super) struct Params {
-    b: u32,
-    t: u32,
-    h: u32,
-    scale: f32,
+gpu_params! {
+    /// The uniform of every attention family (their shared functions: `shaders/attention_layout.wgsl`).
+    pub(super) struct Params {
+        b: u32,
+        t: u32,
+        h: u32,
+        scale: f32,
+    }
 }
 
 impl Dims {

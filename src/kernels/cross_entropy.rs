@@ -4,17 +4,18 @@ use super::{grid_1d, row_launch, Kernels, CROSS_ENTROPY};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    rows: u32,
-    v: u32,
-    ignore: u32,
-    inv_count: f32,
-    row0: u32,
-    accumulate: u32,
-    stride: u32,
-    _pad: u32,
+gpu_params! {
+    pub(super) struct Params {
+        rows: u32,
+        v: u32,
+        ignore: u32,
+        inv_count: f32,
+        row0: u32,
+        accumulate: u32,
+        /// backward: elements a row of dlogits holds (0: v)
+        stride: u32,
+        _pad: u32,
+    }
 }
 
 /// Which rows a launch covers: `rows` rows of `v` classes held in the logits it is given, which

@@ -4,20 +4,26 @@ use super::{grid_1d, Kernels, DECODE};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    /// decode_embed: the token; kv_append: rows; decode_attention: heads.
-    token: u32,
-    pos: u32,
-    c: u32,
-    max_t: u32,
-    scale: f32,
-    _pad: [u32; 3],
+gpu_params! {
+    pub(super) struct Params {
+        /// decode_embed: the token; kv_append: rows; decode_attention: heads
+        token: u32,
+        /// position of the (first) new row
+        pos: u32,
+        /// channels C = H·D
+        c: u32,
+        /// rows of the cache (and of scores)
+        max_t: u32,
+        /// decode_attention: 1/sqrt(D)
+        scale: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 fn params(token: usize, pos: usize, c: usize, max_t: usize, scale: f32) -> Params {
-    Params { token: token as u32, pos: pos as u32, c: c as u32, max_t: max_t as u32, scale, _pad: [0; 3] }
+    Params { token: token as u32, pos: pos as u32, c: c as u32, max_t: max_t as u32, scale, ..Default::default() }
 }
 
 /// out (C) = wte[token] + wpe[pos].

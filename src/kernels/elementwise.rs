@@ -5,17 +5,18 @@ use super::{grid_1d, Kernels, ELEMENTWISE};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    alpha: f32,
-    /// `fill_normal`'s seed, low word first.
-    seed: [u32; 2],
+gpu_params! {
+    pub(super) struct Params {
+        n: u32,
+        alpha: f32,
+        /// fill_normal's 64-bit seed (low, high words); unused elsewhere
+        seed0: u32,
+        seed1: u32,
+    }
 }
 
 fn params(n: usize, alpha: f32) -> Params {
-    Params { n: n as u32, alpha, seed: [0; 2] }
+    Params { n: n as u32, alpha, ..Default::default() }
 }
 
 /// `out = a + b`, all (n).
@@ -47,7 +48,7 @@ pub fn fill(k: &Kernels, out: &View, value: f32, n: usize) -> Result<()> {
 /// adapter's `log`/`cos` precision. Drawing initial weights on the GPU takes a GPT-2's 124 M
 /// draws off the host (about a second on 16 cores) and their upload off the bus.
 pub fn fill_normal(k: &Kernels, out: &View, std: f32, seed: u64, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, alpha: std, seed: [seed as u32, (seed >> 32) as u32] };
+    let p = Params { n: n as u32, alpha: std, seed0: seed as u32, seed1: (seed >> 32) as u32 };
     k.dispatch(ELEMENTWISE, "fill_normal", &[out], &p, grid_1d(n as u64))
 }
 

@@ -4,17 +4,18 @@ use super::{grid_1d, Kernels, EMBEDDING};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    t: u32,
-    c: u32,
-    _pad: u32,
+gpu_params! {
+    pub(super) struct Params {
+        /// B·T
+        n: u32,
+        t: u32,
+        c: u32,
+        _pad: u32,
+    }
 }
 
 fn params(n: usize, t: usize, c: usize) -> Params {
-    Params { n: n as u32, t: t as u32, c: c as u32, _pad: 0 }
+    Params { n: n as u32, t: t as u32, c: c as u32, ..Default::default() }
 }
 
 /// out (N,C) = wte[tokens] + wpe[row % t]; tokens (N) u32, N = B·T.

@@ -8,11 +8,13 @@ use std::collections::HashMap;
 use super::{grid_1d, specialize, Variant, FILL};
 use crate::recorder::{Clearer, Recorder, UNIFORM_SLOT};
 
-#[repr(C)]
-#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    _pad: [u32; 3],
+gpu_params! {
+    pub(super) struct Params {
+        n: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 pub struct Filler {

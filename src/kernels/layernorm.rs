@@ -5,13 +5,13 @@ use super::{grid_1d, row_launch, Kernels, LAYERNORM};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    rows: u32,
-    c: u32,
-    eps: f32,
-    block_rows: u32,
+gpu_params! {
+    pub(super) struct Params {
+        rows: u32,
+        c: u32,
+        eps: f32,
+        block_rows: u32,
+    }
 }
 
 fn params(rows: usize, c: usize, eps: f32) -> Params {

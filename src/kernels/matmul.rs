@@ -11,30 +11,32 @@ use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-/// The uniform of every matmul family: `shaders/matmul_params.wgsl` (same fields, same order).
-pub(super) struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
-    has_bias: u32,
-    a_rs: u32,
-    a_cs: u32,
-    b_rs: u32,
-    b_cs: u32,
-    alpha: f32,
-    beta: f32,
-    a_off: u32,
-    b_off: u32,
-    c_off: u32,
-    quant_b: u32,
-    q_row_len: u32,
-    _pad: u32,
+gpu_params! {
+    /// The uniform of every matmul family (matmul, matmul_large, matmul_direct, matmul_coop).
+    pub(super) struct Params {
+        m: u32,
+        n: u32,
+        k: u32,
+        batch: u32,
+        stride_a: u32,
+        stride_b: u32,
+        stride_c: u32,
+        has_bias: u32,
+        a_rs: u32,
+        a_cs: u32,
+        b_rs: u32,
+        b_cs: u32,
+        alpha: f32,
+        beta: f32,
+        /// element offsets of the first batch entry of a, b and c (chunks of larger tensors)
+        a_off: u32,
+        b_off: u32,
+        c_off: u32,
+        /// quant_b = 1: B is int8, four to a word in `bq`, element e scaled by bscale[e / q_row_len]
+        quant_b: u32,
+        q_row_len: u32,
+        _pad: u32,
+    }
 }
 
 /// An int8 B operand: `q` holds four values to a u32 word, `scales` one f32 per stored row of

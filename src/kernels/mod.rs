@@ -5,6 +5,8 @@
 //! in order with the pager's copies, their uniforms packed into one arena per submission.
 //! [`Tuning`] holds the per-adapter choices (which matmul, row kernels by length).
 
+#[macro_use]
+mod params;
 pub mod activation;
 pub mod attention;
 pub mod bindings;
@@ -18,8 +20,6 @@ pub mod fill;
 pub mod layernorm;
 pub mod matmul;
 pub mod optim;
-#[cfg(test)]
-mod params_layout;
 pub mod pipeline_cache;
 mod profile;
 pub mod reduce;
@@ -41,6 +41,8 @@ use crate::recorder::Recorder;
 pub struct Shader {
     pub name: &'static str,
     pub source: &'static str,
+    /// The WGSL `struct Params` of the family's uniform, made from its Rust side (`gpu_params!`).
+    pub params: &'static str,
     /// Every entry writes its workgroup memory before reading it, so the zero fill wgpu adds by
     /// default at the start of each workgroup is wasted work.
     pub writes_workgroup_first: bool,
@@ -52,14 +54,11 @@ pub struct Shader {
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 macro_rules! shader {
-    ($name:literal) => {
-        shader!($name, false)
+    ($name:literal, $params:ty) => {
+        shader!($name, $params, false, "")
     };
-    ($name:literal, $writes_first:literal) => {
-        shader!($name, $writes_first, "")
-    };
-    // (after the enables: files every source of the family starts with, e.g. a shared uniform)
-    ($name:literal, $writes_first:literal, $enables:literal $(, $prelude:literal)*) => {
+    // (after the enables: files every source of the family starts with, e.g. shared functions)
+    ($name:literal, $params:ty, $writes_first:literal, $enables:literal $(, $prelude:literal)*) => {
         Shader {
             name: $name,
             source: concat!(
@@ -67,48 +66,50 @@ macro_rules! shader {
                 $(include_str!(concat!("../../shaders/", $prelude, ".wgsl")),)*
                 include_str!(concat!("../../shaders/", $name, ".wgsl"))
             ),
+            params: <$params>::WGSL,
             writes_workgroup_first: $writes_first,
             enables: $enables,
         }
     };
 }
 
-pub const ACTIVATION: Shader = shader!("activation");
-pub const ATTENTION: Shader = shader!("attention", false, "", "attention_layout");
-pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", true, "", "attention_layout");
-pub const ATTENTION_BLOCKED_BACKWARD: Shader = shader!("attention_blocked_backward", true, "", "attention_layout");
-pub const ATTENTION_LANES: Shader = shader!("attention_lanes", false, "", "attention_layout");
-pub const CROSS_ENTROPY: Shader = shader!("cross_entropy");
-pub const DECODE: Shader = shader!("decode");
-pub const ELEMENTWISE: Shader = shader!("elementwise");
-pub const EMBEDDING: Shader = shader!("embedding");
-pub const FILL: Shader = shader!("fill");
-pub const LAYERNORM: Shader = shader!("layernorm");
-pub const MATMUL: Shader = shader!("matmul", true, "", "matmul_params");
+pub const ACTIVATION: Shader = shader!("activation", activation::Params);
+pub const ATTENTION: Shader = shader!("attention", attention::Params, false, "", "attention_layout");
+pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", attention::Params, true, "", "attention_layout");
+pub const ATTENTION_BLOCKED_BACKWARD: Shader =
+    shader!("attention_blocked_backward", attention::Params, true, "", "attention_layout");
+pub const ATTENTION_LANES: Shader = shader!("attention_lanes", attention::Params, false, "", "attention_layout");
+pub const CROSS_ENTROPY: Shader = shader!("cross_entropy", cross_entropy::Params);
+pub const DECODE: Shader = shader!("decode", decode::Params);
+pub const ELEMENTWISE: Shader = shader!("elementwise", elementwise::Params);
+pub const EMBEDDING: Shader = shader!("embedding", embedding::Params);
+pub const FILL: Shader = shader!("fill", fill::Params);
+pub const LAYERNORM: Shader = shader!("layernorm", layernorm::Params);
+pub const MATMUL: Shader = shader!("matmul", matmul::Params, true, "");
 /// Matmul for CPU adapters: no workgroup memory, vec4 operand reads (see the shader's header).
-pub const MATMUL_DIRECT: Shader = shader!("matmul_direct", false, "", "matmul_params");
+pub const MATMUL_DIRECT: Shader = shader!("matmul_direct", matmul::Params, false, "");
 /// `matmul_direct` with A's reads shared by a subgroup (its entry `matmul_direct_shared`), for
 /// adapters with 8- or 16-lane subgroups: the same source with the subgroup entry appended.
 pub const MATMUL_DIRECT_SUBGROUPS: Shader = Shader {
     name: "matmul_direct_subgroups",
     source: concat!(
         include_str!("../../shaders/common.wgsl"),
-        include_str!("../../shaders/matmul_params.wgsl"),
         include_str!("../../shaders/matmul_direct.wgsl"),
         include_str!("../../shaders/matmul_direct_subgroups.wgsl")
     ),
+    params: matmul::Params::WGSL,
     writes_workgroup_first: false,
     enables: "",
 };
-pub const MATMUL_LARGE: Shader = shader!("matmul_large", true, "", "matmul_params");
+pub const MATMUL_LARGE: Shader = shader!("matmul_large", matmul::Params, true, "");
 /// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
 /// (`enable` lines go first: `common.wgsl` comes before the family's own source).
 pub const MATMUL_COOP: Shader =
-    shader!("matmul_coop", true, "enable f16;\nenable wgpu_cooperative_matrix;\n", "matmul_params");
-pub const OPTIM: Shader = shader!("optim");
-pub const REDUCE: Shader = shader!("reduce");
-pub const SOFTMAX: Shader = shader!("softmax");
-pub const SUMSQ: Shader = shader!("sumsq");
+    shader!("matmul_coop", matmul::Params, true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
+pub const OPTIM: Shader = shader!("optim", optim::Params);
+pub const REDUCE: Shader = shader!("reduce", reduce::Params);
+pub const SOFTMAX: Shader = shader!("softmax", softmax::Params);
+pub const SUMSQ: Shader = shader!("sumsq", sumsq::Params);
 
 /// How one compiled variant of a family differs from another. Kernels that can read or write f16
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
@@ -140,6 +141,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
     src.push_str(&format!("const TILE_ROWS: u32 = {}u;\n", variant.tile.max(1)));
     src.push_str(&format!("const FLAGS: u32 = {}u;\n", variant.flags));
+    src.push_str(shader.params);
     src.push_str(shader.source);
     src
 }

@@ -4,21 +4,21 @@ use super::{grid_1d, Kernels, OPTIM};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
-    bc1: f32,
-    bc2: f32,
-    grad_scale: f32,
-    momentum: f32,
-    max_norm: f32,
-    _pad: u32,
+gpu_params! {
+    pub(super) struct Params {
+        n: u32,
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        bc1: f32,
+        bc2: f32,
+        grad_scale: f32,
+        momentum: f32,
+        max_norm: f32,
+        _pad: u32,
+    }
 }
 
 /// AdamW hyperparameters for one update at step `t` (1-based, for bias correction).

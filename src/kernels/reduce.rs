@@ -4,17 +4,17 @@ use super::{grid_1d, Kernels, REDUCE};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: u32,
-    squares: u32,
-    slot: u32,
-    accumulate: u32,
-    scale: f32,
-    cols: u32,
-    block_rows: u32,
-    _pad: u32,
+gpu_params! {
+    pub(super) struct Params {
+        n: u32,
+        squares: u32,
+        slot: u32,
+        accumulate: u32,
+        scale: f32,
+        cols: u32,
+        block_rows: u32,
+        _pad: u32,
+    }
 }
 
 /// Most partial sums stage one writes; the scratch buffer for `sum` needs this many floats.

@@ -4,13 +4,13 @@ use super::{row_launch, Kernels, SOFTMAX};
 use crate::error::Result;
 use crate::pager::View;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    rows: u32,
-    len: u32,
-    causal_t: u32,
-    scale: f32,
+gpu_params! {
+    pub(super) struct Params {
+        rows: u32,
+        len: u32,
+        causal_t: u32,
+        scale: f32,
+    }
 }
 
 /// y (R,L) = softmax(scale·x) per row; `causal_t > 0` masks j > (row % causal_t).

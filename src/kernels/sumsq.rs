@@ -6,12 +6,15 @@ use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
 
-#[repr(C)]
-#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct Params {
-    n: [u32; 8],
-    base: u32,
-    _pad: [u32; 3],
+gpu_params! {
+    pub(super) struct Params {
+        /// n[j / 4][j % 4]: elements of tensor j
+        n: [u32; 8] as "array<vec4<u32>, 2>",
+        base: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Tensors one dispatch reads (its storage bindings are these and the output: WebGPU's default
