@@ -49,7 +49,7 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             let gpu_s = 28.0 * params / bus;
             let host_s = 8.0 * params / bus + params / cpu;
             let figures = format!(
-                "bus {:.1} GB/s, host AdamW {:.0} M params/s: ~{:.0} ms per step on the GPU vs ~{:.0} ms on the host",
+                "bus {:.1} GB/s, host AdamW {:.0} M params/s: the optimizer's share of a step (its bus traffic and host passes) ~{:.0} ms with AdamW on the GPU vs ~{:.0} ms on the host",
                 bus / 1e9,
                 cpu / 1e6,
                 gpu_s * 1e3,
