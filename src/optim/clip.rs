@@ -88,12 +88,6 @@ impl GradClip {
         self.early.clone()
     }
 
-    /// Whether the last backward took sums of squares of these `params`' gradients (all or some:
-    /// `compute` takes the rest).
-    pub fn has_early_sums(&self, params: &[&Param]) -> bool {
-        self.early.fresh.borrow().iter().any(|&f| f) && self.early.covers(params)
-    }
-
     /// Records the norm of all `params`' gradients and the clip factor for `max_norm` (≤ 0: none).
     /// `grad_scale` multiplies the gradients before the norm is taken (1 / loss scale).
     pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32, grad_scale: f32) -> Result<()> {

@@ -1,16 +1,13 @@
 //! AdamW on the host (ZeRO-Offload's idea): the moments never leave host memory, gradients come
 //! down and updated parameters go up — about 8 bytes per parameter on the bus each step instead
-//! of the ~28 a GPU optimizer moves when nothing stays resident. The update runs as one pass over
-//! every tensor on all cores ([`super::host_kernels`]); so does the norm, unless the backward took
-//! the gradients' sums of squares on the GPU as it went ([`super::EarlyNorms`], as GPU AdamW's
-//! does): the norm then costs one small read instead of a pass over every gradient with the GPU
-//! idle.
+//! of the ~28 a GPU optimizer moves when nothing stays resident. The norm and the update each run
+//! as one pass over every tensor on all cores ([`super::host_kernels`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
-use super::{AdamWConfig, EarlyNorms, GradClip};
+use super::AdamWConfig;
 use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -32,8 +29,6 @@ pub struct HostAdamW {
     index: HashMap<TensorId, usize>,
     /// A step begun by [`HostAdamW::defer`] whose updates have not all been applied.
     deferred: Option<Deferred>,
-    /// The sums of squares a backward takes on the GPU (see [`HostAdamW::early_norms`]).
-    clip: GradClip,
 }
 
 /// A step whose norm is taken and whose updates wait for each parameter's next use.
@@ -136,28 +131,7 @@ impl HostAdamW {
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
-        let clip = GradClip::new(ctx, &params)?;
-        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None, clip })
-    }
-
-    /// What takes the gradients' sums of squares during a backward, on the GPU (pass it to
-    /// [`crate::autograd::Grads::watch`] after [`EarlyNorms::begin`]): the next norm is then read
-    /// from them instead of taken by a host pass.
-    pub fn early_norms(&self) -> std::rc::Rc<EarlyNorms> {
-        self.clip.early_norms()
-    }
-
-    /// The global norm of the gradients times `grad_scale`: from the sums of squares the last
-    /// backward took on the GPU where it took them, else by a pass on the host.
-    async fn norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
-        if self.clip.has_early_sums(params) {
-            self.clip.compute(ctx, params, 0.0, grad_scale)?;
-            return self.clip.norm(ctx).await;
-        }
-        let start = Stopwatch::start();
-        let norm = Self::grad_norm(ctx, params, grad_scale)?;
-        self.host_seconds += start.seconds();
-        Ok(norm)
+        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None })
     }
 
     /// The global norm of the gradients times `grad_scale` (one GPU round trip, then one pass
@@ -173,31 +147,33 @@ impl HostAdamW {
         Ok(sumsq.sqrt() as f32)
     }
 
-    /// The gradients' global norm (after any deferred update still pending; see
-    /// [`HostAdamW::early_norms`]), kept as `last_norm` for a step that follows with the same
-    /// gradients and `grad_scale` (see [`HostAdamW::defer`]).
-    pub async fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+    /// [`HostAdamW::grad_norm`] (after any deferred update still pending), kept as `last_norm`
+    /// for a step that follows with the same gradients and `grad_scale` (see
+    /// [`HostAdamW::defer`]).
+    pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
         // The wait for the gradients is the GPU's time, not the host passes'.
         ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
-        self.last_norm = self.norm(ctx, params, grad_scale).await?;
+        let start = Stopwatch::start();
+        self.last_norm = Self::grad_norm(ctx, params, grad_scale)?;
+        self.host_seconds += start.seconds();
         Ok(self.last_norm)
     }
 
     /// One update at learning rate `lr`; gradients are multiplied by `grad_scale` and clipped to
     /// the configured global norm first.
     pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
-        self.defer(ctx, params, lr, grad_scale, None).await?;
+        self.defer(ctx, params, lr, grad_scale, None)?;
         self.apply_deferred(ctx, params)
     }
 
-    /// Begins a step: one GPU round trip brings every gradient down and their norm is taken
-    /// (unless `norm` gives it: what `note_norm` found for these gradients and this
+    /// Begins a step: one GPU round trip brings every gradient down and one pass takes their
+    /// norm (unless `norm` gives it: what `grad_norm` found for these gradients and this
     /// `grad_scale`); each parameter then gets its update — its gradient zeroed and its f16
     /// copy rewritten — from [`HostAdamW::apply_deferred`], just before its next use. The host
     /// passes of the next step's later layers then run while the GPU computes the earlier
     /// ones. The result is [`HostAdamW::step_lr`]'s: each update reads only its own tensors.
-    pub async fn defer(
+    pub fn defer(
         &mut self,
         ctx: &Context,
         params: &[&Param],
@@ -213,7 +189,12 @@ impl HostAdamW {
         ctx.pager.sync_to_host(&ids)?;
         let norm = match norm {
             Some(n) => n,
-            None => self.norm(ctx, params, grad_scale).await?,
+            None => {
+                let start = Stopwatch::start();
+                let n = Self::grad_norm(ctx, params, grad_scale)?;
+                self.host_seconds += start.seconds();
+                n
+            }
         };
         self.last_norm = norm;
         let c = self.config;

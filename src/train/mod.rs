@@ -23,7 +23,6 @@ pub mod trainer;
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
 pub use generate::Sampling;
-pub use optimizer::Optimizer;
 pub use run_file::RunFile;
 pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

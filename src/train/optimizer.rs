@@ -65,10 +65,7 @@ impl Optimizer {
     ) -> Result<()> {
         match self {
             Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
-            Optimizer::Host(o) => {
-                let norm = clipped.then_some(o.last_norm);
-                o.defer(ctx, &model.params(), lr, grad_scale, norm).await
-            }
+            Optimizer::Host(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped.then_some(o.last_norm)),
             Optimizer::Sharded(o) => {
                 o.step_lr(ctx, &model.params(), lr, grad_scale)?;
                 model.refresh_half(ctx)?;
@@ -77,13 +74,12 @@ impl Optimizer {
         }
     }
 
-    /// What takes the gradients' sums of squares during backward for the norm (GPU and host AdamW).
-    /// Resident runs take them so too: a paged run then computes exactly what a resident one does.
+    /// What takes the gradients' sums of squares during backward for the norm (GPU AdamW). Resident
+    /// runs take them so too: a paged run then computes exactly what a resident one does.
     pub(super) fn early_norms(&self) -> Option<std::rc::Rc<crate::optim::EarlyNorms>> {
         match self {
             Optimizer::Gpu(o) => Some(o.clip.early_norms()),
-            Optimizer::Host(o) => Some(o.early_norms()),
-            Optimizer::Sharded(_) => None,
+            _ => None,
         }
     }
 
@@ -104,7 +100,7 @@ impl Optimizer {
                 o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
-            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale).await,
+            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale),
             Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }
