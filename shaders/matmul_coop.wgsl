@@ -9,11 +9,12 @@
 // padded to one with finite values: `row_stride`) and start 8-aligned; otherwise each half is read
 // alone (any shape), and a4/b4 go unused.
 // Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
-// 64x32 of it as 4x2 accumulators of 16x16. K advances 32 at a time through two workgroup
-// buffers of f16 tiles that keep the global layout (so each operand is read coalesced and each
-// 16x16 fragment loads row- or column-major from it); the next slice is fetched into registers
-// while the current one is multiplied (one barrier a slice; fetching two slices ahead measured
-// slower on the H200: NT 4096^3 32 vs 80 TFLOP/s). Accumulators go through a
+// 64x32 of it as 4x2 accumulators of 16x16. K advances 64 at a time through one workgroup
+// buffer of f16 tiles per operand that keeps the global layout (so each operand is read coalesced
+// and each 16x16 fragment loads row- or column-major from it); the next slice is fetched into
+// registers while the current one is multiplied, and stored after a barrier. On the H200, slices
+// of 64 with one buffer (two barriers a slice) ran 4096^3 NN at 150 TFLOP/s, against 113 for
+// slices of 32 in two buffers (one barrier a slice; two slices ahead: NT 32 vs 80). Accumulators go through a
 // 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding),
 // except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go straight to C.
 // Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
@@ -35,16 +36,18 @@
 @group(0) @binding(7) var<uniform> p: Params;
 
 const CT: u32 = 128u;
-const CK: u32 = 32u;
+const CK: u32 = 64u;
 // Halves of padding after each stored row: 16-byte fragment rows then fall in distinct banks.
 const PAD: u32 = 8u;
-// One buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
+// The buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
 const BUF: u32 = CT * (CK + PAD) / 4u;
 // 8 subgroups: 2 down M by 4 across N, each 64x32 of the tile as 4x2 accumulators (measured on
 // the H200: 4 subgroups of 64x64 ran 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104).
 const THREADS: u32 = 256u;
-// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / THREADS).
+// 8-half chunks each thread fetches per operand and slice (128 x 64 halves / 8 / THREADS): the
+// four registers xa0..xa3 and xb0..xb3 of the main loop.
 const CHUNKS: u32 = CT * CK / 8u / THREADS;
+const_assert CHUNKS == 4u;
 const TRANS_A: bool = (FLAGS & 1u) != 0u;
 const TRANS_B: bool = (FLAGS & 2u) != 0u;
 const BIAS: bool = (FLAGS & 4u) != 0u;
@@ -53,10 +56,10 @@ const VEC_A: bool = (FLAGS & 16u) != 0u;
 const VEC_B: bool = (FLAGS & 32u) != 0u;
 const DIRECT_C: bool = (FLAGS & 64u) != 0u;
 
-// [buffer][stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
+// [stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
-var<workgroup> As: array<vec4<f16>, 2u * BUF>;
-var<workgroup> Bs: array<vec4<f16>, 2u * BUF>;
+var<workgroup> As: array<vec4<f16>, BUF>;
+var<workgroup> Bs: array<vec4<f16>, BUF>;
 // One 16x16 f32 accumulator per subgroup on its way to C.
 var<workgroup> Cs: array<f32, THREADS * 8u>;
 
@@ -117,7 +120,7 @@ fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
     return h;
 }
 
-// Chunk q (< 512) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
+// Chunk q (< 1024) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
 fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2> {
     let per_row = tile_inner(is_a) / 8u;
     let r = q / per_row;
@@ -133,11 +136,11 @@ fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2>
     return array<vec4<f16>, 2>(fetch4(is_a, at, gr, gc), fetch4(is_a, at + 4u, gr, gc + 4u));
 }
 
-// Writes chunk q into buffer `buf` of an operand, at its place in the padded stored layout.
-fn put(is_a: bool, buf: u32, q: u32, v: array<vec4<f16>, 2>) {
+// Writes chunk q into an operand's workgroup buffer, at its place in the padded stored layout.
+fn put(is_a: bool, q: u32, v: array<vec4<f16>, 2>) {
     let inner = tile_inner(is_a);
     let per_row = inner / 8u;
-    let at = buf * BUF + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
+    let at = ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
     if (is_a) {
         As[at] = v[0];
         As[at + 1u] = v[1];
@@ -147,26 +150,26 @@ fn put(is_a: bool, buf: u32, q: u32, v: array<vec4<f16>, 2>) {
     }
 }
 
-// Fragment (rows r0.., depths k0..) of op(A) from buffer `buf`.
-fn frag_a(buf: u32, r0: u32, k0: u32) -> coop_mat16x16<f16, A> {
+// Fragment (rows r0.., depths k0..) of op(A) from its workgroup buffer.
+fn frag_a(r0: u32, k0: u32) -> coop_mat16x16<f16, A> {
     if (TRANS_A) {
-        let ptr = &As[buf * BUF + (k0 * (CT + PAD) + r0) / 4u];
+        let ptr = &As[(k0 * (CT + PAD) + r0) / 4u];
         let stride = (CT + PAD) / 4u;
         return coopLoad<coop_mat16x16<f16, A>>(ptr, stride);
     }
-    let ptr = &As[buf * BUF + (r0 * (CK + PAD) + k0) / 4u];
+    let ptr = &As[(r0 * (CK + PAD) + k0) / 4u];
     let stride = (CK + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
 }
 
-// Fragment (depths k0.., columns n0..) of op(B) from buffer `buf`.
-fn frag_b(buf: u32, k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
+// Fragment (depths k0.., columns n0..) of op(B) from its workgroup buffer.
+fn frag_b(k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
     if (TRANS_B) {
-        let ptr = &Bs[buf * BUF + (n0 * (CK + PAD) + k0) / 4u];
+        let ptr = &Bs[(n0 * (CK + PAD) + k0) / 4u];
         let stride = (CK + PAD) / 4u;
         return coopLoad<coop_mat16x16<f16, B>>(ptr, stride);
     }
-    let ptr = &Bs[buf * BUF + (k0 * (CT + PAD) + n0) / 4u];
+    let ptr = &Bs[(k0 * (CT + PAD) + n0) / 4u];
     let stride = (CT + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
 }
@@ -250,36 +253,52 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         c31 = coopLoadT<coop_mat16x16<f32, C>>(pc31, stride);
     }
     // The next slice travels global -> registers while the current one is multiplied, then
-    // registers -> the free workgroup buffer.
+    // registers -> the workgroup buffer once every subgroup is done with it.
     var xa0: array<vec4<f16>, 2>;
     var xa1: array<vec4<f16>, 2>;
+    var xa2: array<vec4<f16>, 2>;
+    var xa3: array<vec4<f16>, 2>;
     var xb0: array<vec4<f16>, 2>;
     var xb1: array<vec4<f16>, 2>;
+    var xb2: array<vec4<f16>, 2>;
+    var xb3: array<vec4<f16>, 2>;
     let slices = (p.k + CK - 1u) / CK;
     xa0 = fetch(true, a_base, m0, 0u, tid);
     xa1 = fetch(true, a_base, m0, 0u, tid + THREADS);
+    xa2 = fetch(true, a_base, m0, 0u, tid + 2u * THREADS);
+    xa3 = fetch(true, a_base, m0, 0u, tid + 3u * THREADS);
     xb0 = fetch(false, b_base, n0, 0u, tid);
     xb1 = fetch(false, b_base, n0, 0u, tid + THREADS);
-    put(true, 0u, tid, xa0);
-    put(true, 0u, tid + THREADS, xa1);
-    put(false, 0u, tid, xb0);
-    put(false, 0u, tid + THREADS, xb1);
-    workgroupBarrier();
+    xb2 = fetch(false, b_base, n0, 0u, tid + 2u * THREADS);
+    xb3 = fetch(false, b_base, n0, 0u, tid + 3u * THREADS);
     for (var s = 0u; s < slices; s++) {
-        let cur = s % 2u;
+        put(true, tid, xa0);
+        put(true, tid + THREADS, xa1);
+        put(true, tid + 2u * THREADS, xa2);
+        put(true, tid + 3u * THREADS, xa3);
+        put(false, tid, xb0);
+        put(false, tid + THREADS, xb1);
+        put(false, tid + 2u * THREADS, xb2);
+        put(false, tid + 3u * THREADS, xb3);
+        workgroupBarrier();
         if (s + 1u < slices) {
-            xa0 = fetch(true, a_base, m0, (s + 1u) * CK, tid);
-            xa1 = fetch(true, a_base, m0, (s + 1u) * CK, tid + THREADS);
-            xb0 = fetch(false, b_base, n0, (s + 1u) * CK, tid);
-            xb1 = fetch(false, b_base, n0, (s + 1u) * CK, tid + THREADS);
+            let k1 = (s + 1u) * CK;
+            xa0 = fetch(true, a_base, m0, k1, tid);
+            xa1 = fetch(true, a_base, m0, k1, tid + THREADS);
+            xa2 = fetch(true, a_base, m0, k1, tid + 2u * THREADS);
+            xa3 = fetch(true, a_base, m0, k1, tid + 3u * THREADS);
+            xb0 = fetch(false, b_base, n0, k1, tid);
+            xb1 = fetch(false, b_base, n0, k1, tid + THREADS);
+            xb2 = fetch(false, b_base, n0, k1, tid + 2u * THREADS);
+            xb3 = fetch(false, b_base, n0, k1, tid + 3u * THREADS);
         }
         // depths 0..15
-        let a0_0 = frag_a(cur, sm + 0u, 0u);
-        let a1_0 = frag_a(cur, sm + 16u, 0u);
-        let a2_0 = frag_a(cur, sm + 32u, 0u);
-        let a3_0 = frag_a(cur, sm + 48u, 0u);
-        let b0_0 = frag_b(cur, 0u, sn + 0u);
-        let b1_0 = frag_b(cur, 0u, sn + 16u);
+        let a0_0 = frag_a(sm + 0u, 0u);
+        let a1_0 = frag_a(sm + 16u, 0u);
+        let a2_0 = frag_a(sm + 32u, 0u);
+        let a3_0 = frag_a(sm + 48u, 0u);
+        let b0_0 = frag_b(0u, sn + 0u);
+        let b1_0 = frag_b(0u, sn + 16u);
         c00 = coopMultiplyAdd(a0_0, b0_0, c00);
         c01 = coopMultiplyAdd(a0_0, b1_0, c01);
         c10 = coopMultiplyAdd(a1_0, b0_0, c10);
@@ -289,12 +308,12 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         c30 = coopMultiplyAdd(a3_0, b0_0, c30);
         c31 = coopMultiplyAdd(a3_0, b1_0, c31);
         // depths 16..31
-        let a0_16 = frag_a(cur, sm + 0u, 16u);
-        let a1_16 = frag_a(cur, sm + 16u, 16u);
-        let a2_16 = frag_a(cur, sm + 32u, 16u);
-        let a3_16 = frag_a(cur, sm + 48u, 16u);
-        let b0_16 = frag_b(cur, 16u, sn + 0u);
-        let b1_16 = frag_b(cur, 16u, sn + 16u);
+        let a0_16 = frag_a(sm + 0u, 16u);
+        let a1_16 = frag_a(sm + 16u, 16u);
+        let a2_16 = frag_a(sm + 32u, 16u);
+        let a3_16 = frag_a(sm + 48u, 16u);
+        let b0_16 = frag_b(16u, sn + 0u);
+        let b1_16 = frag_b(16u, sn + 16u);
         c00 = coopMultiplyAdd(a0_16, b0_16, c00);
         c01 = coopMultiplyAdd(a0_16, b1_16, c01);
         c10 = coopMultiplyAdd(a1_16, b0_16, c10);
@@ -303,12 +322,36 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         c21 = coopMultiplyAdd(a2_16, b1_16, c21);
         c30 = coopMultiplyAdd(a3_16, b0_16, c30);
         c31 = coopMultiplyAdd(a3_16, b1_16, c31);
-        if (s + 1u < slices) {
-            put(true, 1u - cur, tid, xa0);
-            put(true, 1u - cur, tid + THREADS, xa1);
-            put(false, 1u - cur, tid, xb0);
-            put(false, 1u - cur, tid + THREADS, xb1);
-        }
+        // depths 32..47
+        let a0_32 = frag_a(sm + 0u, 32u);
+        let a1_32 = frag_a(sm + 16u, 32u);
+        let a2_32 = frag_a(sm + 32u, 32u);
+        let a3_32 = frag_a(sm + 48u, 32u);
+        let b0_32 = frag_b(32u, sn + 0u);
+        let b1_32 = frag_b(32u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_32, b0_32, c00);
+        c01 = coopMultiplyAdd(a0_32, b1_32, c01);
+        c10 = coopMultiplyAdd(a1_32, b0_32, c10);
+        c11 = coopMultiplyAdd(a1_32, b1_32, c11);
+        c20 = coopMultiplyAdd(a2_32, b0_32, c20);
+        c21 = coopMultiplyAdd(a2_32, b1_32, c21);
+        c30 = coopMultiplyAdd(a3_32, b0_32, c30);
+        c31 = coopMultiplyAdd(a3_32, b1_32, c31);
+        // depths 48..63
+        let a0_48 = frag_a(sm + 0u, 48u);
+        let a1_48 = frag_a(sm + 16u, 48u);
+        let a2_48 = frag_a(sm + 32u, 48u);
+        let a3_48 = frag_a(sm + 48u, 48u);
+        let b0_48 = frag_b(48u, sn + 0u);
+        let b1_48 = frag_b(48u, sn + 16u);
+        c00 = coopMultiplyAdd(a0_48, b0_48, c00);
+        c01 = coopMultiplyAdd(a0_48, b1_48, c01);
+        c10 = coopMultiplyAdd(a1_48, b0_48, c10);
+        c11 = coopMultiplyAdd(a1_48, b1_48, c11);
+        c20 = coopMultiplyAdd(a2_48, b0_48, c20);
+        c21 = coopMultiplyAdd(a2_48, b1_48, c21);
+        c30 = coopMultiplyAdd(a3_48, b0_48, c30);
+        c31 = coopMultiplyAdd(a3_48, b1_48, c31);
         workgroupBarrier();
     }
 
