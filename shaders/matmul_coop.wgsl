@@ -14,9 +14,11 @@
 // and each 16x16 fragment loads row- or column-major from it); the next slice is fetched into
 // registers while the current one is multiplied, and stored after a barrier. On the H200, slices
 // of 64 with one buffer (two barriers a slice) ran 4096^3 NN at 150 TFLOP/s, against 113 for
-// slices of 32 in two buffers (one barrier a slice; two slices ahead: NT 32 vs 80). Accumulators go through a
-// 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias, beta, f16 rounding),
-// except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go straight to C.
+// slices of 32 in two buffers (one barrier a slice; two slices ahead: NT 32 vs 80). The four
+// 16-deep steps of a slice are written out, not looped: the accumulators are named variables.
+// Accumulators go through a 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias,
+// beta, f16 rounding), except in whole tiles of a plain f32 C (FLAGS & 64, alpha = 1), which go
+// straight to C.
 // Dispatch (ceil(N/128), ceil(M/128), batch). Needs subgroups of exactly 32 lanes (the
 // launcher checks).
 // CPU reference: tests/common/reference.rs `matmul_forward`.
