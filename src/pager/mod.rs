@@ -423,6 +423,7 @@ impl Pager {
             st.resident.insert(id);
             st.prefetch(device, recorder)?;
         }
+        st.prefill_ahead();
         let e = st.entries.get_mut(&id).expect("exists");
         if access.writes() {
             e.dirty = true;

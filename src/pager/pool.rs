@@ -60,6 +60,11 @@ impl Pool {
         }
     }
 
+    /// Whether buffers are made mapped and filled in place (unified memory).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
     pub fn set_zero_copy(&mut self, on: bool) {
         self.zero_copy = on;
         self.trim();

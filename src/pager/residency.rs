@@ -2,6 +2,9 @@
 //! evicting by the plan, writing dirty victims back), delivering write-backs, prefetching.
 
 use super::pool::Taken;
+
+/// How many prefetch windows ahead the upload ring's slots are filled.
+const PREFILL_LOOKAHEAD: usize = 2;
 use super::staging::Job;
 use super::*;
 
@@ -247,6 +250,8 @@ impl State {
         if taken.mapped {
             taken.buffer.unmap();
         }
+        // Bytes filled ahead that this placement did not upload are not needed (or stale) now.
+        self.upload.discard_prefill(id);
         result
     }
 
@@ -373,9 +378,10 @@ impl State {
         Ok(())
     }
 
-    /// The running totals, with the upload ring's waits for its fills.
+    /// The running totals, with the upload ring's waits for its fills and what it filled ahead.
     pub(super) fn counters(&self) -> Counters {
-        Counters { fill_wait_s: self.upload.fill_waits_s(), ..self.counters }
+        let (prefilled_uploads, prefill_wasted_bytes) = self.upload.prefill_counts();
+        Counters { fill_wait_s: self.upload.fill_waits_s(), prefilled_uploads, prefill_wasted_bytes, ..self.counters }
     }
 
     /// The accesses traced so far become the prediction for the next step.
@@ -436,5 +442,43 @@ impl State {
             self.counters.prefetches += 1;
         }
         Ok(())
+    }
+
+    /// Starts filling staging slots with the host bytes of tensors the next accesses will read
+    /// and that are not resident (`UploadRing::prefill`): the ring's memcpy then runs ahead of
+    /// the submissions instead of holding them up, without taking pool room the budget lacks.
+    /// Looked at again at every access (a tensor resident now may be evicted before its use),
+    /// up to the first one the ring has no slots to spare for.
+    pub(super) fn prefill_ahead(&mut self) {
+        if self.diverged || self.prefetch_window == 0 || self.direct_upload || self.pool.zero_copy() {
+            return;
+        }
+        let Some(future) = self.future.as_ref() else { return };
+        if !self.upload.can_prefill() {
+            return;
+        }
+        let cursor = self.trace.len();
+        for i in cursor..(cursor + PREFILL_LOOKAHEAD * self.prefetch_window).min(future.len()) {
+            let id = match future.at(i) {
+                Some(Key::Persistent(id)) => Some(id),
+                Some(Key::Step(n)) => self.step_ids.get(n as usize).copied(),
+                None => None,
+            };
+            let Some((id, e)) = id.and_then(|id| Some((id, self.entries.get(&id)?))) else { continue };
+            let wanted = e.gpu.is_none()
+                && e.contents == Contents::Host
+                && e.lost.is_none()
+                && !e.host_update_due
+                && !self.upload.is_prefilled(id)
+                && !self.readback.has_jobs_for(id)
+                && !self.dma.busy(id, None);
+            if wanted {
+                let len = e.copy_len() as usize;
+                let Ok(bytes) = self.store.bytes(&e.host) else { return };
+                if !matches!(self.upload.prefill(id, &bytes[..len]), Ok(true)) {
+                    return;
+                }
+            }
+        }
     }
 }

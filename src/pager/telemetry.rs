@@ -59,6 +59,10 @@ pub struct Counters {
     /// Seconds submissions waited for the copy threads to fill upload-ring slots (not in
     /// `stall_s`): where uploads through the ring are bound by that memcpy.
     pub fill_wait_s: f64,
+    /// Uploads whose bytes were already in staging slots, filled ahead by the plan (their
+    /// submission had no memcpy left to wait for), and bytes filled ahead but never used.
+    pub prefilled_uploads: u64,
+    pub prefill_wasted_bytes: u64,
     /// Uploads by DMA from a pinned store on the ring's path because the tensor's write-back
     /// into it was still in flight (instead of waiting for the GPU to finish it).
     pub uploads_behind_writeback: u64,

@@ -1,7 +1,13 @@
 //! The upload ring: `MAP_WRITE | COPY_SRC` buffers (or pinned host memory) filled on the copy
 //! threads and copied into GPU buffers (see `staging.rs`).
+//!
+//! Slots may also be filled ahead ([`UploadRing::prefill`]): the plan names the tensors the next
+//! accesses will read, and their bytes are copied into free slots before any pool buffer is
+//! taken for them. When the access comes, only the GPU copy is recorded: the submission no
+//! longer waits for a memcpy that started just before it.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -34,6 +40,22 @@ pub struct UploadRing {
     /// Seconds submissions waited for the copy threads to finish filling slots (the fills'
     /// memcpy is then the bound: the GPU cannot start on the copies before it).
     fill_waits: Rc<Cell<f64>>,
+    /// Slots filled ahead with a tensor's host bytes, waiting for its upload. They are out of
+    /// `slots` meanwhile (nothing else fills or waits for them); `reserved` counts them.
+    prefilled: RefCell<HashMap<TensorId, Vec<Filled>>>,
+    reserved: Cell<usize>,
+    /// Uploads served from slots filled ahead, and bytes filled ahead that were never used.
+    prefill_hits: Cell<u64>,
+    prefill_wasted: Cell<u64>,
+}
+
+/// A slot whose fill has started: the copy recorded from it must wait for `ticket`.
+struct Filled {
+    slot: Rc<Slot>,
+    /// The slot's mapped range while it is being filled (`None`: pinned, always mapped).
+    view: Option<wgpu::BufferViewMut>,
+    ticket: Ticket,
+    len: u64,
 }
 
 impl UploadRing {
@@ -50,7 +72,17 @@ impl UploadRing {
             pinned: None,
             may_block,
             fill_waits: Rc::new(Cell::new(0.0)),
+            prefilled: RefCell::new(HashMap::new()),
+            reserved: Cell::new(0),
+            prefill_hits: Cell::new(0),
+            prefill_wasted: Cell::new(0),
         }
+    }
+
+    /// Uploads served from slots filled ahead, and bytes filled ahead but never used (their
+    /// tensor changed, was freed or was overwritten first).
+    pub fn prefill_counts(&self) -> (u64, u64) {
+        (self.prefill_hits.get(), self.prefill_wasted.get())
     }
 
     /// Seconds submissions have waited for slot fills so far.
@@ -62,6 +94,7 @@ impl UploadRing {
     /// Every slot made so far is let go: the caller has submitted and waited for their copies.
     #[cfg(vulkan_hal)]
     pub fn set_pinned(&mut self, alloc: Option<Rc<PinnedAllocator>>) {
+        self.discard_all_prefills();
         self.wait_fills();
         self.slots.borrow_mut().clear();
         self.next.set(0);
@@ -71,6 +104,7 @@ impl UploadRing {
     /// Lets the ring grow to `max` slots (fewer: the extra ones are let go; the caller has
     /// submitted and waited for their copies).
     pub fn set_max(&mut self, max: usize) {
+        self.discard_all_prefills();
         self.max = max.max(1);
         let mut slots = self.slots.borrow_mut();
         if slots.len() > self.max {
@@ -105,12 +139,12 @@ impl UploadRing {
         if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
             return Ok(Some((slot.clone(), 0.0)));
         }
-        if slots.len() < self.max {
-            let slot = self.new_slot(slots.len())?;
+        if slots.len() + self.reserved.get() < self.max {
+            let slot = self.new_slot(slots.len() + self.reserved.get())?;
             slots.push(slot.clone());
             return Ok(Some((slot, 0.0)));
         }
-        if !self.may_block {
+        if !self.may_block || slots.is_empty() {
             return Ok(None);
         }
         let slot = slots[self.next.get() % slots.len()].clone();
@@ -141,6 +175,18 @@ impl UploadRing {
     ) -> Result<f64> {
         debug_assert!(src.len().is_multiple_of(4));
         self.pending.borrow_mut().retain(|(_, t)| !t.is_done());
+        if let Some(filled) = owner.and_then(|o| self.prefilled.borrow_mut().remove(&o)) {
+            if filled.iter().map(|f| f.len).sum::<u64>() == src.len() as u64 {
+                self.prefill_hits.set(self.prefill_hits.get() + 1);
+                for (i, f) in filled.into_iter().enumerate() {
+                    self.reserved.set(self.reserved.get() - 1);
+                    self.slots.borrow_mut().push(f.slot.clone());
+                    self.record_copy(recorder, f, dst, dst_offset + i as u64 * self.slot_bytes);
+                }
+                return Ok(0.0);
+            }
+            self.give_back(filled);
+        }
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let offset = dst_offset + i as u64 * self.slot_bytes;
@@ -152,39 +198,125 @@ impl UploadRing {
                 continue;
             };
             stalled += waited;
-            let len = chunk.len() as u64;
-            let (to, mut view) = match slot.pinned_ptr() {
-                Some(p) => (p, None),
-                None => {
-                    let mut view = slot
-                        .buffer
-                        .get_mapped_range_mut(0..len)
-                        .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
-                    (view.slice(..).as_raw_element_ptr().as_ptr(), Some(view))
-                }
-            };
-            // SAFETY: the view (or, pinned, the slot's own mapping, which lives as long as the slot,
-            // held by the hook below) stays mapped until the hook has waited for the copy, and the
-            // slot is not filled again before the GPU has read it (state MAPPED only then);
-            // `chunk` is host-store memory that the pager neither changes nor frees while fills
-            // are pending (it calls `wait_fills_for` first).
-            let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
-            self.pending.borrow_mut().push((owner, ticket.clone()));
-            recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
-            let (filled, waits) = (slot.clone(), self.fill_waits.clone());
-            recorder.before_submit(move || {
-                let start = Stopwatch::start();
-                ticket.wait();
-                waits.set(waits.get() + start.seconds());
-                if let Some(view) = view.take() {
-                    drop(view);
-                    filled.buffer.unmap();
-                }
-            });
-            slot.remap_after_submit(recorder, wgpu::MapMode::Write);
-            recorder.staged(len);
+            let filled = self.start_fill(slot, owner, chunk)?;
+            self.record_copy(recorder, filled, dst, offset);
         }
         Ok(stalled)
+    }
+
+    /// Starts copying `chunk` (host bytes of `owner`) into `slot`, which is mapped and free.
+    fn start_fill(&self, slot: Rc<Slot>, owner: Option<TensorId>, chunk: &[u8]) -> Result<Filled> {
+        let len = chunk.len() as u64;
+        let (to, view) = match slot.pinned_ptr() {
+            Some(p) => (p, None),
+            None => {
+                let mut view = slot
+                    .buffer
+                    .get_mapped_range_mut(0..len)
+                    .map_err(|e| Error::Gpu { context: "upload ring".into(), msg: e.to_string() })?;
+                (view.slice(..).as_raw_element_ptr().as_ptr(), Some(view))
+            }
+        };
+        // SAFETY: the view (or, pinned, the slot's own mapping, which lives as long as the slot,
+        // held by `Filled`) stays mapped until the ticket has been waited for, and the slot is
+        // not filled again before the GPU has read it (state MAPPED only then, and a slot filled
+        // ahead is out of the ring until used); `chunk` is host-store memory that the pager
+        // neither changes nor frees while fills are pending (it calls `wait_fills_for` first).
+        let ticket = unsafe { self.copier.copy(to, chunk.as_ptr(), chunk.len()) };
+        self.pending.borrow_mut().push((owner, ticket.clone()));
+        Ok(Filled { slot, view, ticket, len })
+    }
+
+    /// Records the copy of a filled slot into `dst` at `offset`: the submission carrying it
+    /// waits for the fill and unmaps the slot, and the slot is mapped again after it.
+    fn record_copy(&self, recorder: &Recorder, filled: Filled, dst: &wgpu::Buffer, offset: u64) {
+        let Filled { slot, mut view, ticket, len } = filled;
+        recorder.record(|enc| enc.copy_buffer_to_buffer(&slot.buffer, 0, dst, offset, len));
+        let (done, waits) = (slot.clone(), self.fill_waits.clone());
+        recorder.before_submit(move || {
+            let start = Stopwatch::start();
+            ticket.wait();
+            waits.set(waits.get() + start.seconds());
+            if let Some(view) = view.take() {
+                drop(view);
+                done.buffer.unmap();
+            }
+        });
+        slot.remap_after_submit(recorder, wgpu::MapMode::Write);
+        recorder.staged(len);
+    }
+
+    /// Starts filling free slots with `src` (the host bytes of `owner`, length a multiple of 4),
+    /// to be used by its next [`UploadRing::upload`]. Never waits and never takes more than half
+    /// the ring, so uploads needed now always find slots; false when it did not fill (already
+    /// filled, too few slots free, or a ring that may not block: the browser's). The host bytes
+    /// must stay as they are until then, or be announced with [`UploadRing::wait_fills_for`].
+    pub fn prefill(&self, owner: TensorId, src: &[u8]) -> Result<bool> {
+        let needed = src.len().div_ceil(self.slot_bytes as usize).max(1);
+        if !self.may_block || self.prefilled.borrow().contains_key(&owner) {
+            return Ok(false);
+        }
+        if self.reserved.get() + needed > self.max / 2 {
+            return Ok(false);
+        }
+        let mut slots = self.slots.borrow_mut();
+        let mapped = slots.iter().filter(|s| s.state() == MAPPED).count();
+        let room = self.max.saturating_sub(slots.len() + self.reserved.get());
+        if mapped + room < needed {
+            return Ok(false);
+        }
+        let mut taken = Vec::with_capacity(needed);
+        while taken.len() < needed {
+            match slots.iter().position(|s| s.state() == MAPPED) {
+                Some(i) => taken.push(slots.swap_remove(i)),
+                None => taken.push(self.new_slot(slots.len() + self.reserved.get() + taken.len())?),
+            }
+        }
+        drop(slots);
+        self.reserved.set(self.reserved.get() + taken.len());
+        let mut filled = Vec::with_capacity(needed);
+        for (slot, chunk) in taken.into_iter().zip(src.chunks(self.slot_bytes as usize)) {
+            filled.push(self.start_fill(slot, Some(owner), chunk)?);
+        }
+        self.prefilled.borrow_mut().insert(owner, filled);
+        Ok(true)
+    }
+
+    /// Whether a slot may be filled ahead now (fewer than half the ring's are).
+    pub fn can_prefill(&self) -> bool {
+        self.may_block && self.reserved.get() < self.max / 2
+    }
+
+    /// Whether `owner`'s bytes are in slots filled ahead.
+    pub fn is_prefilled(&self, owner: TensorId) -> bool {
+        self.prefilled.borrow().contains_key(&owner)
+    }
+
+    /// Drops what was filled ahead for `owner` (its host bytes are about to change, or it was
+    /// placed without them): the slots go back to the ring, still mapped.
+    pub fn discard_prefill(&self, owner: TensorId) {
+        let filled = self.prefilled.borrow_mut().remove(&owner);
+        if let Some(filled) = filled {
+            self.give_back(filled);
+        }
+    }
+
+    fn discard_all_prefills(&self) {
+        let all: Vec<_> = self.prefilled.borrow_mut().drain().collect();
+        for (_, filled) in all {
+            self.give_back(filled);
+        }
+    }
+
+    /// Slots filled ahead and not used go back to the ring, mapped and free.
+    fn give_back(&self, filled: Vec<Filled>) {
+        for f in filled {
+            f.ticket.wait();
+            drop(f.view);
+            self.prefill_wasted.set(self.prefill_wasted.get() + f.len);
+            self.reserved.set(self.reserved.get() - 1);
+            self.slots.borrow_mut().push(f.slot);
+        }
     }
 
     /// Waits for every background fill: the host bytes they read may change after this.
@@ -201,12 +333,15 @@ impl UploadRing {
 
     /// Bytes of staging buffers made so far.
     pub fn held_bytes(&self) -> u64 {
-        self.slots.borrow().len() as u64 * self.slot_bytes
+        (self.slots.borrow().len() + self.reserved.get()) as u64 * self.slot_bytes
     }
 
     /// Waits for the background fills reading the host bytes of `ids` (before they change or are
-    /// freed); others go on.
+    /// freed), and drops what was filled ahead from them; others go on.
     pub fn wait_fills_for(&self, ids: &[TensorId]) {
+        for &id in ids {
+            self.discard_prefill(id);
+        }
         for (_, t) in self.pending.borrow().iter().filter(|(owner, _)| owner.is_some_and(|o| ids.contains(&o))) {
             t.wait();
         }

@@ -1,5 +1,7 @@
 //! The pager against a plain model: random sequences of ops on every store and upload path give
-//! bit-identical contents within the budget, and Belady's plan never uploads more than LRU.
+//! bit-identical contents within the budget, random steps repeated as training repeats them
+//! (planned, their uploads' staging filled ahead) too, and Belady's plan never uploads more than
+//! LRU.
 
 use super::*;
 
@@ -115,6 +117,124 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
     assert!(ctx.pager.stats().peak_bytes <= budget);
 }
 
+/// One op of a step over a fixed set of tensors (indices taken modulo their number).
+#[derive(Clone, Debug)]
+enum StepOp {
+    Scale(usize, usize, u32),
+    Add(usize, usize, usize),
+    Write(usize, u32),
+    Read(usize),
+}
+
+fn step_op() -> impl Strategy<Value = StepOp> {
+    prop_oneof![
+        4 => (any::<usize>(), any::<usize>(), any::<u32>()).prop_map(|(a, c, s)| StepOp::Scale(a, c, s)),
+        4 => (any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(a, b, c)| StepOp::Add(a, b, c)),
+        1 => (any::<usize>(), any::<u32>()).prop_map(|(a, s)| StepOp::Write(a, s)),
+        1 => any::<usize>().prop_map(StepOp::Read),
+    ]
+}
+
+/// Runs `step` `repeats` times, each a training step (`begin_step`), over tensors of `sizes`
+/// floats, against a plain model: the same accesses every step, so from the second on the plan
+/// predicts them and the ring fills slots ahead. Host writes between accesses change bytes
+/// that may already sit in slots filled ahead. Returns the pager's counters.
+fn run_steps_against_model(
+    ctx: &Context,
+    sizes: &[usize],
+    step: &[StepOp],
+    repeats: usize,
+) -> pagetrain::pager::Counters {
+    let mut tensors: Vec<(Tensor, Vec<f32>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let data = values(i as u32 + 1, n);
+            (ctx.from_f32("t", &[n], &data, false).unwrap(), data)
+        })
+        .collect();
+    let k = tensors.len();
+    // Another tensor of the same length as `a`, none of `avoid` (`None`: there is none).
+    let other = |tensors: &[(Tensor, Vec<f32>)], a: usize, avoid: &[usize], pick: usize| {
+        let same: Vec<usize> =
+            (0..k).filter(|&i| i != a && !avoid.contains(&i) && tensors[i].1.len() == tensors[a].1.len()).collect();
+        (!same.is_empty()).then(|| same[pick % same.len()])
+    };
+    for repeat in 0..repeats {
+        ctx.pager.begin_step();
+        for (at, op) in step.iter().enumerate() {
+            match *op {
+                StepOp::Scale(a, c, s) => {
+                    let a = a % k;
+                    let Some(c) = other(&tensors, a, &[], c) else { continue };
+                    let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
+                    let n = tensors[a].1.len();
+                    let _op = ctx.op();
+                    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
+                    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
+                    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+                }
+                StepOp::Add(a, b, c) => {
+                    let a = a % k;
+                    let Some(b) = other(&tensors, a, &[], b) else { continue };
+                    let Some(c) = other(&tensors, a, &[b], c) else { continue };
+                    let n = tensors[a].1.len();
+                    let _op = ctx.op();
+                    let (out, x, y) = (
+                        ctx.write(&tensors[c].0).unwrap(),
+                        ctx.read(&tensors[a].0).unwrap(),
+                        ctx.read(&tensors[b].0).unwrap(),
+                    );
+                    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
+                    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
+                }
+                StepOp::Write(a, seed) => {
+                    let a = a % k;
+                    let data = values(seed ^ repeat as u32, tensors[a].1.len());
+                    ctx.write_f32(&tensors[a].0, &data).unwrap();
+                    tensors[a].1 = data;
+                }
+                StepOp::Read(a) => {
+                    let a = a % k;
+                    assert_same(
+                        &format!("tensor {a} at op {at} of step {repeat}"),
+                        &read(ctx, &tensors[a].0),
+                        &tensors[a].1,
+                    );
+                }
+            }
+        }
+    }
+    for (i, (t, want)) in tensors.iter().enumerate() {
+        assert_same(&format!("tensor {i} at the end"), &read(ctx, t), want);
+    }
+    ctx.pager.counters()
+}
+
+#[test]
+fn a_planned_step_uploads_from_slots_filled_ahead_and_keeps_every_value() {
+    // Ten tensors in a budget of three, each step scaling eight round a ring and adding pairs:
+    // nearly every access uploads, and the plan knows which.
+    let sizes = [1500, 1500, 1500, 1500, 1000, 1000, 1000, 1000, 700, 700];
+    let mut step: Vec<StepOp> = (0..8).map(|i| StepOp::Scale(i, i, i as u32)).collect();
+    step.extend((0..8).map(|i| StepOp::Add(i, i + 1, i + 2)));
+    step.extend((0..8).map(|i| StepOp::Scale(7 - i, i, i as u32)));
+    // A host write of tensor 8 (read only on the GPU, so clean), long evicted, just before an
+    // access reads it: the bytes already filled ahead for that read go stale.
+    step.extend([(0, 0), (2, 2), (4, 0), (6, 2)].map(|(a, c)| StepOp::Scale(a, c, 1)));
+    step.extend([StepOp::Write(8, 5), StepOp::Scale(8, 0, 1)]);
+    let budget = 3 * pagetrain::pager::size_class(1500 * 4);
+    for path in [UploadPath::Ring, UploadPath::Pinned] {
+        let o = PagerOptions { upload: path, upload_slots: 8, ..opts(budget, Policy::Belady) };
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        assert_offered_path_taken(&ctx, path);
+        let c = run_steps_against_model(&ctx, &sizes, &step, 4);
+        assert!(c.uploads > 20 && c.evictions > 20, "{path:?}: the budget must page: {c:?}");
+        assert!(c.prefilled_uploads > 0, "{path:?}: no upload came from slots filled ahead: {c:?}");
+        assert!(c.prefill_wasted_bytes > 0, "{path:?}: no host write met bytes filled ahead: {c:?}");
+    }
+}
+
 #[test]
 fn pinning_a_store_segment_keeps_its_bytes_and_gives_the_gpu_a_buffer_over_them() {
     let Some((_gpu, mut store)) = pinned_store() else { return };
@@ -178,6 +298,19 @@ proptest! {
         let ctx = Context::with_store(gpu, Box::new(store), &PagerOptions { upload: path, ..opts(budget, Policy::Belady) });
         assert_eq!(ctx.pager.upload_path_kind(), path, "{}", ctx.pager.upload_path());
         run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn planned_steps_match_a_plain_model(
+        step in prop::collection::vec(step_op(), 1..30),
+        sizes in prop::collection::vec(prop::sample::select(vec![1usize, 255, 1000, 1500, 2500]), 2..8),
+        budget_kib in 32u64..64,
+        path in prop::sample::select(vec![UploadPath::Ring, UploadPath::Pinned]),
+    ) {
+        // The same random step three times: uploads come from slots filled ahead by the plan.
+        let budget = budget_kib * 1024;
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &PagerOptions { upload: path, ..opts(budget, Policy::Belady) });
+        run_steps_against_model(&ctx, &sizes, &step, 3);
     }
 
     #[test]
