@@ -99,6 +99,10 @@ pub struct AtBudget {
     pub upload_ring_bytes: Option<u64>,
     /// Per step: uploads by DMA behind their own write-back (`Counters::uploads_behind_writeback`).
     pub uploads_behind_writeback_per_step: Option<f64>,
+    /// Per step: uploads whose staging slots were filled ahead by the plan, and bytes filled
+    /// ahead but not used (`Counters::prefilled_uploads`, `prefill_wasted_bytes`).
+    pub prefilled_uploads_per_step: Option<f64>,
+    pub prefill_wasted_bytes_per_step: Option<f64>,
     /// Per step: dispatches and submissions recorded.
     pub dispatches_per_step: Option<f64>,
     pub submissions_per_step: Option<f64>,
@@ -123,6 +127,8 @@ pub struct StepTiming {
     /// Bytes of upload staging slots made by the end.
     pub upload_ring_bytes: u64,
     pub uploads_behind_writeback: f64,
+    pub prefilled_uploads: f64,
+    pub prefill_wasted_bytes: f64,
     /// Bytes of all live tensors at most (what a resident run needs).
     pub footprint: u64,
     pub upload_path: String,
@@ -216,6 +222,8 @@ pub fn time_steps(
         poll_s: (host_after.1 - host_before.1) / n as f64,
         upload_ring_bytes: ctx.pager.staging_bytes().0,
         uploads_behind_writeback: (after.uploads_behind_writeback - before.uploads_behind_writeback) as f64 / n as f64,
+        prefilled_uploads: (after.prefilled_uploads - before.prefilled_uploads) as f64 / n as f64,
+        prefill_wasted_bytes: (after.prefill_wasted_bytes - before.prefill_wasted_bytes) as f64 / n as f64,
         footprint: ctx.pager.live_bytes().1,
         upload_path: ctx.pager.upload_path(),
         first_step_s: first_step_s.unwrap_or_default(),
@@ -315,6 +323,8 @@ pub fn step_times(
             poll_ms_per_step: t.as_ref().map(|t| t.poll_s * 1e3),
             upload_ring_bytes: t.as_ref().map(|t| t.upload_ring_bytes),
             uploads_behind_writeback_per_step: t.as_ref().map(|t| t.uploads_behind_writeback),
+            prefilled_uploads_per_step: t.as_ref().map(|t| t.prefilled_uploads),
+            prefill_wasted_bytes_per_step: t.as_ref().map(|t| t.prefill_wasted_bytes),
             dispatches_per_step: t.as_ref().map(|t| t.recording[0]),
             submissions_per_step: t.as_ref().map(|t| t.recording[2]),
         });

@@ -202,6 +202,9 @@ struct State {
     /// DMA from the store instead of waiting for it (`PAGETRAIN_REUPLOAD_DMA=0`: waits, for
     /// measuring).
     reupload_in_flight: bool,
+    /// Upload-ring slots are filled ahead from the plan (`PAGETRAIN_PREFILL=0`: only at the
+    /// access, for measuring).
+    prefill: bool,
     pinned: Vec<TensorId>,
     policy: Policy,
     prefetch_window: usize,
@@ -259,6 +262,7 @@ impl Pager {
             dma: dma::DmaCopies::default(),
             direct_upload: false,
             reupload_in_flight: std::env::var("PAGETRAIN_REUPLOAD_DMA").map_or(true, |v| v != "0"),
+            prefill: std::env::var("PAGETRAIN_PREFILL").map_or(true, |v| v != "0"),
             pinned: Vec::new(),
             policy: opts.policy,
             prefetch_window: opts.prefetch_window,

@@ -450,7 +450,7 @@ impl State {
     /// Looked at again at every access (a tensor resident now may be evicted before its use),
     /// up to the first one the ring has no slots to spare for.
     pub(super) fn prefill_ahead(&mut self) {
-        if self.diverged || self.prefetch_window == 0 || self.direct_upload || self.pool.zero_copy() {
+        if !self.prefill || self.diverged || self.prefetch_window == 0 || self.direct_upload || self.pool.zero_copy() {
             return;
         }
         let Some(future) = self.future.as_ref() else { return };

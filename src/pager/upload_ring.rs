@@ -247,8 +247,8 @@ impl UploadRing {
     }
 
     /// Starts filling free slots with `src` (the host bytes of `owner`, length a multiple of 4),
-    /// to be used by its next [`UploadRing::upload`]. Never waits and never takes more than half
-    /// the ring, so uploads needed now always find slots; false when it did not fill (already
+    /// to be used by its next [`UploadRing::upload`]. Never waits, makes no slots and never takes
+    /// more than half the ring, so uploads needed now always find slots; false when it did not fill (already
     /// filled, too few slots free, or a ring that may not block: the browser's). The host bytes
     /// must stay as they are until then, or be announced with [`UploadRing::wait_fills_for`].
     pub fn prefill(&self, owner: TensorId, src: &[u8]) -> Result<bool> {
@@ -259,18 +259,15 @@ impl UploadRing {
         if self.reserved.get() + needed > self.max / 2 {
             return Ok(false);
         }
+        // Only slots that are free now: the ring grows for uploads needed now, not for these.
         let mut slots = self.slots.borrow_mut();
-        let mapped = slots.iter().filter(|s| s.state() == MAPPED).count();
-        let room = self.max.saturating_sub(slots.len() + self.reserved.get());
-        if mapped + room < needed {
+        if slots.iter().filter(|s| s.state() == MAPPED).count() < needed {
             return Ok(false);
         }
         let mut taken = Vec::with_capacity(needed);
         while taken.len() < needed {
-            match slots.iter().position(|s| s.state() == MAPPED) {
-                Some(i) => taken.push(slots.swap_remove(i)),
-                None => taken.push(self.new_slot(slots.len() + self.reserved.get() + taken.len())?),
-            }
+            let i = slots.iter().position(|s| s.state() == MAPPED).expect("counted");
+            taken.push(slots.swap_remove(i));
         }
         drop(slots);
         self.reserved.set(self.reserved.get() + taken.len());
