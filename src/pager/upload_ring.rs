@@ -248,9 +248,10 @@ impl UploadRing {
 
     /// Starts filling free slots with `src` (the host bytes of `owner`, length a multiple of 4),
     /// to be used by its next [`UploadRing::upload`]. Never waits, makes no slots and never takes
-    /// more than half the ring, so uploads needed now always find slots; false when it did not fill (already
-    /// filled, too few slots free, or a ring that may not block: the browser's). The host bytes
-    /// must stay as they are until then, or be announced with [`UploadRing::wait_fills_for`].
+    /// more than half the ring, so uploads needed now always find slots; false when it did not
+    /// fill (already filled, too few slots free, or a ring that may not block: the browser's).
+    /// The host bytes must stay as they are until then, or be announced with
+    /// [`UploadRing::wait_fills_for`].
     pub fn prefill(&self, owner: TensorId, src: &[u8]) -> Result<bool> {
         let needed = src.len().div_ceil(self.slot_bytes as usize).max(1);
         if !self.may_block || self.prefilled.borrow().contains_key(&owner) {
@@ -272,8 +273,18 @@ impl UploadRing {
         drop(slots);
         self.reserved.set(self.reserved.get() + taken.len());
         let mut filled = Vec::with_capacity(needed);
-        for (slot, chunk) in taken.into_iter().zip(src.chunks(self.slot_bytes as usize)) {
-            filled.push(self.start_fill(slot, Some(owner), chunk)?);
+        let mut chunks = src.chunks(self.slot_bytes as usize);
+        while let Some(slot) = taken.pop() {
+            match self.start_fill(slot.clone(), Some(owner), chunks.next().unwrap_or_default()) {
+                Ok(f) => filled.push(f),
+                Err(e) => {
+                    // The slots go back as they are (a failed one's map is the next user's error).
+                    self.give_back(filled);
+                    self.reserved.set(self.reserved.get() - taken.len() - 1);
+                    self.slots.borrow_mut().extend(taken.into_iter().chain([slot]));
+                    return Err(e);
+                }
+            }
         }
         self.prefilled.borrow_mut().insert(owner, filled);
         Ok(true)
