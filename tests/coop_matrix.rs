@@ -290,3 +290,29 @@ fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     let want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, false, false, false, 1.0);
     assert_close("automatic f16 product", &gc.read(&ctx), &want, 1e-4, 1e-3);
 }
+
+#[test]
+fn a_linear_backward_reading_its_weight_transposed_matches_reference() {
+    // dX = dY · Wᵀ of an f16 linear with enough rows that the product reads a transposed copy
+    // of W (NN) instead of W transposed (NT); odd sizes, so both tails are partial tiles.
+    let ctx = ctx();
+    if !has_coop(&ctx) {
+        return;
+    }
+    let mut rng = Rng::new(53);
+    let (m, k, n) = (1030, 40, 77);
+    let x = randn(&mut rng, m * k, 1.0);
+    let w = round_f16(&randn(&mut rng, k * n, 1.0));
+    let dy = round_f16(&randn(&mut rng, m * n, 1.0));
+    let xt = ctx.from_f32("x", &[m, k], &x, true).unwrap();
+    let xh = pagetrain::ops::cast(&ctx, &xt, DType::F16).unwrap();
+    let wh = pagetrain::ops::cast(&ctx, &ctx.from_f32("w", &[k, n], &w, false).unwrap(), DType::F16).unwrap();
+    let y = pagetrain::ops::linear(&ctx, &xh, &wh, None).unwrap();
+    let dyh = pagetrain::ops::cast(&ctx, &ctx.from_f32("dy", &[m, n], &dy, false).unwrap(), DType::F16).unwrap();
+    let mut grads = pagetrain::autograd::Grads::new();
+    ctx.backward_from(&y, &dyh, &mut grads).unwrap();
+    let dx = pollster::block_on(ctx.to_f32(&grads.get(&xt).unwrap())).unwrap();
+    // dX (m, k) = dY (m, n) · Wᵀ: W stored (k, n) is B stored (N, K) read transposed.
+    let want = r::matmul_forward(&to64(&dy), &to64(&w), None, 1, m, k, n, false, true, false, 1.0);
+    assert_close("linear backward dX, f16 on cooperative matrices", &dx, &want, 2e-3, 1e-3 * (n as f64).sqrt());
+}

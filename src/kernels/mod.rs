@@ -25,6 +25,7 @@ mod profile;
 pub mod reduce;
 pub mod softmax;
 pub mod sumsq;
+pub mod transpose;
 mod tuning;
 
 use std::cell::RefCell;
@@ -110,6 +111,7 @@ pub const OPTIM: Shader = shader!("optim", optim::Params);
 pub const REDUCE: Shader = shader!("reduce", reduce::Params);
 pub const SOFTMAX: Shader = shader!("softmax", softmax::Params);
 pub const SUMSQ: Shader = shader!("sumsq", sumsq::Params);
+pub const TRANSPOSE: Shader = shader!("transpose", transpose::Params, true, "");
 
 /// How one compiled variant of a family differs from another. Kernels that can read or write f16
 /// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
@@ -168,6 +170,7 @@ pub const ALL: &[Shader] = &[
     REDUCE,
     SOFTMAX,
     SUMSQ,
+    TRANSPOSE,
 ];
 
 /// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).

@@ -162,7 +162,13 @@ impl Backward for MatmulBackward {
             if !ta {
                 // dA (M,K) = dC (M,N) · op(B)ᵀ
                 let gg = Gemm { m: g.m, n: g.k, k: g.n, trans_a: false, trans_b: !tb, ..base };
-                k::matmul(&ctx.kernels, &dav, &dcv, &bv, None, &dummy, gg)?;
+                match transposed_for_coop(ctx, &self.b, &dcv, &bv, gg)? {
+                    Some(bt) => {
+                        let gg = Gemm { trans_b: false, ..gg };
+                        k::matmul(&ctx.kernels, &dav, &dcv, &ctx.read(&bt)?, None, &dummy, gg)?;
+                    }
+                    None => k::matmul(&ctx.kernels, &dav, &dcv, &bv, None, &dummy, gg)?,
+                }
             } else {
                 // dA (K,M) = op(B) (K,N) · dCᵀ
                 let gg = Gemm { m: g.k, n: g.m, k: g.n, trans_a: tb, trans_b: true, ..base };
@@ -200,4 +206,32 @@ impl Backward for MatmulBackward {
         }
         Ok(())
     }
+}
+
+/// Largest B copied transposed by [`transposed_for_coop`]: GPT-2 XL's largest weight (1600 ×
+/// 6400 f16, 20 MB) fits; the head's embedding (50257 rows) does not.
+const TRANSPOSED_COPY_MAX_BYTES: usize = 32 << 20;
+
+/// Where `matmul_coop` would read B transposed (`g` NT, one batch, B stored (N, K)), a copy of B
+/// stored (K, N), so the product runs NN: on the H200 `matmul_coop` multiplies 4096³ NN at 148
+/// TFLOP/s and NT at 106. The copy moves 4 bytes an element of B once; the product reads each
+/// element M / 128 times. `None` elsewhere, for products too short to pay for it, or with
+/// `PAGETRAIN_NT_COPY=0` (for measuring).
+fn transposed_for_coop(
+    ctx: &Context,
+    b: &Tensor,
+    av: &crate::pager::View,
+    bv: &crate::pager::View,
+    g: Gemm,
+) -> Result<Option<Tensor>> {
+    let coop = k::for_operands(&ctx.kernels, k::pick(ctx.kernels.tuning.matmul, &g), av, bv)
+        == crate::kernels::MatmulVariant::Coop;
+    let bytes = g.n * g.k * b.dtype().size();
+    let wanted = std::env::var("PAGETRAIN_NT_COPY").map_or(true, |v| v != "0");
+    if !wanted || !coop || g.trans_a || !g.trans_b || g.batch != 1 || g.m < 1024 || bytes > TRANSPOSED_COPY_MAX_BYTES {
+        return Ok(None);
+    }
+    let bt = ctx.empty("matmul operand transposed", &[g.k, g.n], b.dtype(), false)?;
+    crate::kernels::transpose::transpose(&ctx.kernels, &ctx.write(&bt)?, bv, g.n, g.k)?;
+    Ok(Some(bt))
 }

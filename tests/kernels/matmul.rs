@@ -328,3 +328,32 @@ fn int8_weight_matmul_matches_reference_on_dequantized_weights() {
         }
     }
 }
+
+#[test]
+fn transpose_matches_the_reference_on_awkward_shapes_in_f32_and_f16() {
+    use pagetrain::DType;
+    let ctx = ctx();
+    let mut rng = Rng::new(71);
+    let f16 = common::has_f16(&ctx);
+    for (rows, cols) in [(1, 1), (1, 37), (33, 1), (31, 33), (65, 96), (128, 7), (200, 131)] {
+        let x = randn(&mut rng, rows * cols, 1.0);
+        // The reference of x (rows, cols): element (c, r) of the result is x[r * cols + c].
+        let want =
+            |x: &[f32]| -> Vec<f64> { (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows] as f64).collect() };
+        let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
+        for (dout, din) in dtypes.iter().flat_map(|&a| dtypes.iter().map(move |&b| (a, b))) {
+            let gx = Guarded::of(&ctx, din, x.len(), Some(&x));
+            let out = Guarded::of(&ctx, dout, x.len(), None);
+            kernels::transpose::transpose(&ctx.kernels, &out.view(), &gx.view(), rows, cols).unwrap();
+            // An f16 side holds x rounded to f16: the transpose itself is exact.
+            let rounded = if din == DType::F16 || dout == DType::F16 { common::round_f16(&x) } else { x.clone() };
+            assert_close(
+                &format!("transpose {rows}x{cols} {din:?} -> {dout:?}"),
+                &out.read(&ctx),
+                &want(&rounded),
+                0.0,
+                0.0,
+            );
+        }
+    }
+}
