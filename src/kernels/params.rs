@@ -89,6 +89,7 @@ mod tests {
             (REDUCE, rust!(reduce::Params)),
             (SOFTMAX, rust!(softmax::Params)),
             (SUMSQ, rust!(sumsq::Params)),
+            (TRANSPOSE, rust!(transpose::Params)),
         ];
         assert_eq!(families.len(), ALL.len(), "a family is missing from this check");
         let wrong: Vec<String> = families
