@@ -40,6 +40,25 @@ fn output(ctx: &Context, tensors: &mut Vec<(Tensor, Vec<f32>)>, n: usize, avoid:
     }
 }
 
+/// `c = alpha · a` on the GPU and in the model (tensors of equal length).
+fn scale(ctx: &Context, tensors: &mut [(Tensor, Vec<f32>)], a: usize, c: usize, alpha: f32) {
+    let n = tensors[a].1.len();
+    let _op = ctx.op();
+    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
+    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
+    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+}
+
+/// `c = a + b` on the GPU and in the model (tensors of equal length).
+fn add(ctx: &Context, tensors: &mut [(Tensor, Vec<f32>)], a: usize, b: usize, c: usize) {
+    let n = tensors[a].1.len();
+    let _op = ctx.op();
+    let (out, x, y) =
+        (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap(), ctx.read(&tensors[b].0).unwrap());
+    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
+    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
+}
+
 /// Runs `ops` against the pager and a `HashMap` model. GPU ops are exact in f32 (a scale by a
 /// power of two, an add), so contents must match bit for bit.
 fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&std::path::Path>) {
@@ -63,10 +82,7 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
                     let n = tensors[a].1.len();
                     let c = output(ctx, &mut tensors, n, &[a], b);
                     let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
-                    let _op = ctx.op();
-                    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
-                    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
-                    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+                    scale(ctx, &mut tensors, a, c, alpha);
                 }
             }
             Op::Add(a, b, c) => {
@@ -75,14 +91,7 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
                     let same: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].1.len() == n).collect();
                     let b = same[b % same.len()];
                     let c = output(ctx, &mut tensors, n, &[a, b], c);
-                    let _op = ctx.op();
-                    let (out, x, y) = (
-                        ctx.write(&tensors[c].0).unwrap(),
-                        ctx.read(&tensors[a].0).unwrap(),
-                        ctx.read(&tensors[b].0).unwrap(),
-                    );
-                    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
-                    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
+                    add(ctx, &mut tensors, a, b, c);
                 }
             }
             Op::Read(a) => {
@@ -168,25 +177,13 @@ fn run_steps_against_model(
                     let a = a % k;
                     let Some(c) = other(&tensors, a, &[], c) else { continue };
                     let alpha = [0.5f32, 2.0, -1.0, 0.25][s as usize % 4];
-                    let n = tensors[a].1.len();
-                    let _op = ctx.op();
-                    let (out, x) = (ctx.write(&tensors[c].0).unwrap(), ctx.read(&tensors[a].0).unwrap());
-                    elementwise::scale_forward(&ctx.kernels, &out, &x, alpha, n).unwrap();
-                    tensors[c].1 = tensors[a].1.iter().map(|v| v * alpha).collect();
+                    scale(ctx, &mut tensors, a, c, alpha);
                 }
                 StepOp::Add(a, b, c) => {
                     let a = a % k;
                     let Some(b) = other(&tensors, a, &[], b) else { continue };
                     let Some(c) = other(&tensors, a, &[b], c) else { continue };
-                    let n = tensors[a].1.len();
-                    let _op = ctx.op();
-                    let (out, x, y) = (
-                        ctx.write(&tensors[c].0).unwrap(),
-                        ctx.read(&tensors[a].0).unwrap(),
-                        ctx.read(&tensors[b].0).unwrap(),
-                    );
-                    elementwise::add_forward(&ctx.kernels, &out, &x, &y, n).unwrap();
-                    tensors[c].1 = tensors[a].1.iter().zip(&tensors[b].1).map(|(x, y)| x + y).collect();
+                    add(ctx, &mut tensors, a, b, c);
                 }
                 StepOp::Write(a, seed) => {
                     let a = a % k;
