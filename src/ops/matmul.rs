@@ -6,7 +6,7 @@ use crate::autograd::{Backward, Grads};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as k, Gemm};
-use crate::kernels::reduce;
+use crate::kernels::{reduce, MatmulVariant};
 use crate::tensor::{DType, Tensor};
 
 /// Options of [`matmul`].
@@ -224,11 +224,15 @@ fn transposed_for_coop(
     bv: &crate::pager::View,
     g: Gemm,
 ) -> Result<Option<Tensor>> {
-    let coop = k::for_operands(&ctx.kernels, k::pick(ctx.kernels.tuning.matmul, &g), av, bv)
-        == crate::kernels::MatmulVariant::Coop;
+    let variant = k::for_operands(&ctx.kernels, k::pick(ctx.kernels.tuning.matmul, &g), av, bv);
+    let wanted = match std::env::var("PAGETRAIN_NT_COPY").as_deref() {
+        Ok("0") => false,
+        // (for measuring: f32 products on `matmul_large` too)
+        Ok("2") => matches!(variant, MatmulVariant::Coop | MatmulVariant::Large | MatmulVariant::Narrow),
+        _ => variant == MatmulVariant::Coop,
+    };
     let bytes = g.n * g.k * b.dtype().size();
-    let wanted = std::env::var("PAGETRAIN_NT_COPY").map_or(true, |v| v != "0");
-    if !wanted || !coop || g.trans_a || !g.trans_b || g.batch != 1 || g.m < 1024 || bytes > TRANSPOSED_COPY_MAX_BYTES {
+    if !wanted || g.trans_a || !g.trans_b || g.batch != 1 || g.m < 1024 || bytes > TRANSPOSED_COPY_MAX_BYTES {
         return Ok(None);
     }
     let bt = ctx.empty("matmul operand transposed", &[g.k, g.n], b.dtype(), false)?;
