@@ -216,7 +216,7 @@ const TRANSPOSED_COPY_MAX_BYTES: usize = 32 << 20;
 /// stored (K, N), so the product runs NN: on the H200 `matmul_coop` multiplies 4096³ NN at 148
 /// TFLOP/s and NT at 106. The copy moves 4 bytes an element of B once; the product reads each
 /// element M / 128 times. `None` elsewhere, for products too short to pay for it, or with
-/// `PAGETRAIN_NT_COPY=0` (for measuring).
+/// `PAGETRAIN_NT_COPY=0` (for measuring; `=2` copies for f32 products on `matmul_large` too).
 fn transposed_for_coop(
     ctx: &Context,
     b: &Tensor,

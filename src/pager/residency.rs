@@ -2,11 +2,11 @@
 //! evicting by the plan, writing dirty victims back), delivering write-backs, prefetching.
 
 use super::pool::Taken;
+use super::staging::Job;
+use super::*;
 
 /// How many prefetch windows ahead the upload ring's slots are filled.
 const PREFILL_LOOKAHEAD: usize = 2;
-use super::staging::Job;
-use super::*;
 
 /// Where a write-back job's bytes go in the host store (`None`: the tensor is gone). The range
 /// stays the job's alone until it is finished: the pager settles a tensor's jobs before it reads,
@@ -401,6 +401,14 @@ impl State {
         self.diverged = false;
     }
 
+    /// The tensor a key of the plan stands for in this step (`None`: not made yet).
+    fn tensor_of(&self, key: Key) -> Option<TensorId> {
+        match key {
+            Key::Persistent(id) => Some(id),
+            Key::Step(n) => self.step_ids.get(n as usize).copied(),
+        }
+    }
+
     /// Uploads tensors the next accesses will read while there is free room (no evictions),
     /// and asks the OS to read their host pages ahead.
     pub(super) fn prefetch(&mut self, device: &wgpu::Device, recorder: &Recorder) -> Result<()> {
@@ -413,10 +421,7 @@ impl State {
         let cursor = self.trace.len();
         let wanted: Vec<TensorId> = (cursor..cursor + self.prefetch_window)
             .filter_map(|i| future.at(i))
-            .filter_map(|key| match key {
-                Key::Persistent(id) => Some(id),
-                Key::Step(n) => self.step_ids.get(n as usize).copied(),
-            })
+            .filter_map(|key| self.tensor_of(key))
             .collect();
         for id in wanted {
             let Some(e) = self.entries.get(&id) else {
@@ -459,11 +464,7 @@ impl State {
         }
         let cursor = self.trace.len();
         for i in cursor..(cursor + PREFILL_LOOKAHEAD * self.prefetch_window).min(future.len()) {
-            let id = match future.at(i) {
-                Some(Key::Persistent(id)) => Some(id),
-                Some(Key::Step(n)) => self.step_ids.get(n as usize).copied(),
-                None => None,
-            };
+            let id = future.at(i).and_then(|key| self.tensor_of(key));
             let Some((id, e)) = id.and_then(|id| Some((id, self.entries.get(&id)?))) else { continue };
             let wanted = e.gpu.is_none()
                 && e.contents == Contents::Host
@@ -475,6 +476,7 @@ impl State {
             if wanted {
                 let len = e.copy_len() as usize;
                 let Ok(bytes) = self.store.bytes(&e.host) else { return };
+                // A slot that fails to map fails again, with its error, at the upload itself.
                 if !matches!(self.upload.prefill(id, &bytes[..len]), Ok(true)) {
                     return;
                 }
