@@ -216,7 +216,8 @@ const TRANSPOSED_COPY_MAX_BYTES: usize = 32 << 20;
 /// stored (K, N), so the product runs NN: on the H200 `matmul_coop` multiplies 4096³ NN at 148
 /// TFLOP/s and NT at 106. The copy moves 4 bytes an element of B once; the product reads each
 /// element M / 128 times. `None` elsewhere, for products too short to pay for it, or with
-/// `PAGETRAIN_NT_COPY=0` (for measuring; `=2` copies for f32 products on `matmul_large` too).
+/// `PAGETRAIN_NT_COPY=0` (for measuring). f32 products on `matmul_large` are not copied: there
+/// NT is within 7 % of NN and the f32 GPT-2 step got 0.4 % slower with the copy.
 fn transposed_for_coop(
     ctx: &Context,
     b: &Tensor,
@@ -225,12 +226,7 @@ fn transposed_for_coop(
     g: Gemm,
 ) -> Result<Option<Tensor>> {
     let variant = k::for_operands(&ctx.kernels, k::pick(ctx.kernels.tuning.matmul, &g), av, bv);
-    let wanted = match std::env::var("PAGETRAIN_NT_COPY").as_deref() {
-        Ok("0") => false,
-        // (for measuring: f32 products on `matmul_large` too)
-        Ok("2") => matches!(variant, MatmulVariant::Coop | MatmulVariant::Large | MatmulVariant::Narrow),
-        _ => variant == MatmulVariant::Coop,
-    };
+    let wanted = variant == MatmulVariant::Coop && std::env::var("PAGETRAIN_NT_COPY").as_deref() != Ok("0");
     let bytes = g.n * g.k * b.dtype().size();
     if !wanted || g.trans_a || !g.trans_b || g.batch != 1 || g.m < 1024 || bytes > TRANSPOSED_COPY_MAX_BYTES {
         return Ok(None);
