@@ -119,6 +119,8 @@ fn install_headless(
     let mut phase = Phase::Training;
     let saved: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
     let shot_done = Arc::new(AtomicBool::new(false));
+    let shooting = Arc::new(AtomicBool::new(false));
+    let mut waker_started = false;
     let request = {
         let (saved, path) = (saved.clone(), path.clone());
         move |ctx: &egui::Context| {
@@ -132,18 +134,25 @@ fn install_headless(
     };
     app.set_after_frame(move |app, ctx| match phase {
         Phase::Training => {
+            if !waker_started {
+                keep_waking(ctx.clone(), device.clone(), shooting.clone(), shot_done.clone());
+                waker_started = true;
+            }
             let ended = matches!(app.dash.status, RunStatus::Finished | RunStatus::Failed(_) | RunStatus::Stopped);
             if app.dash.status == RunStatus::Running && app.dash.last_step() >= steps {
+                eprintln!("studio: step {} reached; pausing the run", app.dash.last_step());
                 app.send(Command::Pause);
                 phase = Phase::Pausing;
             } else if ended {
+                eprintln!("studio: the run ended at step {}", app.dash.last_step());
                 phase = Phase::Pausing;
             }
         }
         Phase::Pausing => {
             if app.dash.status != RunStatus::Running {
+                eprintln!("studio: taking the screenshot");
                 request(ctx);
-                keep_waking(ctx.clone(), device.clone(), shot_done.clone());
+                shooting.store(true, Ordering::Relaxed);
                 phase = Phase::Shooting { since: Instant::now(), tries: 1 };
             }
         }
@@ -187,18 +196,27 @@ fn install_headless(
     });
 }
 
-/// Until `done`, polls the window's device and wakes the UI every 100 ms. The picture is read back
-/// through a buffer mapping, which completes only when the device is polled, and egui polls it
-/// only as a side effect of its next submission: a surface that keeps timing out (as under Xvfb)
-/// submits nothing, and a UI with nothing to repaint runs no frame to see the picture arrive.
-fn keep_waking(ctx: egui::Context, device: Option<wgpu::Device>, done: Arc<AtomicBool>) {
+/// Until `done`, wakes the UI every second, and every 100 ms once `shooting`, polling the window's
+/// device. The run's own repaint requests are not enough to finish a headless run: eframe 0.37
+/// drops a request as outdated when two passes ran since it was made (egui runs a second pass
+/// whenever a layout changes), and a run that then finishes sends no more. The picture is read back through a buffer
+/// mapping, which completes only when the device is polled, and egui polls it only as a side
+/// effect of its next submission: a surface that keeps timing out (as under Xvfb) submits
+/// nothing. Once a second while training: on llvmpipe a frame takes ~0.2 s of both cores.
+fn keep_waking(ctx: egui::Context, device: Option<wgpu::Device>, shooting: Arc<AtomicBool>, done: Arc<AtomicBool>) {
     std::thread::spawn(move || {
+        let mut last_wake = Instant::now();
         while !done.load(Ordering::Relaxed) {
-            if let Some(device) = &device {
-                let _ = device.poll(wgpu::PollType::Poll);
+            std::thread::sleep(Duration::from_millis(100));
+            if shooting.load(Ordering::Relaxed) {
+                if let Some(device) = &device {
+                    let _ = device.poll(wgpu::PollType::Poll);
+                }
+            } else if last_wake.elapsed() < Duration::from_secs(1) {
+                continue;
             }
             ctx.request_repaint();
-            std::thread::sleep(Duration::from_millis(100));
+            last_wake = Instant::now();
         }
     });
 }
