@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::recorder::Recorder;
 use crate::tensor::TensorId;
 
+/// The smallest readback slot made is this fraction of the largest (64 KiB of 8 MiB), and at
+/// least 256 bytes.
+const SMALLEST_SLOT_FRACTION: u64 = 128;
+
 /// A chunk of a tensor on its way to the host.
 #[derive(Clone, Copy, Debug)]
 pub struct Job {
@@ -39,9 +43,13 @@ struct Busy {
 pub struct ReadbackRing {
     device: wgpu::Device,
     copier: Arc<Copier>,
-    /// Slots made so far (grown on demand up to `max`).
+    /// Slots made so far (grown on demand up to `max`), and their bytes.
     made: Cell<usize>,
+    made_bytes: Cell<u64>,
     max: usize,
+    /// The largest slot; a slot is made the size of the first chunk it carries (rounded up to a
+    /// power of two, at least [`SMALLEST_SLOT_FRACTION`] of this): a model of small tensors does not hold `max`
+    /// slots of `slot_bytes` (the studio's tiny model at a 2 MiB budget held 128 of 8 MiB).
     slot_bytes: u64,
     /// Slots holding a job, oldest first.
     busy: RefCell<VecDeque<Busy>>,
@@ -57,6 +65,7 @@ impl ReadbackRing {
             device: device.clone(),
             copier,
             made: Cell::new(0),
+            made_bytes: Cell::new(0),
             max: max.max(1),
             free: RefCell::new(Vec::new()),
             slot_bytes,
@@ -96,26 +105,7 @@ impl ReadbackRing {
         self.start_ready(recorder, target)?;
         while done < len {
             let n = (len - done).min(self.slot_bytes);
-            if self.free.borrow().is_empty() {
-                self.reap()?;
-            }
-            if self.free.borrow().is_empty() {
-                if self.made.get() < self.max || !self.may_block {
-                    let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-                    let slot = Slot::new(
-                        &self.device,
-                        &format!("readback ring {}", self.made.get()),
-                        self.slot_bytes,
-                        usage,
-                        false,
-                    );
-                    self.made.set(self.made.get() + 1);
-                    self.free.borrow_mut().push(slot);
-                } else {
-                    stalled += self.finish_oldest(recorder, target)?;
-                }
-            }
-            let slot = self.free.borrow_mut().pop().expect("a slot was freed above");
+            let slot = self.slot_for(n, recorder, target, &mut stalled)?;
             recorder.record(|enc| enc.copy_buffer_to_buffer(src, src_offset + done, &slot.buffer, 0, n));
             slot.remap_after_submit(recorder, wgpu::MapMode::Read);
             self.busy.borrow_mut().push_back(Busy { slot, job: Job { tensor, offset: done, len: n }, delivery: None });
@@ -123,6 +113,48 @@ impl ReadbackRing {
             done += n;
         }
         Ok(stalled)
+    }
+
+    /// A free slot of at least `n` bytes: one already free, else a new one while below `max` (or
+    /// where the ring may not block), else one made in place of a free slot too small, else the
+    /// oldest job's slot once it is finished (the seconds waited go to `stalled`).
+    fn slot_for(&self, n: u64, recorder: &Recorder, target: Target, stalled: &mut f64) -> Result<Rc<Slot>> {
+        loop {
+            if let Some(slot) = self.take_free(n) {
+                return Ok(slot);
+            }
+            self.reap()?;
+            if let Some(slot) = self.take_free(n) {
+                return Ok(slot);
+            }
+            if self.made.get() < self.max || !self.may_block {
+                return Ok(self.new_slot(n));
+            }
+            let too_small = self.free.borrow_mut().pop();
+            if let Some(small) = too_small {
+                self.made.set(self.made.get() - 1);
+                self.made_bytes.set(self.made_bytes.get() - small.buffer.size());
+                return Ok(self.new_slot(n));
+            }
+            *stalled += self.finish_oldest(recorder, target)?;
+        }
+    }
+
+    /// The smallest free slot that holds `n` bytes.
+    fn take_free(&self, n: u64) -> Option<Rc<Slot>> {
+        let mut free = self.free.borrow_mut();
+        let i = (0..free.len()).filter(|&i| free[i].buffer.size() >= n).min_by_key(|&i| free[i].buffer.size())?;
+        Some(free.swap_remove(i))
+    }
+
+    fn new_slot(&self, n: u64) -> Rc<Slot> {
+        let smallest = (self.slot_bytes / SMALLEST_SLOT_FRACTION).max(256);
+        let bytes = n.next_power_of_two().max(smallest).min(self.slot_bytes).max(n);
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let slot = Slot::new(&self.device, &format!("readback ring {}", self.made.get()), bytes, usage, false);
+        self.made.set(self.made.get() + 1);
+        self.made_bytes.set(self.made_bytes.get() + bytes);
+        slot
     }
 
     /// Starts the delivery of `b` (its slot is mapped).
@@ -244,7 +276,7 @@ impl ReadbackRing {
 
     /// Bytes of staging buffers made so far.
     pub fn held_bytes(&self) -> u64 {
-        self.made.get() as u64 * self.slot_bytes
+        self.made_bytes.get()
     }
 
     /// Whether bytes of `tensor` are still on their way to the host (copied or being delivered).

@@ -193,3 +193,39 @@ fn a_tensor_expecting_a_host_update_is_not_prefetched_and_reads_its_new_bytes() 
     assert!(plain >= 1, "without the hint `b` is prefetched: {plain}");
     assert!(hinted < plain, "with it, `b` is left alone: {hinted} prefetches vs {plain}");
 }
+
+#[test]
+fn write_back_slots_fit_the_tensors_they_carry() {
+    // Small tensors written back take small readback slots, not `slot_bytes` each (a tiny model
+    // held 128 slots of 8 MiB); a chunk larger than every free slot of a full ring still goes.
+    let slot = 64u64 << 10;
+    let ctx = Context::with_store(
+        gpu(),
+        Box::new(MemStore::new()),
+        &PagerOptions { budget: Some(1 << 20), readback_slots: 4, slot_bytes: slot, ..opts(1 << 20, Policy::Belady) },
+    );
+    let written_on_gpu = |name: &str, seed: u32, n: usize| {
+        let src = ctx.from_f32(name, &[n], &values(seed, n), false).unwrap();
+        let t = ctx.zeros(name, &[n], false).unwrap();
+        {
+            let _op = ctx.op();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&t).unwrap(), &ctx.read(&src).unwrap(), 0.5, n).unwrap();
+        }
+        ctx.pager.evict(t.id()).unwrap();
+        let want: Vec<f32> = values(seed, n).iter().map(|v| v * 0.5).collect();
+        (t, want)
+    };
+    let small: Vec<_> = (0..40).map(|i| written_on_gpu("small", i, 1000)).collect();
+    ctx.sync().unwrap();
+    let (_, back, _) = ctx.pager.staging_bytes();
+    assert!(back > 0 && back <= 4 * 4096, "40 write-backs of 4000 B held {back} B of readback slots");
+    let big = written_on_gpu("big", 99, 16_000);
+    ctx.sync().unwrap();
+    let (_, back, _) = ctx.pager.staging_bytes();
+    assert!(back >= slot && back <= 3 * 4096 + slot, "a free small slot made room for the 64000 B chunk: {back} B");
+    assert!(ctx.pager.counters().writebacks >= 41, "{:?}", ctx.pager.counters());
+    for (i, (t, want)) in small.iter().chain([&big]).enumerate() {
+        assert_eq!(location(&ctx, t), pagetrain::pager::Location::HostRam, "tensor {i} was written back");
+        assert_same(&format!("tensor {i} after its write-back"), &read(&ctx, t), want);
+    }
+}
