@@ -209,7 +209,8 @@ fn write_back_slots_fit_the_tensors_they_carry() {
         let t = ctx.zeros(name, &[n], false).unwrap();
         {
             let _op = ctx.op();
-            elementwise::scale_forward(&ctx.kernels, &ctx.write(&t).unwrap(), &ctx.read(&src).unwrap(), 0.5, n).unwrap();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&t).unwrap(), &ctx.read(&src).unwrap(), 0.5, n)
+                .unwrap();
         }
         ctx.pager.evict(t.id()).unwrap();
         let want: Vec<f32> = values(seed, n).iter().map(|v| v * 0.5).collect();
