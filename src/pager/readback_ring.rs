@@ -8,15 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::copier::{Copier, Ticket};
-use super::staging::{MapWait, Slot, IDLE, MAPPED};
+use super::staging::{slot_bytes_for, smallest_free, MapWait, Slot, IDLE, MAPPED};
 use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
 use crate::tensor::TensorId;
-
-/// The smallest readback slot made is this fraction of the largest (64 KiB of 8 MiB), and at
-/// least 256 bytes.
-const SMALLEST_SLOT_FRACTION: u64 = 128;
 
 /// A chunk of a tensor on its way to the host.
 #[derive(Clone, Copy, Debug)]
@@ -47,9 +43,8 @@ pub struct ReadbackRing {
     made: Cell<usize>,
     made_bytes: Cell<u64>,
     max: usize,
-    /// The largest slot; a slot is made the size of the first chunk it carries (rounded up to a
-    /// power of two, at least [`SMALLEST_SLOT_FRACTION`] of this): a model of small tensors does not hold `max`
-    /// slots of `slot_bytes` (the studio's tiny model at a 2 MiB budget held 128 of 8 MiB).
+    /// The largest chunk; a slot is made the size of the first chunk it carries
+    /// ([`slot_bytes_for`]).
     slot_bytes: u64,
     /// Slots holding a job, oldest first.
     busy: RefCell<VecDeque<Busy>>,
@@ -143,13 +138,12 @@ impl ReadbackRing {
     /// The smallest free slot that holds `n` bytes.
     fn take_free(&self, n: u64) -> Option<Rc<Slot>> {
         let mut free = self.free.borrow_mut();
-        let i = (0..free.len()).filter(|&i| free[i].buffer.size() >= n).min_by_key(|&i| free[i].buffer.size())?;
+        let i = smallest_free(&free, n, |_| true)?;
         Some(free.swap_remove(i))
     }
 
     fn new_slot(&self, n: u64) -> Rc<Slot> {
-        let smallest = (self.slot_bytes / SMALLEST_SLOT_FRACTION).max(256);
-        let bytes = n.next_power_of_two().max(smallest).min(self.slot_bytes).max(n);
+        let bytes = slot_bytes_for(n, self.slot_bytes);
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let slot = Slot::new(&self.device, &format!("readback ring {}", self.made.get()), bytes, usage, false);
         self.made.set(self.made.get() + 1);

@@ -41,6 +41,18 @@ pub(super) const MAPPING: u8 = 2; // map_async issued, not yet done
 pub(super) const MAPPED: u8 = 3; // map done: ready to fill (upload) / to deliver (readback)
 pub(super) const FAILED: u8 = 4;
 
+/// Bytes of a slot made for a chunk of `n` bytes in a ring whose chunks are at most `largest`:
+/// the next power of two, at least 1/128 of `largest` (64 KiB of 8 MiB) and 256 B. A ring of
+/// `largest`-sized slots for a model of small tensors held up to 1 GiB each way.
+pub(super) fn slot_bytes_for(n: u64, largest: u64) -> u64 {
+    n.next_power_of_two().max((largest / 128).max(256)).min(largest).max(n)
+}
+
+/// The smallest of `slots` that is free (mapped, for uploads) and holds `n` bytes.
+pub(super) fn smallest_free(slots: &[Rc<Slot>], n: u64, free: impl Fn(&Slot) -> bool) -> Option<usize> {
+    (0..slots.len()).filter(|&i| free(&slots[i]) && slots[i].buffer.size() >= n).min_by_key(|&i| slots[i].buffer.size())
+}
+
 pub(super) struct Slot {
     pub(super) buffer: wgpu::Buffer,
     /// Pinned host memory (Vulkan): mapped for the slot's whole life, never by wgpu; it is free

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::copier::{Copier, Ticket};
-use super::staging::{MapWait, Slot, MAPPED};
+use super::staging::{slot_bytes_for, smallest_free, MapWait, Slot, MAPPED};
 use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::recorder::Recorder;
@@ -30,6 +30,8 @@ pub struct UploadRing {
     /// Grown on demand up to `max`: a ring that is busy gets another slot before anyone waits.
     slots: RefCell<Vec<Rc<Slot>>>,
     max: usize,
+    /// The largest chunk; a slot is made the size of the first chunk it carries
+    /// ([`slot_bytes_for`]).
     slot_bytes: u64,
     next: Cell<usize>,
     /// New slots come from pinned host memory (DMA uploads) instead of `MAP_WRITE` buffers.
@@ -121,36 +123,50 @@ impl UploadRing {
         false
     }
 
-    fn new_slot(&self, index: usize) -> Result<Rc<Slot>> {
+    /// A new slot for a chunk of `n` bytes, ready to fill.
+    fn new_slot(&self, index: usize, n: u64) -> Result<Rc<Slot>> {
         let label = format!("upload ring {index}");
+        let bytes = slot_bytes_for(n, self.slot_bytes);
         #[cfg(vulkan_hal)]
         if let Some(alloc) = &self.pinned {
-            return Slot::pinned(alloc, &label, self.slot_bytes);
+            return Slot::pinned(alloc, &label, bytes);
         }
         let usage = wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC;
-        Ok(Slot::new(&self.device, &label, self.slot_bytes, usage, true))
+        Ok(Slot::new(&self.device, &label, bytes, usage, true))
     }
 
-    /// A slot ready to fill: a mapped one, else a new one while below `max`, else the next in
-    /// turn (waited for; `None` where the ring may not block). Returns it and the seconds waited.
-    fn acquire(&self, recorder: &Recorder) -> Result<Option<(Rc<Slot>, f64)>> {
+    /// A slot ready to fill with `n` bytes: the smallest mapped one that holds them, else a new
+    /// one while below `max`, else a new one in place of a mapped one too small, else the next in
+    /// turn (waited for, and remade larger if too small; `None` where the ring may not block).
+    /// Returns it and the seconds waited.
+    fn acquire(&self, recorder: &Recorder, n: u64) -> Result<Option<(Rc<Slot>, f64)>> {
         recorder.poll();
         let mut slots = self.slots.borrow_mut();
-        if let Some(slot) = slots.iter().find(|s| s.state() == MAPPED) {
-            return Ok(Some((slot.clone(), 0.0)));
+        if let Some(i) = smallest_free(&slots, n, |s| s.state() == MAPPED) {
+            return Ok(Some((slots[i].clone(), 0.0)));
         }
         if slots.len() + self.reserved.get() < self.max {
-            let slot = self.new_slot(slots.len() + self.reserved.get())?;
+            let slot = self.new_slot(slots.len() + self.reserved.get(), n)?;
             slots.push(slot.clone());
             return Ok(Some((slot, 0.0)));
+        }
+        if let Some(i) = slots.iter().position(|s| s.state() == MAPPED) {
+            slots[i] = self.new_slot(i, n)?;
+            return Ok(Some((slots[i].clone(), 0.0)));
         }
         if !self.may_block || slots.is_empty() {
             return Ok(None);
         }
-        let slot = slots[self.next.get() % slots.len()].clone();
-        self.next.set((self.next.get() + 1) % slots.len());
+        let i = self.next.get() % slots.len();
+        let slot = slots[i].clone();
+        self.next.set((i + 1) % slots.len());
         drop(slots);
         let waited = slot.wait_mapped(recorder, true)?;
+        if slot.buffer.size() < n {
+            let mut slots = self.slots.borrow_mut();
+            slots[i] = self.new_slot(i, n)?;
+            return Ok(Some((slots[i].clone(), waited)));
+        }
         Ok(Some((slot, waited)))
     }
 
@@ -190,7 +206,7 @@ impl UploadRing {
         let mut stalled = 0.0;
         for (i, chunk) in src.chunks(self.slot_bytes as usize).enumerate() {
             let offset = dst_offset + i as u64 * self.slot_bytes;
-            let Some((slot, waited)) = self.acquire(recorder)? else {
+            let Some((slot, waited)) = self.acquire(recorder, chunk.len() as u64)? else {
                 // The browser, every slot in flight: the queue's own staging. Its writes land
                 // before the next submission, so what is recorded so far is submitted first.
                 recorder.flush();
@@ -253,35 +269,39 @@ impl UploadRing {
     /// The host bytes must stay as they are until then, or be announced with
     /// [`UploadRing::wait_fills_for`].
     pub fn prefill(&self, owner: TensorId, src: &[u8]) -> Result<bool> {
-        let needed = src.len().div_ceil(self.slot_bytes as usize).max(1);
+        let chunks: Vec<&[u8]> = match src.len() {
+            0 => vec![src],
+            _ => src.chunks(self.slot_bytes as usize).collect(),
+        };
         if !self.may_block || self.prefilled.borrow().contains_key(&owner) {
             return Ok(false);
         }
-        if self.reserved.get() + needed > self.max / 2 {
+        if self.reserved.get() + chunks.len() > self.max / 2 {
             return Ok(false);
         }
-        // Only slots that are free now: the ring grows for uploads needed now, not for these.
+        // Only slots that are free now and hold their chunk: the ring grows for uploads needed
+        // now, not for these.
         let mut slots = self.slots.borrow_mut();
-        if slots.iter().filter(|s| s.state() == MAPPED).count() < needed {
-            return Ok(false);
+        let mut taken: Vec<Rc<Slot>> = Vec::with_capacity(chunks.len());
+        for chunk in &chunks {
+            let unused = |s: &Slot| s.state() == MAPPED && !taken.iter().any(|t| std::ptr::eq(&**t, s));
+            let Some(i) = smallest_free(&slots, chunk.len() as u64, unused) else {
+                return Ok(false);
+            };
+            taken.push(slots[i].clone());
         }
-        let mut taken = Vec::with_capacity(needed);
-        while taken.len() < needed {
-            let i = slots.iter().position(|s| s.state() == MAPPED).expect("counted");
-            taken.push(slots.swap_remove(i));
-        }
+        slots.retain(|s| !taken.iter().any(|t| Rc::ptr_eq(t, s)));
         drop(slots);
         self.reserved.set(self.reserved.get() + taken.len());
-        let mut filled = Vec::with_capacity(needed);
-        let mut chunks = src.chunks(self.slot_bytes as usize);
-        while let Some(slot) = taken.pop() {
-            match self.start_fill(slot.clone(), Some(owner), chunks.next().unwrap_or_default()) {
+        let mut filled = Vec::with_capacity(chunks.len());
+        for (i, (slot, chunk)) in taken.iter().zip(&chunks).enumerate() {
+            match self.start_fill(slot.clone(), Some(owner), chunk) {
                 Ok(f) => filled.push(f),
                 Err(e) => {
                     // The slots go back as they are (a failed one's map is the next user's error).
                     self.give_back(filled);
-                    self.reserved.set(self.reserved.get() - taken.len() - 1);
-                    self.slots.borrow_mut().extend(taken.into_iter().chain([slot]));
+                    self.reserved.set(self.reserved.get() - (taken.len() - i));
+                    self.slots.borrow_mut().extend(taken.into_iter().skip(i));
                     return Err(e);
                 }
             }
@@ -341,7 +361,9 @@ impl UploadRing {
 
     /// Bytes of staging buffers made so far.
     pub fn held_bytes(&self) -> u64 {
-        (self.slots.borrow().len() + self.reserved.get()) as u64 * self.slot_bytes
+        let prefilled = self.prefilled.borrow();
+        let reserved = prefilled.values().flatten().map(|f| &f.slot);
+        self.slots.borrow().iter().chain(reserved).map(|s| s.buffer.size()).sum()
     }
 
     /// Waits for the background fills reading the host bytes of `ids` (before they change or are
