@@ -196,13 +196,14 @@ fn install_headless(
     });
 }
 
-/// Until `done`, wakes the UI every second, and every 100 ms once `shooting`, polling the window's
-/// device. The run's own repaint requests are not enough to finish a headless run: eframe 0.37
-/// drops a request as outdated when two passes ran since it was made (egui runs a second pass
-/// whenever a layout changes), and a run that then finishes sends no more. The picture is read back through a buffer
-/// mapping, which completes only when the device is polled, and egui polls it only as a side
-/// effect of its next submission: a surface that keeps timing out (as under Xvfb) submits
-/// nothing. Once a second while training: on llvmpipe a frame takes ~0.2 s of both cores.
+/// Until `done`, wakes the UI every second, and every 100 ms once `shooting`, polling the
+/// window's device. The run's own repaint requests are not enough to finish a headless run:
+/// eframe 0.37 drops a request as outdated when two passes ran since it was made (egui runs a
+/// second pass whenever a layout changes), and a run that then finishes sends no more. The
+/// picture is read back through a buffer mapping, which completes only when the device is
+/// polled, and egui polls it only as a side effect of its next submission: a surface that keeps
+/// timing out (as under Xvfb) submits nothing. Only once a second while training: on llvmpipe a
+/// frame takes ~0.2 s of both cores.
 fn keep_waking(ctx: egui::Context, device: Option<wgpu::Device>, shooting: Arc<AtomicBool>, done: Arc<AtomicBool>) {
     std::thread::spawn(move || {
         let mut last_wake = Instant::now();
