@@ -195,36 +195,47 @@ fn a_tensor_expecting_a_host_update_is_not_prefetched_and_reads_its_new_bytes() 
     assert!(hinted < plain, "with it, `b` is left alone: {hinted} prefetches vs {plain}");
 }
 
+/// Staging rings of 4 slots of at most 64 KiB.
+const RING_SLOT: u64 = 64 << 10;
+
+fn rings_of_four_slots() -> Context {
+    let o = PagerOptions { upload_slots: 4, readback_slots: 4, slot_bytes: RING_SLOT, ..opts(1 << 20, Policy::Belady) };
+    Context::with_store(gpu(), Box::new(MemStore::new()), &o)
+}
+
+/// `n` values of `seed` uploaded and halved on the GPU: the result, and what it must hold.
+fn halved_on_gpu(ctx: &Context, seed: u32, n: usize) -> (Tensor, Vec<f32>) {
+    let src = ctx.from_f32("src", &[n], &values(seed, n), false).unwrap();
+    let out = ctx.zeros("out", &[n], false).unwrap();
+    {
+        let _op = ctx.op();
+        let (o, s) = (ctx.write(&out).unwrap(), ctx.read(&src).unwrap());
+        elementwise::scale_forward(&ctx.kernels, &o, &s, 0.5, n).unwrap();
+    }
+    (out, values(seed, n).iter().map(|v| v * 0.5).collect())
+}
+
 #[test]
 fn write_back_slots_fit_the_tensors_they_carry() {
     // Small tensors written back take small readback slots, not `slot_bytes` each (a tiny model
     // held 128 slots of 8 MiB); a chunk larger than every free slot of a full ring still goes.
-    let slot = 64u64 << 10;
-    let ctx = Context::with_store(
-        gpu(),
-        Box::new(MemStore::new()),
-        &PagerOptions { budget: Some(1 << 20), readback_slots: 4, slot_bytes: slot, ..opts(1 << 20, Policy::Belady) },
-    );
-    let written_on_gpu = |name: &str, seed: u32, n: usize| {
-        let src = ctx.from_f32(name, &[n], &values(seed, n), false).unwrap();
-        let t = ctx.zeros(name, &[n], false).unwrap();
-        {
-            let _op = ctx.op();
-            elementwise::scale_forward(&ctx.kernels, &ctx.write(&t).unwrap(), &ctx.read(&src).unwrap(), 0.5, n)
-                .unwrap();
-        }
+    let ctx = rings_of_four_slots();
+    let written_back = |seed: u32, n: usize| {
+        let (t, want) = halved_on_gpu(&ctx, seed, n);
         ctx.pager.evict(t.id()).unwrap();
-        let want: Vec<f32> = values(seed, n).iter().map(|v| v * 0.5).collect();
         (t, want)
     };
-    let small: Vec<_> = (0..40).map(|i| written_on_gpu("small", i, 1000)).collect();
+    let small: Vec<_> = (0..40).map(|i| written_back(i, 1000)).collect();
     ctx.sync().unwrap();
     let (_, back, _) = ctx.pager.staging_bytes();
     assert!(back > 0 && back <= 4 * 4096, "40 write-backs of 4000 B held {back} B of readback slots");
-    let big = written_on_gpu("big", 99, 16_000);
+    let big = written_back(99, 16_000);
     ctx.sync().unwrap();
     let (_, back, _) = ctx.pager.staging_bytes();
-    assert!(back >= slot && back <= 3 * 4096 + slot, "a free small slot made room for the 64000 B chunk: {back} B");
+    assert!(
+        back >= RING_SLOT && back <= 3 * 4096 + RING_SLOT,
+        "a small slot made over for the 64000 B chunk: {back} B"
+    );
     assert!(ctx.pager.counters().writebacks >= 41, "{:?}", ctx.pager.counters());
     for (i, (t, want)) in small.iter().chain([&big]).enumerate() {
         assert_eq!(location(&ctx, t), pagetrain::pager::Location::HostRam, "tensor {i} was written back");
@@ -236,29 +247,17 @@ fn write_back_slots_fit_the_tensors_they_carry() {
 fn upload_slots_fit_the_tensors_they_carry() {
     // Small uploads take small slots; a chunk larger than every slot of a ring at its count
     // makes one of them over, and every value arrives.
-    let slot = 64u64 << 10;
-    let ctx = Context::with_store(
-        gpu(),
-        Box::new(MemStore::new()),
-        &PagerOptions { budget: Some(1 << 20), upload_slots: 4, slot_bytes: slot, ..opts(1 << 20, Policy::Belady) },
-    );
-    let halved_on_gpu = |seed: u32, n: usize| {
-        let src = ctx.from_f32("src", &[n], &values(seed, n), false).unwrap();
-        let out = ctx.zeros("out", &[n], false).unwrap();
-        {
-            let _op = ctx.op();
-            let (o, s) = (ctx.write(&out).unwrap(), ctx.read(&src).unwrap());
-            elementwise::scale_forward(&ctx.kernels, &o, &s, 0.5, n).unwrap();
-        }
-        let want: Vec<f32> = values(seed, n).iter().map(|v| v * 0.5).collect();
+    let ctx = rings_of_four_slots();
+    let uploaded = |seed: u32, n: usize| {
+        let (out, want) = halved_on_gpu(&ctx, seed, n);
         assert_same(&format!("{n} values uploaded and halved"), &read(&ctx, &out), &want);
     };
     for seed in 0..40 {
-        halved_on_gpu(seed, 1000);
+        uploaded(seed, 1000);
     }
     let (up, _, _) = ctx.pager.staging_bytes();
     assert!(up > 0 && up <= 4 * 4096, "40 uploads of 4000 B held {up} B of upload slots");
-    halved_on_gpu(99, 16_000);
+    uploaded(99, 16_000);
     let (up, _, _) = ctx.pager.staging_bytes();
-    assert!(up >= slot && up <= 3 * 4096 + slot, "a small slot was made over for the 64000 B chunk: {up} B");
+    assert!(up >= RING_SLOT && up <= 3 * 4096 + RING_SLOT, "a small slot was made over for the 64000 B chunk: {up} B");
 }
