@@ -27,7 +27,8 @@ pub struct PagerOptions {
     /// GPU byte budget; `None`: from the device's memory ([`super::budget::auto_budget`]).
     pub budget: Option<u64>,
     pub policy: Policy,
-    /// Most staging buffers for uploads and for write-backs, each `slot_bytes`; made as needed.
+    /// Most staging buffers for uploads and for write-backs, made as needed, each the size of
+    /// the first chunk it carries (chunks of at most `slot_bytes`).
     /// A mapped upload ring on a discrete GPU (VRAM) stays within a quarter of the budget
     /// ([`super::budget::ring_slots`]).
     /// A tensor takes whole slots, so many small slots keep more tensors in flight: on an H200,
