@@ -132,10 +132,12 @@ impl Dashboard {
             Event::Step(s) => {
                 if s.shrinks > 0 {
                     let text = format!("micro-batch now {}", s.micro_batch);
+                    self.say(Level::Info, format!("step {}: out of GPU memory; {text}", s.step));
                     self.markers.push(Marker { step: s.step, kind: MarkerKind::Shrink, text });
                 }
                 if s.skipped {
                     let text = format!("loss scale now {}", s.loss_scale);
+                    self.say(Level::Info, format!("step {}: gradients overflowed, step skipped; {text}", s.step));
                     self.markers.push(Marker { step: s.step, kind: MarkerKind::Skip, text });
                 }
                 self.steps.push(s);

@@ -15,10 +15,11 @@ pub fn marker_color(kind: MarkerKind) -> Color32 {
     }
 }
 
+/// One legend entry per kind (lines of one name share it): a long run's checkpoints named one by
+/// one would fill the plot with legend. What each marker says is in the log.
 fn markers(plot: &mut PlotUi<'_>, dash: &Dashboard) {
     for m in &dash.markers {
-        let name = format!("{}: {}", m.kind.label(), m.text);
-        plot.vline(VLine::new(name, m.step as f64).color(marker_color(m.kind)).width(1.5));
+        plot.vline(VLine::new(m.kind.label(), m.step as f64).color(marker_color(m.kind)).width(1.5));
     }
 }
 
