@@ -3,7 +3,7 @@
 
 use crate::context::{Context, StoreKind};
 use crate::device::DeviceOptions;
-use crate::pager::{size_class, Snapshot};
+use crate::pager::{size_class, Counters, Snapshot};
 use crate::train::{format_bytes, TrainConfig, Trainer};
 
 /// Everything needed to start a run from the studio.
@@ -54,6 +54,40 @@ pub struct StepInfo {
     /// The f16 loss scaler skipped this step's update (its gradients overflowed).
     pub skipped: bool,
     pub loss_scale: f32,
+}
+
+/// What a [`StepInfo`] is measured from: the pager's counters and the trainer's skipped steps,
+/// taken just before the step (natively and in the browser alike).
+pub struct StepStart {
+    counters: Counters,
+    skipped_steps: u64,
+}
+
+impl StepStart {
+    pub fn take(ctx: &Context, trainer: &Trainer) -> StepStart {
+        StepStart { counters: ctx.pager.counters(), skipped_steps: trainer.skipped_steps }
+    }
+
+    /// The step just done: `seconds` its wall time, `elapsed_s` the run's from its first step on.
+    pub fn info(&self, ctx: &Context, trainer: &Trainer, loss: f32, seconds: f64, elapsed_s: f64) -> StepInfo {
+        let (before, after) = (&self.counters, ctx.pager.counters());
+        let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;
+        StepInfo {
+            step: trainer.step,
+            loss,
+            lr: trainer.cfg.lr_at(trainer.step.saturating_sub(1)),
+            seconds,
+            elapsed_s,
+            tokens_per_s: tokens_per_step / seconds.max(1e-9),
+            bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
+            bytes_written_back: after.bytes_written_back - before.bytes_written_back,
+            stall_s: after.stall_s - before.stall_s,
+            micro_batch: trainer.micro_batch,
+            shrinks: after.micro_batch_shrinks - before.micro_batch_shrinks,
+            skipped: trainer.skipped_steps > self.skipped_steps,
+            loss_scale: trainer.loss_scale,
+        }
+    }
 }
 
 /// Host memory beside a pager snapshot.

@@ -21,7 +21,7 @@ mod runner;
 
 pub use app::{Driver, FrameStats, Starter, StudioApp};
 pub use dashboard::{Dashboard, Level, Marker, MarkerKind, RunStatus};
-pub use feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
+pub use feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepInfo, StepStart};
 pub use gauges::{bus_text, pool_fraction, pool_text, show as show_gauges};
 pub use map_panel::{describe_text, tensor_text, Cell, CellContent, ResidencyMap};
 pub use plots::show as show_timelines;

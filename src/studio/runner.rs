@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use eframe::egui;
 
-use super::feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepInfo};
+use super::feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepStart};
 use crate::context::{Context, ContextOptions};
 use crate::error::Result;
 use crate::pager::PagerOptions;
@@ -118,7 +118,6 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
     out.send(Event::Started(RunInfo::of(&ctx, &trainer, &setup.store)));
     out.snapshot(&ctx, trainer.step);
     trainer.start_prefetch();
-    let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;
     let (mut paused, mut done) = (false, trainer.step >= trainer.cfg.steps);
     let mut last_snapshot: Option<Instant> = None;
     // Wall time of the run so far: from its first step on, pauses left out.
@@ -176,29 +175,14 @@ async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) 
 
         // Residency is most telling mid-step, with the activations saved for backward alive.
         trainer.want_forward_snapshot = last_snapshot.is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY);
-        let before = ctx.pager.counters();
-        let skipped_before = trainer.skipped_steps;
+        let start = StepStart::take(&ctx, &trainer);
         let clock = Instant::now();
         running_since.get_or_insert(clock);
         let loss = trainer.train_step(&ctx).await?;
         let seconds = clock.elapsed().as_secs_f64();
-        let after = ctx.pager.counters();
+        let elapsed_s = (ran_before + running_since.map_or(Duration::ZERO, |t| t.elapsed())).as_secs_f64();
+        out.send(Event::Step(start.info(&ctx, &trainer, loss, seconds, elapsed_s)));
         let step = trainer.step;
-        out.send(Event::Step(StepInfo {
-            step,
-            loss,
-            lr: trainer.cfg.lr_at(step - 1),
-            seconds,
-            elapsed_s: (ran_before + running_since.map_or(Duration::ZERO, |t| t.elapsed())).as_secs_f64(),
-            tokens_per_s: tokens_per_step / seconds.max(1e-9),
-            bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
-            bytes_written_back: after.bytes_written_back - before.bytes_written_back,
-            stall_s: after.stall_s - before.stall_s,
-            micro_batch: trainer.micro_batch,
-            shrinks: after.micro_batch_shrinks - before.micro_batch_shrinks,
-            skipped: trainer.skipped_steps > skipped_before,
-            loss_scale: trainer.loss_scale,
-        }));
         let cfg = &trainer.cfg;
         done = step >= cfg.steps;
         if cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every) && !done {

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use eframe::egui;
 use pagetrain::pager::PagerOptions;
-use pagetrain::studio::{check_budget, Command, Driver, Event, HostMemory, RunInfo, RunSetup, StepInfo};
+use pagetrain::studio::{check_budget, Command, Driver, Event, HostMemory, RunInfo, RunSetup, StepStart};
 use pagetrain::train::Trainer;
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
 use web_time::Instant;
@@ -148,7 +148,6 @@ async fn drive(
     );
     out.send(Event::Started(RunInfo::of(&ctx, &trainer, &setup.store)));
     out.snapshot(trainer.step, ctx.pager.snapshot());
-    let tokens_per_step = (trainer.effective_batch() * trainer.cfg.seq_len) as f64;
     let (mut paused, mut done) = (false, trainer.step >= trainer.cfg.steps);
     let mut last_snapshot: Option<Instant> = None;
     let mut ran_s = 0.0;
@@ -195,7 +194,7 @@ async fn drive(
         }
 
         trainer.want_forward_snapshot = last_snapshot.is_none_or(|t| t.elapsed().as_secs_f64() >= SNAPSHOT_EVERY_S);
-        let before = ctx.pager.counters();
+        let start = StepStart::take(&ctx, &trainer);
         let clock = Instant::now();
         let loss = match trainer.train_step(&ctx).await {
             Ok(loss) => loss,
@@ -207,24 +206,9 @@ async fn drive(
         }
         let seconds = clock.elapsed().as_secs_f64();
         ran_s += seconds;
-        let after = ctx.pager.counters();
-        let step = trainer.step;
-        let tokens_per_s = tokens_per_step / seconds.max(1e-9);
-        out.send(Event::Step(StepInfo {
-            step,
-            loss,
-            lr: trainer.cfg.lr_at(step - 1),
-            seconds,
-            elapsed_s: ran_s,
-            tokens_per_s,
-            bytes_uploaded: after.bytes_uploaded - before.bytes_uploaded,
-            bytes_written_back: after.bytes_written_back - before.bytes_written_back,
-            stall_s: after.stall_s - before.stall_s,
-            micro_batch: trainer.micro_batch,
-            shrinks: after.micro_batch_shrinks - before.micro_batch_shrinks,
-            skipped: false,
-            loss_scale: trainer.loss_scale,
-        }));
+        let info = start.info(&ctx, &trainer, loss, seconds, ran_s);
+        out.send(Event::Step(info));
+        let (after, step) = (ctx.pager.counters(), trainer.step);
         if let Some(snapshot) = trainer.forward_snapshot.take() {
             out.snapshot(step, snapshot);
             last_snapshot = Some(Instant::now());
@@ -237,7 +221,7 @@ async fn drive(
         report.reuploaded_tensors = ctx.pager.snapshot().tensors.iter().filter(|t| t.uploads >= 2).count();
         report.bytes_uploaded = after.bytes_uploaded;
         report.seconds = ran_s;
-        report.tokens_per_s = tokens_per_s;
+        report.tokens_per_s = info.tokens_per_s;
         done = step >= trainer.cfg.steps;
         if done {
             let text = sample(&ctx, &mut trainer, "One day", 120, 0.8, 1).await?;
