@@ -39,9 +39,8 @@ struct Busy {
 pub struct ReadbackRing {
     device: wgpu::Device,
     copier: Arc<Copier>,
-    /// Slots made so far (grown on demand up to `max`), and their bytes.
+    /// Slots made so far (grown on demand up to `max`).
     made: Cell<usize>,
-    made_bytes: Cell<u64>,
     max: usize,
     /// The largest chunk; a slot is made the size of the first chunk it carries
     /// ([`slot_bytes_for`]).
@@ -60,7 +59,6 @@ impl ReadbackRing {
             device: device.clone(),
             copier,
             made: Cell::new(0),
-            made_bytes: Cell::new(0),
             max: max.max(1),
             free: RefCell::new(Vec::new()),
             slot_bytes,
@@ -125,10 +123,9 @@ impl ReadbackRing {
             if self.made.get() < self.max || !self.may_block {
                 return Ok(self.new_slot(n));
             }
-            let too_small = self.free.borrow_mut().pop();
-            if let Some(small) = too_small {
+            // At its count: a free slot too small gives way to one that fits.
+            if self.free.borrow_mut().pop().is_some() {
                 self.made.set(self.made.get() - 1);
-                self.made_bytes.set(self.made_bytes.get() - small.buffer.size());
                 return Ok(self.new_slot(n));
             }
             *stalled += self.finish_oldest(recorder, target)?;
@@ -147,7 +144,6 @@ impl ReadbackRing {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let slot = Slot::new(&self.device, &format!("readback ring {}", self.made.get()), bytes, usage, false);
         self.made.set(self.made.get() + 1);
-        self.made_bytes.set(self.made_bytes.get() + bytes);
         slot
     }
 
@@ -270,7 +266,8 @@ impl ReadbackRing {
 
     /// Bytes of staging buffers made so far.
     pub fn held_bytes(&self) -> u64 {
-        self.made_bytes.get()
+        let busy = self.busy.borrow();
+        self.free.borrow().iter().chain(busy.iter().map(|b| &b.slot)).map(|s| s.buffer.size()).sum()
     }
 
     /// Whether bytes of `tensor` are still on their way to the host (copied or being delivered).
