@@ -91,7 +91,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
             }
             if let Some(path) = opts.screenshot.clone() {
                 let device = cc.wgpu_render_state.as_ref().map(|r| r.device.clone());
-                install_headless(&mut app, path, opts.exit_after_steps.max(1), shared, device);
+                install_headless(&mut app, &cc.egui_ctx, path, opts.exit_after_steps.max(1), shared, device);
             }
             Ok(Box::new(app))
         }),
@@ -111,6 +111,7 @@ const SHOT_TRIES: u32 = 3;
 
 fn install_headless(
     app: &mut StudioApp,
+    ui: &egui::Context,
     path: PathBuf,
     steps: u64,
     report: Arc<Mutex<Report>>,
@@ -118,9 +119,8 @@ fn install_headless(
 ) {
     let mut phase = Phase::Training;
     let saved: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
-    let shot_done = Arc::new(AtomicBool::new(false));
-    let shooting = Arc::new(AtomicBool::new(false));
-    let mut waker_started = false;
+    let (shooting, shot_done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    keep_waking(ui.clone(), device, shooting.clone(), shot_done.clone());
     let request = {
         let (saved, path) = (saved.clone(), path.clone());
         move |ctx: &egui::Context| {
@@ -134,10 +134,6 @@ fn install_headless(
     };
     app.set_after_frame(move |app, ctx| match phase {
         Phase::Training => {
-            if !waker_started {
-                keep_waking(ctx.clone(), device.clone(), shooting.clone(), shot_done.clone());
-                waker_started = true;
-            }
             let ended = matches!(app.dash.status, RunStatus::Finished | RunStatus::Failed(_) | RunStatus::Stopped);
             if app.dash.status == RunStatus::Running && app.dash.last_step() >= steps {
                 eprintln!("studio: step {} reached; pausing the run", app.dash.last_step());
