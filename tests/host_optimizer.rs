@@ -6,6 +6,7 @@ mod common;
 
 use common::{assert_close, randn, reference as r, to64};
 use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, CHUNK};
+use half::f16;
 use pagetrain::rng::Rng;
 
 /// Lengths around the chunk size: shorter than one, one short of it, exact, just over, several.
@@ -52,7 +53,7 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
     for threads in [1, 4] {
         let mut state: Vec<_> = inputs.clone();
         let tensors =
-            state.iter_mut().enumerate().map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i) }).collect();
+            state.iter_mut().enumerate().map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i), half: None }).collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, ((p, m, v, g), (p1, m1, v1, _))) in inputs.iter().zip(&state).enumerate() {
             let n = p.len();
@@ -72,8 +73,53 @@ fn host_adamw_rejects_slices_of_different_lengths() {
     let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 4], vec![0.5f32; 5]);
     let c = AdamWConfig::default();
     let step = AdamWStep { config: &c, lr: 0.01, scale: 1.0, t: 1 };
-    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0 }];
+    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0, half: None }];
     let err = adamw_update(tensors, &step, 2).unwrap_err();
     assert!(err.to_string().contains("differ in length"), "{err}");
+    assert_eq!(p, vec![1.0; 5], "nothing was updated");
+}
+
+#[test]
+fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
+    let mut rng = Rng::new(23);
+    let c = AdamWConfig::default();
+    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.5, t: 2 };
+    let lengths = awkward_lengths();
+    let inputs: Vec<_> = lengths
+        .iter()
+        .map(|&n| (randn(&mut rng, n, 1.0), randn(&mut rng, n, 0.1), vec![1e-3f32; n], randn(&mut rng, n, 1.0)))
+        .collect();
+    // The same update without copies: the values the copies must round.
+    let mut plain = inputs.clone();
+    let tensors = plain.iter_mut().map(|(p, m, v, g)| AdamWSlices { p, m, v, g, decay: 0.1, half: None }).collect();
+    adamw_update(tensors, &step, 1).unwrap();
+    for threads in [1, 3] {
+        let mut state = inputs.clone();
+        // poisoned copies: every element must be written
+        let mut halves: Vec<Vec<f16>> = lengths.iter().map(|&n| vec![f16::NAN; n]).collect();
+        let tensors = state
+            .iter_mut()
+            .zip(halves.iter_mut())
+            .enumerate()
+            .map(|(i, ((p, m, v, g), h))| AdamWSlices { p, m, v, g, decay: 0.1, half: (i % 3 != 1).then_some(&mut h[..]) })
+            .collect();
+        adamw_update(tensors, &step, threads).unwrap();
+        for (i, ((state, plain), h)) in state.iter().zip(&plain).zip(&halves).enumerate() {
+            assert!(state.0 == plain.0, "tensor {i}: the copy changed the update");
+            if i % 3 == 1 {
+                assert!(h.iter().all(|x| x.is_nan()), "tensor {i} has no copy, yet it was written");
+                continue;
+            }
+            for (j, (&p, &x)) in plain.0.iter().zip(h).enumerate() {
+                assert_eq!(x.to_bits(), f16::from_f32(p).to_bits(), "tensor {i} element {j}: {x} for {p}");
+            }
+        }
+    }
+    // a copy of another length is refused before anything is written
+    let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 5], vec![0.5f32; 5]);
+    let mut h = vec![f16::ZERO; 4];
+    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0, half: Some(&mut h) }];
+    let err = adamw_update(tensors, &step, 2).unwrap_err();
+    assert!(err.to_string().contains("f16 copy 4"), "{err}");
     assert_eq!(p, vec![1.0; 5], "nothing was updated");
 }

@@ -161,6 +161,55 @@ fn host_optimizer_matches_the_gpu_optimizer() {
     assert_close("host AdamW paged vs resident", &host_paged, &to64(&host), 0.0, 1e-6);
 }
 
+/// Uploads so far of each f32 master weight that has an f16 copy, by name.
+fn master_uploads(ctx: &Context) -> std::collections::BTreeMap<String, u32> {
+    let tensors = ctx.pager.snapshot().tensors;
+    let masters: Vec<&str> = tensors.iter().filter_map(|t| t.name.strip_suffix(" (f16)")).collect();
+    tensors.iter().filter(|t| masters.contains(&t.name.as_str())).map(|t| (t.name.clone(), t.uploads)).collect()
+}
+
+#[test]
+fn host_optimizer_under_f16_writes_the_weight_copies_and_keeps_the_masters_on_the_host() {
+    let out = tmpdir("host-f16");
+    let f16 = TrainConfig { precision: pagetrain::train::Precision::F16, ..cfg(&out) };
+    let resident = context(None);
+    if !common::has_f16(&resident) {
+        return;
+    }
+    let (gpu, _) = losses(&resident, f16.clone(), 8);
+    let paged = context(Some(resident.pager.live_bytes().1 / 4));
+    let mut t = Trainer::new(&paged, TrainConfig { optimizer_on: OptimizerOn::Host, ..f16 }, None).unwrap();
+    assert_eq!((t.opt.name(), t.precision), ("host", pagetrain::train::Precision::F16));
+    let mut host = Vec::new();
+    let mut after_two = Default::default();
+    for step in 0..8 {
+        host.push(pollster::block_on(t.train_step(&paged)).unwrap());
+        if step == 1 {
+            after_two = master_uploads(&paged);
+        }
+    }
+    assert!(paged.pager.counters().evictions > 0);
+    assert_close("host AdamW paged vs GPU AdamW resident, f16", &host, &to64(&gpu), 0.0, 2e-3);
+    // Six more updates, and not one f32 master went up to the GPU: the products read the f16
+    // copies the host wrote (before, each update uploaded every master to cast it there).
+    let later = master_uploads(&paged);
+    assert!(later.len() >= 8, "masters with f16 copies: {later:?}");
+    let uploaded: Vec<_> = later.iter().filter(|(name, &n)| n != after_two[*name]).collect();
+    assert!(uploaded.is_empty(), "masters uploaded again after step 2: {uploaded:?}");
+    // Every copy is its master rounded to f16, bit for bit.
+    t.apply_pending(&paged).unwrap();
+    use pagetrain::nn::Module;
+    for p in t.model.params() {
+        let Some(half) = &p.half else { continue };
+        let master = pollster::block_on(paged.to_f32(&p.value)).unwrap();
+        let copy = pollster::block_on(paged.pager.read(half.id())).unwrap();
+        let copy: Vec<half::f16> = bytemuck::pod_collect_to_vec(&copy[..2 * master.len()]);
+        for (i, (&m, &c)) in master.iter().zip(&copy).enumerate() {
+            assert_eq!(c.to_bits(), half::f16::from_f32(m).to_bits(), "{} element {i}: copy {c}, master {m}", p.name);
+        }
+    }
+}
+
 #[test]
 fn recompute_gives_the_same_losses_with_a_smaller_footprint() {
     let out = tmpdir("recompute");

@@ -57,7 +57,7 @@ pub(crate) fn update_slice(
     t: u64,
 ) -> Result<()> {
     let step = AdamWStep { config: c, lr, scale, t };
-    adamw_update(vec![AdamWSlices { p, m, v, g, decay }], &step, worker_threads())
+    adamw_update(vec![AdamWSlices { p, m, v, g, decay, half: None }], &step, worker_threads())
 }
 
 /// The f32 values of host bytes (copied when the bytes are not 4-aligned).
@@ -68,32 +68,36 @@ fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
     }
 }
 
-/// Host bytes seen as f32 to change: in place when 4-aligned (the store aligns every tensor to
-/// 256 bytes), else through a copy that [`F32sMut::finish`] writes back (the host and the
-/// sharded optimizers' moments and values).
-pub(crate) enum F32sMut<'a> {
-    InPlace(&'a mut [f32]),
-    Copied(Vec<f32>, &'a mut [u8]),
+/// Host bytes seen as values of `T` to change: in place when aligned (the store aligns every
+/// tensor to 256 bytes), else through a copy that [`PodsMut::finish`] writes back (the host and
+/// the sharded optimizers' values, moments and f16 copies).
+pub(crate) enum PodsMut<'a, T: bytemuck::Pod> {
+    InPlace(&'a mut [T]),
+    Copied(Vec<T>, &'a mut [u8]),
 }
 
-impl<'a> F32sMut<'a> {
+/// Host bytes seen as f32 to change (see [`PodsMut`]).
+pub(crate) type F32sMut<'a> = PodsMut<'a, f32>;
+
+impl<'a, T: bytemuck::Pod> PodsMut<'a, T> {
     pub(crate) fn new(bytes: &'a mut [u8]) -> Self {
-        if bytes.as_ptr().align_offset(4) == 0 && bytes.len().is_multiple_of(4) {
-            F32sMut::InPlace(bytemuck::cast_slice_mut(bytes))
+        let size = std::mem::size_of::<T>();
+        if bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 && bytes.len().is_multiple_of(size) {
+            PodsMut::InPlace(bytemuck::cast_slice_mut(bytes))
         } else {
-            F32sMut::Copied(bytemuck::pod_collect_to_vec(bytes), bytes)
+            PodsMut::Copied(bytemuck::pod_collect_to_vec(bytes), bytes)
         }
     }
 
-    pub(crate) fn values(&mut self) -> &mut [f32] {
+    pub(crate) fn values(&mut self) -> &mut [T] {
         match self {
-            F32sMut::InPlace(v) => v,
-            F32sMut::Copied(v, _) => v,
+            PodsMut::InPlace(v) => v,
+            PodsMut::Copied(v, _) => v,
         }
     }
 
     pub(crate) fn finish(self) {
-        if let F32sMut::Copied(v, bytes) = self {
+        if let PodsMut::Copied(v, bytes) = self {
             bytes.copy_from_slice(bytemuck::cast_slice(&v));
         }
     }
@@ -114,7 +118,7 @@ impl HostAdamW {
             let norm = sum_of_squares(&grads, 1.0, threads).sqrt() as f32;
             let scale = (c.max_grad_norm / (norm + 1e-6)).min(1.0);
             let parts = p.chunks_mut(PIECE).zip(m.chunks_mut(PIECE)).zip(v.chunks_mut(PIECE)).zip(g.chunks(PIECE));
-            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay: 0.1 }).collect();
+            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay: 0.1, half: None }).collect();
             let step = AdamWStep { config: &c, lr: 1e-3, scale, t: 1 };
             adamw_update(tensors, &step, threads).map(|()| start.seconds())
         };
@@ -185,7 +189,10 @@ impl HostAdamW {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
         self.apply_deferred(ctx, params)?;
-        let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(params.iter().map(|p| p.value.id())).collect();
+        let halves = params.iter().filter_map(|p| p.half.as_ref().map(|h| h.id()));
+        let values: Vec<_> = params.iter().map(|p| p.value.id()).chain(halves).collect();
+        // (An f16 copy is dirty on the GPU only where the GPU made it: before the first step.)
+        let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(values.iter().copied()).collect();
         ctx.pager.sync_to_host(&ids)?;
         let norm = match norm {
             Some(n) => n,
@@ -202,15 +209,14 @@ impl HostAdamW {
         self.t += 1;
         let pending = vec![true; self.m.len()];
         self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending });
-        let values: Vec<_> = params.iter().map(|p| p.value.id()).collect();
         ctx.pager.expect_host_update(&values);
         ctx.pager.end_step();
         Ok(())
     }
 
     /// Applies the deferred update to those of `params` still waiting for it (one pass over
-    /// them on all cores), zeroes their gradients and rewrites their f16 copies; a no-op
-    /// without a deferred step.
+    /// them on all cores, which also rewrites their f16 copies) and zeroes their gradients; a
+    /// no-op without a deferred step.
     pub fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         let Some(d) = self.deferred.as_ref() else { return Ok(()) };
         let mut due = Vec::new();
@@ -232,7 +238,6 @@ impl HostAdamW {
         self.host_seconds += start.seconds();
         for (i, p) in due {
             ctx.pager.zero(p.grad.id())?;
-            p.refresh_half(ctx)?;
             if let Some(d) = self.deferred.as_mut() {
                 d.pending[i] = false;
             }
@@ -249,35 +254,56 @@ impl HostAdamW {
     }
 
     /// One AdamW update of the parameters `due` (index in `m`/`v`, parameter), gradients times
-    /// `scale`, in one pass in place in the host store.
+    /// `scale`, in one pass in place in the host store. Under mixed precision the pass also
+    /// writes each f16 copy from the host, so the f32 master never goes up to the GPU: the bus
+    /// carries 2 bytes a parameter up instead of 4, and the copy is clean where it is evicted.
     fn update(&self, ctx: &Context, due: &[(usize, &Param)], lr: f32, scale: f32, t: u64) -> Result<()> {
-        // Per tensor: value, moments, gradient; the first three are written.
-        let mut ids = Vec::with_capacity(4 * due.len());
-        let mut written = Vec::with_capacity(3 * due.len());
+        // Per tensor: value, moments, gradient, then its f16 copy if it has one; all but the
+        // gradient are written.
+        let mut ids = Vec::with_capacity(5 * due.len());
+        let mut written = Vec::with_capacity(4 * due.len());
         for &(i, p) in due {
             let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id()];
             ids.extend(quad);
             written.extend(&quad[..3]);
+            if let Some(half) = &p.half {
+                ids.push(half.id());
+                written.push(half.id());
+            }
         }
         let c = self.config;
         let decays: Vec<f32> =
             due.iter().map(|(_, p)| if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 }).collect();
         ctx.pager.update_host(&ids, &written, |s| -> Result<()> {
             let mut views = Vec::with_capacity(decays.len());
-            for quad in s.chunks_exact_mut(4) {
-                let [p, m, v, g] = quad else { unreachable!("chunks of four") };
-                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), f32s(g)));
+            let mut rest = &mut s[..];
+            for (_, p) in due {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(4 + usize::from(p.half.is_some()));
+                rest = tail;
+                let [p, m, v, g, half @ ..] = mine else { unreachable!("four or five slices a parameter") };
+                let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
+                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), f32s(g), half));
             }
             let tensors = views
                 .iter_mut()
                 .zip(&decays)
-                .map(|((p, m, v, g), &decay)| AdamWSlices { p: p.values(), m: m.values(), v: v.values(), g, decay })
+                .map(|((p, m, v, g, half), &decay)| AdamWSlices {
+                    p: p.values(),
+                    m: m.values(),
+                    v: v.values(),
+                    g,
+                    decay,
+                    half: half.as_mut().map(|h| h.values()),
+                })
                 .collect();
             adamw_update(tensors, &AdamWStep { config: &c, lr, scale, t }, worker_threads())?;
-            for (p, m, v, _) in views {
+            for (p, m, v, _, half) in views {
                 p.finish();
                 m.finish();
                 v.finish();
+                if let Some(h) = half {
+                    h.finish();
+                }
             }
             Ok(())
         })?

@@ -5,6 +5,9 @@
 
 use std::sync::Mutex;
 
+use half::slice::HalfFloatSliceExt;
+use half::f16;
+
 use super::AdamWConfig;
 use crate::error::{Error, Result};
 
@@ -82,14 +85,16 @@ pub fn sum_of_squares(grads: &[&[f32]], scale: f32, threads: usize) -> f64 {
     run_jobs(chunks, threads, |g| chunk_sum_of_squares(g, scale)).iter().sum()
 }
 
-/// One tensor's part in an AdamW update: its values, moments and gradient (the same length) and
-/// its weight decay (0 for biases and gains).
+/// One tensor's part in an AdamW update: its values, moments and gradient (the same length),
+/// its weight decay (0 for biases and gains) and, under mixed precision, the f16 copy of its
+/// values that the products read, rewritten from the updated values in the same pass.
 pub struct AdamWSlices<'a> {
     pub p: &'a mut [f32],
     pub m: &'a mut [f32],
     pub v: &'a mut [f32],
     pub g: &'a [f32],
     pub decay: f32,
+    pub half: Option<&'a mut [f16]>,
 }
 
 /// What every tensor's update shares: the configuration, learning rate, the factor the
@@ -117,20 +122,34 @@ fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
         let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
         *p -= lr * (upd + decay * *p);
     }
+    // While the chunk is still in cache (rounded to nearest even, as the GPU's cast).
+    if let Some(half) = s.half {
+        half.convert_from_f32_slice(s.p);
+    }
 }
 
 /// The AdamW update of every tensor in `tensors`, in [`CHUNK`]s on up to `threads` threads.
 pub fn adamw_update(tensors: Vec<AdamWSlices>, step: &AdamWStep, threads: usize) -> Result<()> {
-    if let Some(t) = tensors.iter().find(|t| t.m.len() != t.p.len() || t.v.len() != t.p.len() || t.g.len() != t.p.len())
-    {
-        let lens = format!("values {}, moments {} and {}, gradient {}", t.p.len(), t.m.len(), t.v.len(), t.g.len());
+    let differs = |t: &AdamWSlices| {
+        let n = t.p.len();
+        t.m.len() != n || t.v.len() != n || t.g.len() != n || t.half.as_ref().is_some_and(|h| h.len() != n)
+    };
+    if let Some(t) = tensors.iter().find(|t| differs(t)) {
+        let mut lens = format!("values {}, moments {} and {}, gradient {}", t.p.len(), t.m.len(), t.v.len(), t.g.len());
+        if let Some(h) = &t.half {
+            lens += &format!(", f16 copy {}", h.len());
+        }
         return Err(Error::invalid("host AdamW", format!("a tensor's slices differ in length: {lens}")));
     }
     let mut jobs = Vec::new();
     for t in tensors {
         let decay = t.decay;
         let parts = t.p.chunks_mut(CHUNK).zip(t.m.chunks_mut(CHUNK)).zip(t.v.chunks_mut(CHUNK)).zip(t.g.chunks(CHUNK));
-        jobs.extend(parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay }));
+        let mut halves = t.half.map(|h| h.chunks_mut(CHUNK));
+        jobs.extend(parts.map(|(((p, m), v), g)| {
+            let half = halves.as_mut().and_then(|h| h.next());
+            AdamWSlices { p, m, v, g, decay, half }
+        }));
     }
     run_jobs(jobs, threads, |job| update_chunk(job, step));
     Ok(())
