@@ -171,6 +171,50 @@ impl Backward for Recompute {
     }
 }
 
+/// Selective recompute: `saved`, which of all recorded ops only the last one (the one that
+/// made `reader_out`) reads in backward — a Linear's input that GELU or LayerNorm made from a
+/// tensor kept anyway — is let go now (`Pager::discard`: no budget, no write-back) and made
+/// again by `remake` just before that backward runs. For cheap ops with large outputs, where
+/// the bus costs more than the kernel. A no-op unless that op is the last one recorded.
+pub fn remake_for_backward(
+    ctx: &Context,
+    saved: &Tensor,
+    reader_out: &Tensor,
+    remake: impl Fn(&Context) -> Result<()> + 'static,
+) -> Result<()> {
+    if !ctx.grad_enabled() {
+        return Ok(());
+    }
+    {
+        let mut tape = ctx.tape();
+        if !tape.nodes.last().is_some_and(|n| n.outputs.contains(&reader_out.id())) {
+            return Ok(());
+        }
+        let node = tape.nodes.pop().expect("just seen");
+        let op = Box::new(Remade { op: node.op, remake: Box::new(remake) });
+        tape.nodes.push(Node { outputs: node.outputs, op });
+    }
+    let bytes = ctx.pager.discard(saved.id())?;
+    ctx.pager.note_recompute(bytes);
+    Ok(())
+}
+
+/// A backward node whose saved input is made again first (see [`remake_for_backward`]).
+struct Remade {
+    op: Box<dyn Backward>,
+    remake: Box<dyn Fn(&Context) -> Result<()>>,
+}
+
+impl Backward for Remade {
+    fn name(&self) -> &'static str {
+        self.op.name()
+    }
+    fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
+        (self.remake)(ctx)?;
+        self.op.backward(ctx, grads)
+    }
+}
+
 impl Context {
     /// Backpropagates from the scalar `loss` (d loss = `seed`), replaying the tape in reverse,
     /// then clears the tape. Parameter gradients in `grads` are accumulated into.

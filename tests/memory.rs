@@ -211,6 +211,40 @@ fn host_optimizer_under_f16_writes_the_weight_copies_and_keeps_the_masters_on_th
 }
 
 #[test]
+fn remade_layernorm_and_gelu_outputs_give_the_same_losses_and_are_neither_kept_nor_paged() {
+    let out = tmpdir("remake");
+    let steps = 6;
+    let kept_ctx = context(None);
+    let (kept, _) = losses(&kept_ctx, TrainConfig { remake: Some(false), ..cfg(&out) }, steps);
+    let ctx = context(None);
+    let (remade, t) = losses(&ctx, TrainConfig { remake: Some(true), ..cfg(&out) }, steps);
+    assert!(t.model.remakes());
+    // The same kernels on the same inputs: the same bits, so the same gradients and updates.
+    assert_eq!(remade, kept, "losses with the outputs made again in backward");
+    // Per block and token: ln_1 and ln_2 (C values each) and GELU (4C), f32.
+    let c = t.model.config;
+    let per_step = (c.n_layer * 6 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    assert_eq!(ctx.pager.counters().recompute_dropped_bytes, per_step * steps as u64);
+    let (kept_peak, remade_peak) = (kept_ctx.pager.snapshot().peak_gpu_bytes, ctx.pager.snapshot().peak_gpu_bytes);
+    println!("peak GPU bytes: kept {kept_peak}, remade {remade_peak}");
+    assert!(remade_peak < kept_peak, "remade {remade_peak} B vs kept {kept_peak} B");
+    // At a quarter of the footprint a run turns it on by itself after its first step, and
+    // moves fewer bytes each way than one told to keep them.
+    let budget = kept_ctx.pager.live_bytes().1 / 4;
+    let paged = context(Some(budget));
+    let (auto, t) = losses(&paged, cfg(&out), steps);
+    assert!(t.model.remakes(), "a paged run did not turn remaking on");
+    assert_close("paged, remade from step 2", &auto, &to64(&kept), 0.0, 1e-6);
+    let paged_kept = context(Some(budget));
+    let (_, t) = losses(&paged_kept, TrainConfig { remake: Some(false), ..cfg(&out) }, steps);
+    assert!(!t.model.remakes());
+    let (a, k) = (paged.pager.counters(), paged_kept.pager.counters());
+    println!("quarter budget: remade {a:?}\nkept {k:?}");
+    assert!(a.bytes_written_back < k.bytes_written_back, "written back: {} vs {}", a.bytes_written_back, k.bytes_written_back);
+    assert!(a.bytes_uploaded < k.bytes_uploaded, "uploaded: {} vs {}", a.bytes_uploaded, k.bytes_uploaded);
+}
+
+#[test]
 fn recompute_gives_the_same_losses_with_a_smaller_footprint() {
     let out = tmpdir("recompute");
     let stored_ctx = context(None);

@@ -105,6 +105,8 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     /// Checkpoint every block: keep its input, recompute it in backward.
     recompute: Cell<bool>,
+    /// Make LayerNorm and GELU outputs again in backward instead of keeping them (`Block::forward`).
+    remake: Cell<bool>,
     /// Element type of the activations between the embedding and the head (f16 after `to_half`).
     activations: DType,
 }
@@ -124,14 +126,14 @@ impl Gpt {
             .map(|b| b.map(Rc::new))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
-        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false), activations: DType::F32 })
+        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false), remake: Cell::new(false), activations: DType::F32 })
     }
 
     /// This model with every Linear layer whose parameter names contain `pattern` (e.g. `mlp`,
     /// `h.0.`) frozen as int8 weights; returns it and how many layers were frozen. Call before
     /// the model is shared (right after building or loading it).
     pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<(Gpt, usize)> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute, activations } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, activations } = self;
         let mut frozen = 0;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -141,7 +143,7 @@ impl Gpt {
             frozen += block.frozen();
             out.push(Rc::new(block));
         }
-        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations }, frozen))
+        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, activations }, frozen))
     }
 
     /// This model in mixed precision: activations (and their gradients) in f16 from the embedding
@@ -149,14 +151,14 @@ impl Gpt {
     /// writes the copies with each update; after changing the masters otherwise, call
     /// `Module::refresh_half`). Needs shader-f16.
     pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute, activations: _ } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, activations: _ } = self;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
             let block = Rc::try_unwrap(b)
                 .map_err(|_| Error::invalid("to_half", "the model is shared; convert it before use"))?;
             out.push(Rc::new(block.with_half(ctx)?));
         }
-        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, activations: DType::F16 })
+        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, activations: DType::F16 })
     }
 
     /// Element type of the activations between the embedding and the head.
@@ -167,6 +169,16 @@ impl Gpt {
     /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
     pub fn set_recompute(&self, on: bool) {
         self.recompute.set(on);
+    }
+
+    /// Turns selective recompute of LayerNorm and GELU outputs on or off (see [`Block::forward`];
+    /// whole blocks recomputed keep nothing anyway).
+    pub fn set_remake(&self, on: bool) {
+        self.remake.set(on);
+    }
+
+    pub fn remakes(&self) -> bool {
+        self.remake.get()
     }
 
     /// tokens (B,T) u32 → logits (B,T,V), f32.
@@ -219,11 +231,11 @@ impl Gpt {
                 let _scope = ctx.name_scope(&name);
                 autograd::checkpoint(ctx, &x, move |ctx, x| {
                     let _scope = ctx.name_scope(&name);
-                    block.forward(ctx, x)
+                    block.forward(ctx, x, false)
                 })?
             } else {
                 let _scope = ctx.name_scope(&name);
-                block.forward(ctx, &x)?
+                block.forward(ctx, &x, self.remake.get())?
             };
         }
         prepare(&self.ln_f.params())?;

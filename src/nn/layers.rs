@@ -1,6 +1,7 @@
 //! Linear, LayerNorm, Mlp, CausalSelfAttention and the transformer Block.
 
 use super::{Module, Param, Stored};
+use crate::autograd::remake_for_backward;
 use crate::context::Context;
 use crate::error::Result;
 use crate::ops;
@@ -110,6 +111,25 @@ impl LayerNorm {
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
         ops::layernorm(ctx, x, &self.weight.value, &self.bias.value, self.eps)
     }
+
+    /// `reader(self.forward(x))`, where `reader` is one op (a Linear) and the only reader of the
+    /// normalized tensor. With `remake`, backward makes that tensor again from `x` (which the
+    /// LayerNorm keeps anyway) instead of keeping it from forward.
+    pub fn feeding(
+        &self,
+        ctx: &Context,
+        x: &Tensor,
+        remake: bool,
+        reader: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let n = self.forward(ctx, x)?;
+        let out = reader(&n)?;
+        if remake {
+            let (x, w, b, eps, n2) = (x.clone(), self.weight.value.clone(), self.bias.value.clone(), self.eps, n.clone());
+            remake_for_backward(ctx, &n, &out, move |ctx| ops::layernorm_into(ctx, &n2, &x, &w, &b, eps))?;
+        }
+        Ok(out)
+    }
 }
 
 impl Module for LayerNorm {
@@ -134,9 +154,19 @@ impl Mlp {
 
     /// x (B,T,C) → (B,T,C).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        let h = self.c_fc.forward(ctx, x)?;
-        let h = ops::gelu(ctx, &h)?;
-        self.c_proj.forward(ctx, &h)
+        self.project(ctx, &self.c_fc.forward(ctx, x)?, false)
+    }
+
+    /// c_proj(GELU(h)) for h = c_fc(x). With `remake`, backward makes the GELU output again from
+    /// `h` (which GELU keeps anyway) instead of keeping it from forward: 4C values a token.
+    pub fn project(&self, ctx: &Context, h: &Tensor, remake: bool) -> Result<Tensor> {
+        let a = ops::gelu(ctx, h)?;
+        let out = self.c_proj.forward(ctx, &a)?;
+        if remake {
+            let (h, a2) = (h.clone(), a.clone());
+            remake_for_backward(ctx, &a, &out, move |ctx| ops::gelu_into(ctx, &a2, &h))?;
+        }
+        Ok(out)
     }
 }
 
@@ -168,8 +198,12 @@ impl CausalSelfAttention {
 
     /// x (B,T,C) → (B,T,C).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        let qkv = self.c_attn.forward(ctx, x)?;
-        let y = ops::causal_self_attention(ctx, &qkv, self.n_head)?;
+        self.attend(ctx, &self.c_attn.forward(ctx, x)?)
+    }
+
+    /// Attention over `qkv` = c_attn(x) (B,T,3C), then c_proj: (B,T,C).
+    pub fn attend(&self, ctx: &Context, qkv: &Tensor) -> Result<Tensor> {
+        let y = ops::causal_self_attention(ctx, qkv, self.n_head)?;
         self.c_proj.forward(ctx, &y)
     }
 }
@@ -202,12 +236,14 @@ impl Block {
         })
     }
 
-    /// x (B,T,C) → (B,T,C).
-    pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        let a = self.attn.forward(ctx, &self.ln_1.forward(ctx, x)?)?;
-        let x = ops::add(ctx, x, &a)?;
-        let m = self.mlp.forward(ctx, &self.ln_2.forward(ctx, &x)?)?;
-        ops::add(ctx, &x, &m)
+    /// x (B,T,C) → (B,T,C). With `remake`, the LayerNorm and GELU outputs (6C values a token
+    /// of the block's ~17C kept for backward) are made again in backward instead of kept: less
+    /// to page out and in where activations outgrow the GPU budget, for two cheap kernels more.
+    pub fn forward(&self, ctx: &Context, x: &Tensor, remake: bool) -> Result<Tensor> {
+        let qkv = self.ln_1.feeding(ctx, x, remake, |n| self.attn.c_attn.forward(ctx, n))?;
+        let x = ops::add(ctx, x, &self.attn.attend(ctx, &qkv)?)?;
+        let h = self.ln_2.feeding(ctx, &x, remake, |n| self.mlp.c_fc.forward(ctx, n))?;
+        ops::add(ctx, &x, &self.mlp.project(ctx, &h, remake)?)
     }
 }
 

@@ -17,6 +17,13 @@ pub fn relu(ctx: &Context, x: &Tensor) -> Result<Tensor> {
     apply(ctx, x, Activation::Relu)
 }
 
+/// GELU of `x` written into `out` again, recording nothing: how a GELU output let go for
+/// backward is made again (`autograd::remake_for_backward`).
+pub fn gelu_into(ctx: &Context, out: &Tensor, x: &Tensor) -> Result<()> {
+    let _op = ctx.op();
+    k::forward(&ctx.kernels, Activation::Gelu, &ctx.write(out)?, &ctx.read(x)?, x.len())
+}
+
 fn apply(ctx: &Context, x: &Tensor, f: Activation) -> Result<Tensor> {
     expect_float("activation", x)?;
     let out = ctx.empty("activation", x.shape(), x.dtype(), ctx.wants_grad(&[x]))?;

@@ -22,20 +22,7 @@ pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps:
     let out = ctx.empty("layernorm", x.shape(), x.dtype(), ctx.wants_grad(&[x, weight, bias]))?;
     let mean = ctx.empty("layernorm mean", &[rows], DType::F32, false)?;
     let rstd = ctx.empty("layernorm rstd", &[rows], DType::F32, false)?;
-    let _op = ctx.op();
-    let r = |t: &Tensor| ctx.read(t);
-    k::forward(
-        &ctx.kernels,
-        &ctx.write(&out)?,
-        &ctx.write(&mean)?,
-        &ctx.write(&rstd)?,
-        &r(x)?,
-        &r(weight)?,
-        &r(bias)?,
-        rows,
-        c,
-        eps,
-    )?;
+    run_forward(ctx, &out, &mean, &rstd, x, weight, bias, eps)?;
     if out.requires_grad() {
         let node = LayerNormBackward {
             x: x.clone(),
@@ -48,6 +35,43 @@ pub fn layernorm(ctx: &Context, x: &Tensor, weight: &Tensor, bias: &Tensor, eps:
         ctx.record(&[&out], node);
     }
     Ok(out)
+}
+
+/// LayerNorm of `x` written into `out` again, recording nothing: how a LayerNorm output let go
+/// for backward is made again (`autograd::remake_for_backward`). The same kernel on the same
+/// inputs: the same bits.
+pub fn layernorm_into(ctx: &Context, out: &Tensor, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<()> {
+    let rows = x.rows();
+    let mean = ctx.empty("layernorm mean (remade)", &[rows], DType::F32, false)?;
+    let rstd = ctx.empty("layernorm rstd (remade)", &[rows], DType::F32, false)?;
+    run_forward(ctx, out, &mean, &rstd, x, weight, bias, eps)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_forward(
+    ctx: &Context,
+    out: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+) -> Result<()> {
+    let _op = ctx.op();
+    let r = |t: &Tensor| ctx.read(t);
+    k::forward(
+        &ctx.kernels,
+        &ctx.write(out)?,
+        &ctx.write(mean)?,
+        &ctx.write(rstd)?,
+        &r(x)?,
+        &r(weight)?,
+        &r(bias)?,
+        x.rows(),
+        x.last_dim(),
+        eps,
+    )
 }
 
 struct LayerNormBackward {

@@ -13,13 +13,13 @@ mod mixed;
 mod quantized;
 mod softmax;
 
-pub use activation::{gelu, relu};
+pub use activation::{gelu, gelu_into, relu};
 pub use attention::causal_self_attention;
 pub use cross_entropy::{cross_entropy, head_keeps_logits, lm_head_loss};
 pub use decode::{decode_attention, decode_embed, kv_append};
 pub use elementwise::{add, cast, mean, scale, sum};
 pub use embedding::embedding;
-pub use layernorm::layernorm;
+pub use layernorm::{layernorm, layernorm_into};
 pub use matmul::{linear, matmul, MatmulOpts};
 pub use mixed::{linear_mixed, refresh_half};
 pub use quantized::{linear_q8, QWeight};

@@ -56,6 +56,29 @@ impl Pager {
         Ok(())
     }
 
+    /// Says no one will read `id` until it is written whole again (an activation that its one
+    /// reader makes again in backward from a kept input, `autograd::remake_for_backward`): its
+    /// GPU buffer goes back to the pool now and it is never written back, so it costs neither
+    /// budget nor bus until then. A read before that rewrite is an error naming the tensor.
+    /// Returns the bytes let go (0 while an op has it pinned: then it stays as it is).
+    pub fn discard(&self, id: TensorId) -> Result<u64> {
+        let mut st = self.state();
+        let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if e.pins > 0 {
+            return Ok(0);
+        }
+        e.dirty = false;
+        e.contents = Contents::Undefined;
+        e.lost = Some(DISCARDED.into());
+        e.lost_by_plan = true;
+        let bytes = e.bytes;
+        if let Some(buf) = e.gpu.take() {
+            st.pool.give(buf);
+        }
+        st.resident.remove(&id);
+        Ok(bytes)
+    }
+
     /// Says the host bytes of `ids` will be rewritten (`update_host`, `write`) before they are
     /// next read — a deferred host optimizer's parameters — so prefetching them would upload
     /// values about to be replaced: the prefetcher leaves them alone until their bytes change.

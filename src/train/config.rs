@@ -97,6 +97,10 @@ pub struct TrainConfig {
     pub optimizer_on: OptimizerOn,
     /// Keep only each block's input in forward; recompute the block in backward.
     pub recompute: bool,
+    /// Make LayerNorm and GELU outputs again in backward instead of keeping them (`Block::forward`).
+    /// `None`: from the step after one that had to evict tensors to stay in the GPU budget
+    /// (`PAGETRAIN_REMAKE=0` or `1` decides instead, for measuring).
+    pub remake: Option<bool>,
     /// Freeze the Linear layers whose names contain this as int8 weights (e.g. `mlp`, `h.0.`).
     pub freeze_int8: Option<String>,
     pub precision: Precision,
@@ -131,6 +135,7 @@ impl Default for TrainConfig {
             checkpoint_every: 0,
             optimizer_on: OptimizerOn::Gpu,
             recompute: false,
+            remake: None,
             freeze_int8: None,
             precision: Precision::F32,
             tokenizer: super::Tokenizer::Auto,

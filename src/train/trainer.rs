@@ -155,6 +155,14 @@ impl Trainer {
             Precision::F32 => (Precision::F32, "f32".to_string()),
         };
         model.set_recompute(cfg.recompute);
+        if cfg.remake.is_none() {
+            cfg.remake = match std::env::var("PAGETRAIN_REMAKE").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            };
+        }
+        model.set_remake(cfg.remake == Some(true));
         let opt_cfg = AdamWConfig {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,
@@ -274,6 +282,21 @@ impl Trainer {
 
     /// One optimizer step on the step's batch; returns the mean loss before the update (waits
     /// for the step's GPU work: [`Trainer::train_step_pending`] does not).
+    /// After a step that evicted tensors to stay in the GPU budget, the later steps make
+    /// LayerNorm and GELU outputs again in backward instead of paging them out and in
+    /// (`Block::forward`), unless `TrainConfig::remake` says otherwise.
+    fn remake_if_paging(&mut self, ctx: &Context, evictions: u64) {
+        if evictions == 0 || self.model.remakes() || self.cfg.recompute || self.cfg.remake.is_some() {
+            return;
+        }
+        self.model.set_remake(true);
+        log::info!(
+            "step {}: {evictions} evictions to stay in the {} MiB GPU budget; from now on LayerNorm and GELU outputs are made again in backward instead of paged",
+            self.step,
+            ctx.pager.budget() >> 20
+        );
+    }
+
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
         self.train_step_pending(ctx).await?.get(ctx).await
     }
@@ -292,6 +315,7 @@ impl Trainer {
             Some(d) => (d.my_rows(&x, self.effective_batch() * t), d.my_rows(&y, self.effective_batch() * t)),
             None => (&x[..], &y[..]),
         };
+        let evictions = ctx.pager.counters().evictions;
         let loss = loop {
             ctx.pager.begin_step();
             match self.accumulate(ctx, x, y) {
@@ -316,6 +340,7 @@ impl Trainer {
                 Err(e) => return Err(e),
             }
         };
+        self.remake_if_paging(ctx, ctx.pager.counters().evictions - evictions);
         // Ranks agree on the mean at once (it is a collective); alone, it is read later.
         let mut loss = match &self.dist {
             Some(d) => StepLoss::known(self.step, d.mean(loss.mean(ctx).await?)?),

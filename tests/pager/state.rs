@@ -261,3 +261,26 @@ fn upload_slots_fit_the_tensors_they_carry() {
     let (up, _, _) = ctx.pager.staging_bytes();
     assert!(up >= RING_SLOT && up <= 3 * 4096 + RING_SLOT, "a small slot was made over for the 64000 B chunk: {up} B");
 }
+
+#[test]
+fn a_discarded_tensor_leaves_the_gpu_unwritten_and_refuses_reads_until_rewritten() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let (a, want) = halved_on_gpu(&ctx, 5, 3000);
+    let before = ctx.pager.counters();
+    let location = |ctx: &Context| ctx.pager.snapshot().tensors.iter().find(|t| t.id == a.id()).unwrap().location;
+    assert_eq!(location(&ctx), pagetrain::pager::Location::Gpu);
+    assert_eq!(ctx.pager.discard(a.id()).unwrap(), 3000 * 4);
+    assert_eq!(location(&ctx), pagetrain::pager::Location::Nowhere, "its buffer went back to the pool");
+    ctx.pager.evict(a.id()).unwrap();
+    ctx.pager.drain().unwrap();
+    assert_eq!(ctx.pager.counters().bytes_written_back, before.bytes_written_back, "a discarded tensor was written back");
+    let err = pollster::block_on(ctx.to_f32(&a)).unwrap_err().to_string();
+    assert!(err.contains("discarded") && err.contains(&ctx.pager.name(a.id())), "{err}");
+    // written whole again (as backward remakes it), it reads back
+    {
+        let _op = ctx.op();
+        let src = ctx.from_f32("src", &[3000], &want, false).unwrap();
+        elementwise::scale_forward(&ctx.kernels, &ctx.write(&a).unwrap(), &ctx.read(&src).unwrap(), 1.0, 3000).unwrap();
+    }
+    assert_eq!(pollster::block_on(ctx.to_f32(&a)).unwrap(), want);
+}
