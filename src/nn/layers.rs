@@ -237,7 +237,7 @@ impl Block {
     }
 
     /// x (B,T,C) → (B,T,C). With `remake`, the LayerNorm and GELU outputs (6C values a token
-    /// of the block's ~17C kept for backward) are made again in backward instead of kept: less
+    /// of the 16C a block keeps for backward) are made again in backward instead of kept: less
     /// to page out and in where activations outgrow the GPU budget, for two cheap kernels more.
     pub fn forward(&self, ctx: &Context, x: &Tensor, remake: bool) -> Result<Tensor> {
         let qkv = self.ln_1.feeding(ctx, x, remake, |n| self.attn.c_attn.forward(ctx, n))?;

@@ -68,8 +68,8 @@ pub struct Counters {
     pub uploads_behind_writeback: u64,
     /// Times the trainer halved its micro-batch because one did not fit.
     pub micro_batch_shrinks: u64,
-    /// Bytes of activations that recompute (checkpointed blocks) did not keep from forward to
-    /// backward, summed over blocks and steps.
+    /// Bytes of activations that recompute (checkpointed blocks, or outputs made again in
+    /// backward: `Pager::discard`) did not keep from forward to backward, summed over steps.
     pub recompute_dropped_bytes: u64,
     /// Bytes written back to the host and then freed before anyone read them there: bus
     /// traffic a better plan would not have spent.

@@ -52,9 +52,10 @@ pub struct RunSummary {
     pub accum: usize,
     pub optimizer_on: String,
     pub recompute: bool,
-    /// With recompute: activation bytes per step (summed over its micro-batches) that the
-    /// checkpointed blocks did not keep from forward to backward; a micro-batch's footprint is
-    /// lower by about its share of this, less one block's worth (recomputed in backward).
+    /// Activation bytes per step (summed over its micro-batches) not kept from forward to
+    /// backward: by the checkpointed blocks (`--recompute`; a micro-batch's footprint is lower by
+    /// about its share of this, less one block's worth) or as LayerNorm and GELU outputs made
+    /// again in backward (`TrainConfig::remake`).
     pub recompute_dropped_bytes_per_step: u64,
     pub precision: String,
     pub loss_scale: f32,
