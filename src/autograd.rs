@@ -171,14 +171,14 @@ impl Backward for Recompute {
     }
 }
 
-/// Selective recompute: `saved`, which of all recorded ops only the last one (the one that
-/// made `reader_out`) reads in backward — a Linear's input that GELU or LayerNorm made from a
-/// tensor kept anyway — is let go now (`Pager::discard`: no budget, no write-back) and made
-/// again by `remake` just before that backward runs. For cheap ops with large outputs, where
-/// the bus costs more than the kernel. A no-op unless that op is the last one recorded.
+/// Selective recompute: the `saved` tensors, which no backward reads before the last op recorded
+/// (the one that made `reader_out`) — a Linear's input that GELU or LayerNorm made from a
+/// tensor kept anyway — are let go now (`Pager::discard`: no budget, no write-back) and made
+/// again by `remake` just before that op's backward runs. For ops whose outputs cost the bus
+/// more than the kernels cost to run again. A no-op unless that op is the last one recorded.
 pub fn remake_for_backward(
     ctx: &Context,
-    saved: &Tensor,
+    saved: &[&Tensor],
     reader_out: &Tensor,
     remake: impl Fn(&Context) -> Result<()> + 'static,
 ) -> Result<()> {
@@ -194,8 +194,10 @@ pub fn remake_for_backward(
         let op = Box::new(Remade { op: node.op, remake: Box::new(remake) });
         tape.nodes.push(Node { outputs: node.outputs, op });
     }
-    let bytes = ctx.pager.discard(saved.id())?;
-    ctx.pager.note_recompute(bytes);
+    for t in saved {
+        let bytes = ctx.pager.discard(t.id())?;
+        ctx.pager.note_recompute(bytes);
+    }
     Ok(())
 }
 

@@ -211,7 +211,7 @@ fn host_optimizer_under_f16_writes_the_weight_copies_and_keeps_the_masters_on_th
 }
 
 #[test]
-fn remade_layernorm_and_gelu_outputs_give_the_same_losses_and_are_neither_kept_nor_paged() {
+fn remade_layernorm_and_mlp_outputs_give_the_same_losses_and_are_neither_kept_nor_paged() {
     let out = tmpdir("remake");
     let steps = 6;
     let kept_ctx = context(None);
@@ -221,10 +221,18 @@ fn remade_layernorm_and_gelu_outputs_give_the_same_losses_and_are_neither_kept_n
     assert!(t.model.remakes());
     // The same kernels on the same inputs: the same bits, so the same gradients and updates.
     assert_eq!(remade, kept, "losses with the outputs made again in backward");
-    // Per block and token: ln_1 and ln_2 (C values each) and GELU (4C), f32.
+    // Per block and token: ln_1 and ln_2 (C values each), c_fc's and GELU's outputs (4C each), f32.
     let c = t.model.config;
-    let per_step = (c.n_layer * 6 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    let per_step = (c.n_layer * 10 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
     assert_eq!(ctx.pager.counters().recompute_dropped_bytes, per_step * steps as u64);
+    // With c_fc frozen in int8 its output is kept and the rest made again: the same losses too.
+    let frozen = |remake| TrainConfig { remake: Some(remake), freeze_int8: Some("mlp".into()), ..cfg(&out) };
+    let (frozen_kept, _) = losses(&context(None), frozen(false), 3);
+    let frozen_ctx = context(None);
+    let (frozen_remade, _) = losses(&frozen_ctx, frozen(true), 3);
+    assert_eq!(frozen_remade, frozen_kept, "losses with int8 MLP layers");
+    let per_step_frozen = (c.n_layer * 6 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    assert_eq!(frozen_ctx.pager.counters().recompute_dropped_bytes, per_step_frozen * 3);
     let (kept_peak, remade_peak) = (kept_ctx.pager.snapshot().peak_gpu_bytes, ctx.pager.snapshot().peak_gpu_bytes);
     println!("peak GPU bytes: kept {kept_peak}, remade {remade_peak}");
     assert!(remade_peak < kept_peak, "remade {remade_peak} B vs kept {kept_peak} B");

@@ -46,6 +46,15 @@ impl Linear {
         }
     }
 
+    /// How to write this layer's output for an input into a given tensor again, recording
+    /// nothing (`ops::linear_into`: the same bits); `None` for a frozen int8 weight.
+    pub fn remaker(&self) -> Option<impl Fn(&Context, &Tensor, &Tensor) -> Result<()> + 'static> {
+        let Weight::Train(p) = &self.weight else { return None };
+        let w = p.half.as_ref().unwrap_or(&p.value).clone();
+        let bias = self.bias.as_ref().map(|b| b.value.clone());
+        Some(move |ctx: &Context, x: &Tensor, out: &Tensor| ops::linear_into(ctx, out, x, &w, bias.as_ref()))
+    }
+
     /// This layer computing with an f16 copy of its trained weight (mixed precision).
     pub fn with_half(self, ctx: &Context) -> Result<Linear> {
         match self.weight {
@@ -125,10 +134,15 @@ impl LayerNorm {
         let n = self.forward(ctx, x)?;
         let out = reader(&n)?;
         if remake {
-            let (x, w, b, eps, n2) = (x.clone(), self.weight.value.clone(), self.bias.value.clone(), self.eps, n.clone());
-            remake_for_backward(ctx, &n, &out, move |ctx| ops::layernorm_into(ctx, &n2, &x, &w, &b, eps))?;
+            remake_for_backward(ctx, &[&n], &out, self.remaker(&n, x))?;
         }
         Ok(out)
+    }
+
+    /// Writes this LayerNorm's output `out` of `x` again, recording nothing (the same bits).
+    fn remaker(&self, out: &Tensor, x: &Tensor) -> impl Fn(&Context) -> Result<()> + 'static {
+        let (out, x, w, b, eps) = (out.clone(), x.clone(), self.weight.value.clone(), self.bias.value.clone(), self.eps);
+        move |ctx: &Context| ops::layernorm_into(ctx, &out, &x, &w, &b, eps)
     }
 }
 
@@ -154,17 +168,35 @@ impl Mlp {
 
     /// x (B,T,C) → (B,T,C).
     pub fn forward(&self, ctx: &Context, x: &Tensor) -> Result<Tensor> {
-        self.project(ctx, &self.c_fc.forward(ctx, x)?, false)
+        let h = self.c_fc.forward(ctx, x)?;
+        self.c_proj.forward(ctx, &ops::gelu(ctx, &h)?)
     }
 
-    /// c_proj(GELU(h)) for h = c_fc(x). With `remake`, backward makes the GELU output again from
-    /// `h` (which GELU keeps anyway) instead of keeping it from forward: 4C values a token.
-    pub fn project(&self, ctx: &Context, h: &Tensor, remake: bool) -> Result<Tensor> {
-        let a = ops::gelu(ctx, h)?;
+    /// `self.forward(ln(x))`, keeping for backward none of the LayerNorm's, c_fc's and GELU's
+    /// outputs (9C of the 16C values a token a block keeps): c_proj's backward first makes them
+    /// again from `x`, which the LayerNorm keeps anyway (one LayerNorm, one product, one GELU).
+    /// With a frozen int8 c_fc, its output is kept and only GELU's is made again.
+    pub fn forward_remaking(&self, ctx: &Context, ln: &LayerNorm, x: &Tensor) -> Result<Tensor> {
+        let n = ln.forward(ctx, x)?;
+        let h = self.c_fc.forward(ctx, &n)?;
+        remake_for_backward(ctx, &[&n], &h, ln.remaker(&n, x))?;
+        let a = ops::gelu(ctx, &h)?;
         let out = self.c_proj.forward(ctx, &a)?;
-        if remake {
-            let (h, a2) = (h.clone(), a.clone());
-            remake_for_backward(ctx, &a, &out, move |ctx| ops::gelu_into(ctx, &a2, &h))?;
+        let gelu_again = {
+            let (h, a) = (h.clone(), a.clone());
+            move |ctx: &Context| ops::gelu_into(ctx, &a, &h)
+        };
+        match self.c_fc.remaker() {
+            Some(fc_again) => {
+                let (ln_again, n2, h2) = (ln.remaker(&n, x), n.clone(), h.clone());
+                let again = move |ctx: &Context| {
+                    ln_again(ctx)?;
+                    fc_again(ctx, &n2, &h2)?;
+                    gelu_again(ctx)
+                };
+                remake_for_backward(ctx, &[&a, &h], &out, again)?;
+            }
+            None => remake_for_backward(ctx, &[&a], &out, gelu_again)?,
         }
         Ok(out)
     }
@@ -236,14 +268,18 @@ impl Block {
         })
     }
 
-    /// x (B,T,C) → (B,T,C). With `remake`, the LayerNorm and GELU outputs (6C values a token
-    /// of the 16C a block keeps for backward) are made again in backward instead of kept: less
-    /// to page out and in where activations outgrow the GPU budget, for two cheap kernels more.
+    /// x (B,T,C) → (B,T,C). With `remake`, the LayerNorm outputs and the MLP's hidden values
+    /// (10C of the 16C values a token the block keeps for backward) are made again in backward
+    /// instead of kept: less to page out and in where activations outgrow the GPU budget, for
+    /// two LayerNorms, a GELU and one product more (`Mlp::forward_remaking`).
     pub fn forward(&self, ctx: &Context, x: &Tensor, remake: bool) -> Result<Tensor> {
         let qkv = self.ln_1.feeding(ctx, x, remake, |n| self.attn.c_attn.forward(ctx, n))?;
         let x = ops::add(ctx, x, &self.attn.attend(ctx, &qkv)?)?;
-        let h = self.ln_2.feeding(ctx, &x, remake, |n| self.mlp.c_fc.forward(ctx, n))?;
-        ops::add(ctx, &x, &self.mlp.project(ctx, &h, remake)?)
+        let m = match remake {
+            true => self.mlp.forward_remaking(ctx, &self.ln_2, &x)?,
+            false => self.mlp.forward(ctx, &self.ln_2.forward(ctx, &x)?)?,
+        };
+        ops::add(ctx, &x, &m)
     }
 }
 

@@ -58,6 +58,26 @@ pub(super) fn product_with_grad_to(
     if b_grad.shape() != b.shape() {
         return Err(Error::shape("matmul gradient target", b.shape(), b_grad.shape()));
     }
+    let (g, out_shape) = gemm_of(a, b, bias, opts)?;
+    let inputs: Vec<&Tensor> = [Some(a), Some(b_grad), bias].into_iter().flatten().collect();
+    let out = ctx.empty("matmul", &out_shape, a.dtype(), ctx.wants_grad(&inputs))?;
+    run_product(ctx, &out, a, b, bias, g)?;
+    if out.requires_grad() {
+        let node = MatmulBackward {
+            a: a.clone(),
+            b: b.clone(),
+            b_grad: b_grad.clone(),
+            bias: bias.cloned(),
+            out: out.clone(),
+            g,
+        };
+        ctx.record(&[&out], node);
+    }
+    Ok(out)
+}
+
+/// The product's dimensions (checked) and the shape of its result.
+fn gemm_of(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> Result<(Gemm, Vec<usize>)> {
     expect_float("matmul", a)?;
     expect_float("matmul", b)?;
     if a.shape().len() < 2 && !(a.shape().len() == 1 && b.shape().len() == 2) {
@@ -99,8 +119,6 @@ pub(super) fn product_with_grad_to(
             return Err(Error::shape("linear bias", [n], bias.shape()));
         }
     }
-    let inputs: Vec<&Tensor> = [Some(a), Some(b_grad), bias].into_iter().flatten().collect();
-    let out = ctx.empty("matmul", &out_shape, a.dtype(), ctx.wants_grad(&inputs))?;
     let g = Gemm {
         batch,
         m,
@@ -113,23 +131,25 @@ pub(super) fn product_with_grad_to(
         offsets: [0; 3],
         a_stride: 0,
     };
-    {
-        let _op = ctx.op();
-        let bias_view = bias.map(|t| ctx.read(t)).transpose()?;
-        k::matmul(&ctx.kernels, &ctx.write(&out)?, &ctx.read(a)?, &ctx.read(b)?, bias_view.as_ref(), &ctx.dummy()?, g)?;
+    Ok((g, out_shape))
+}
+
+/// The product `g` of `a` and `b` (+ bias) written into `out`.
+fn run_product(ctx: &Context, out: &Tensor, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, g: Gemm) -> Result<()> {
+    let _op = ctx.op();
+    let bias_view = bias.map(|t| ctx.read(t)).transpose()?;
+    k::matmul(&ctx.kernels, &ctx.write(out)?, &ctx.read(a)?, &ctx.read(b)?, bias_view.as_ref(), &ctx.dummy()?, g)
+}
+
+/// `linear(x, w, bias)` written into `out` again, recording nothing: how a Linear's output let
+/// go for backward is made again (`autograd::remake_for_backward`). The same kernel on the same
+/// inputs as the forward: the same bits.
+pub fn linear_into(ctx: &Context, out: &Tensor, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+    let (g, shape) = gemm_of(x, w, bias, MatmulOpts::default())?;
+    if out.shape() != shape.as_slice() || out.dtype() != x.dtype() {
+        return Err(Error::shape("linear_into", format!("{shape:?} {:?}", x.dtype()), (out.shape(), out.dtype())));
     }
-    if out.requires_grad() {
-        let node = MatmulBackward {
-            a: a.clone(),
-            b: b.clone(),
-            b_grad: b_grad.clone(),
-            bias: bias.cloned(),
-            out: out.clone(),
-            g,
-        };
-        ctx.record(&[&out], node);
-    }
-    Ok(out)
+    run_product(ctx, out, x, w, bias, g)
 }
 
 struct MatmulBackward {

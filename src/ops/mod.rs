@@ -20,7 +20,7 @@ pub use decode::{decode_attention, decode_embed, kv_append};
 pub use elementwise::{add, cast, mean, scale, sum};
 pub use embedding::embedding;
 pub use layernorm::{layernorm, layernorm_into};
-pub use matmul::{linear, matmul, MatmulOpts};
+pub use matmul::{linear, linear_into, matmul, MatmulOpts};
 pub use mixed::{linear_mixed, refresh_half};
 pub use quantized::{linear_q8, QWeight};
 pub use softmax::softmax;
