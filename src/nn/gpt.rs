@@ -105,7 +105,8 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     /// Checkpoint every block: keep its input, recompute it in backward.
     recompute: Cell<bool>,
-    /// Make LayerNorm and GELU outputs again in backward instead of keeping them (`Block::forward`).
+    /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
+    /// them (`Block::forward`).
     remake: Cell<bool>,
     /// Element type of the activations between the embedding and the head (f16 after `to_half`).
     activations: DType,
@@ -171,7 +172,8 @@ impl Gpt {
         self.recompute.set(on);
     }
 
-    /// Turns selective recompute of LayerNorm and GELU outputs on or off (see [`Block::forward`];
+    /// Turns selective recompute of LayerNorm outputs and the MLP's hidden values on or off (see
+    /// [`Block::forward`];
     /// whole blocks recomputed keep nothing anyway).
     pub fn set_remake(&self, on: bool) {
         self.remake.set(on);

@@ -97,7 +97,8 @@ pub struct TrainConfig {
     pub optimizer_on: OptimizerOn,
     /// Keep only each block's input in forward; recompute the block in backward.
     pub recompute: bool,
-    /// Make LayerNorm and GELU outputs again in backward instead of keeping them (`Block::forward`).
+    /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
+    /// them (`Block::forward`).
     /// `None`: from the step after one that had to evict tensors to stay in the GPU budget
     /// (`PAGETRAIN_REMAKE=0` or `1` decides instead, for measuring).
     pub remake: Option<bool>,

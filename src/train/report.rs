@@ -54,7 +54,7 @@ pub struct RunSummary {
     pub recompute: bool,
     /// Activation bytes per step (summed over its micro-batches) not kept from forward to
     /// backward: by the checkpointed blocks (`--recompute`; a micro-batch's footprint is lower by
-    /// about its share of this, less one block's worth) or as LayerNorm and GELU outputs made
+    /// about its share of this, less one block's worth) or as LayerNorm and MLP outputs made
     /// again in backward (`TrainConfig::remake`).
     pub recompute_dropped_bytes_per_step: u64,
     pub precision: String,

@@ -280,10 +280,8 @@ impl Trainer {
         Ok(losses)
     }
 
-    /// One optimizer step on the step's batch; returns the mean loss before the update (waits
-    /// for the step's GPU work: [`Trainer::train_step_pending`] does not).
     /// After a step that evicted tensors to stay in the GPU budget, the later steps make
-    /// LayerNorm and GELU outputs again in backward instead of paging them out and in
+    /// LayerNorm outputs and the MLP's hidden values again in backward instead of paging them
     /// (`Block::forward`), unless `TrainConfig::remake` says otherwise.
     fn remake_if_paging(&mut self, ctx: &Context, evictions: u64) {
         if evictions == 0 || self.model.remakes() || self.cfg.recompute || self.cfg.remake.is_some() {
@@ -291,12 +289,14 @@ impl Trainer {
         }
         self.model.set_remake(true);
         log::info!(
-            "step {}: {evictions} evictions to stay in the {} MiB GPU budget; from now on LayerNorm and GELU outputs are made again in backward instead of paged",
+            "step {}: {evictions} evictions to stay in the {} MiB GPU budget; from now on LayerNorm outputs and the MLP's hidden values are made again in backward instead of paged",
             self.step,
             ctx.pager.budget() >> 20
         );
     }
 
+    /// One optimizer step on the step's batch; returns the mean loss before the update (waits
+    /// for the step's GPU work: [`Trainer::train_step_pending`] does not).
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
         self.train_step_pending(ctx).await?.get(ctx).await
     }
