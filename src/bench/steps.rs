@@ -168,14 +168,6 @@ pub fn time_steps(
         }
     }
     ctx.sync()?;
-    let dump = |tag: &str| {
-        if std::env::var("DUMPUP").is_ok() && budget.is_some() {
-            for t in ctx.pager.snapshot().tensors {
-                eprintln!("DUMP {tag} {} {} {}", t.uploads, t.bytes, t.name);
-            }
-        }
-    };
-    dump("a");
     let before = ctx.pager.counters();
     let host_before = ctx.recorder.host_seconds();
     let recording = || {
@@ -201,7 +193,6 @@ pub fn time_steps(
         pollster::block_on(last.get(&ctx))?;
     }
     ctx.sync()?;
-    dump("b");
     let ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
     let mut per_step = recording();
     for (after, before) in per_step.iter_mut().zip(recorded_before) {

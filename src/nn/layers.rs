@@ -275,9 +275,10 @@ impl Block {
     pub fn forward(&self, ctx: &Context, x: &Tensor, remake: bool) -> Result<Tensor> {
         let qkv = self.ln_1.feeding(ctx, x, remake, |n| self.attn.c_attn.forward(ctx, n))?;
         let x = ops::add(ctx, x, &self.attn.attend(ctx, &qkv)?)?;
-        let m = match remake {
-            true => self.mlp.forward_remaking(ctx, &self.ln_2, &x)?,
-            false => self.mlp.forward(ctx, &self.ln_2.forward(ctx, &x)?)?,
+        let m = if remake {
+            self.mlp.forward_remaking(ctx, &self.ln_2, &x)?
+        } else {
+            self.mlp.forward(ctx, &self.ln_2.forward(ctx, &x)?)?
         };
         ops::add(ctx, &x, &m)
     }
