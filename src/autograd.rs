@@ -201,10 +201,13 @@ pub fn remake_for_backward(
     Ok(())
 }
 
+/// Writes tensors let go for backward again (see [`remake_for_backward`]).
+type Remake = Box<dyn Fn(&Context) -> Result<()>>;
+
 /// A backward node whose saved input is made again first (see [`remake_for_backward`]).
 struct Remade {
     op: Box<dyn Backward>,
-    remake: Box<dyn Fn(&Context) -> Result<()>>,
+    remake: Remake,
 }
 
 impl Backward for Remade {
