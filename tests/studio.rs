@@ -112,7 +112,7 @@ fn a_cell_changes_colour_when_its_tensor_moves() {
     let id = snap.tensors.iter().find(|t| t.name == "transformer.h.1.mlp.c_fc.weight").unwrap().id;
     let mut h = map_harness(snap);
     h.run();
-    for loc in [Location::Gpu, Location::HostRam, Location::Disk, Location::Nowhere, Location::Gpu] {
+    for loc in [Location::Gpu, Location::HostRam, Location::Disk, Location::Remade, Location::Nowhere, Location::Gpu] {
         {
             let (_, snap) = h.state_mut();
             snap.tensors.iter_mut().find(|t| t.id == id).unwrap().location = loc;

@@ -2,7 +2,7 @@
 //! bus traffic, and residency snapshots for `--json`, benchmarks and the studio.
 
 use super::telemetry::{Counters, Location, Snapshot, StepTransfers, TensorInfo};
-use super::{Contents, Pager};
+use super::{Contents, Pager, DISCARDED};
 
 /// Memory counters, read by telemetry and `--json`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,6 +55,12 @@ impl Pager {
         self.state().pool.budget()
     }
 
+    /// Whether a transfer may be waited for inside a step (not in the browser, see
+    /// [`super::PagerOptions::blocking_waits`]).
+    pub fn waits_may_block(&self) -> bool {
+        self.state().blocking_waits
+    }
+
     /// How the budget was set: asked for, or what `auto` found on the device.
     pub fn budget_source(&self) -> &str {
         &self.budget_source
@@ -79,6 +85,8 @@ impl Pager {
                 bytes: e.bytes,
                 location: if e.gpu.is_some() {
                     Location::Gpu
+                } else if e.lost.as_deref() == Some(DISCARDED) {
+                    Location::Remade
                 } else if e.contents != Contents::Host {
                     Location::Nowhere
                 } else if st.store.ram_fraction(&e.host) < 0.5 {

@@ -14,6 +14,8 @@ pub enum Location {
     Disk,
     /// Logically zero or undefined: nothing stored anywhere yet.
     Nowhere,
+    /// Let go until backward makes it again (`Pager::discard`): stored nowhere, by plan.
+    Remade,
 }
 
 /// One tensor in a snapshot.

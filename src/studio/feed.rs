@@ -112,7 +112,7 @@ impl HostMemory {
                     in_ram += t.bytes;
                 }
                 Location::Disk => host_only += t.bytes,
-                Location::Gpu | Location::Nowhere => {}
+                Location::Gpu | Location::Remade | Location::Nowhere => {}
             }
         }
         HostMemory { rss_bytes: resident_set_bytes(), host_only_bytes: host_only, host_in_ram_bytes: in_ram }

@@ -22,7 +22,7 @@ pub enum CellContent {
     /// One tensor: its index in the snapshot.
     Tensor(usize),
     /// Tensors of one group too small to draw one by one.
-    Aggregate { layer: String, kind: Kind, tensors: Vec<usize>, bytes: u64, by_location: [u64; 4] },
+    Aggregate { layer: String, kind: Kind, tensors: Vec<usize>, bytes: u64, by_location: [u64; LOCATIONS.len()] },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -103,13 +103,15 @@ pub fn groups(snap: &Snapshot) -> Vec<Group> {
         .collect()
 }
 
-pub const LOCATIONS: [Location; 4] = [Location::Gpu, Location::HostRam, Location::Disk, Location::Nowhere];
+pub const LOCATIONS: [Location; 5] =
+    [Location::Gpu, Location::HostRam, Location::Disk, Location::Remade, Location::Nowhere];
 
 pub fn location_label(l: Location) -> &'static str {
     match l {
         Location::Gpu => "GPU",
         Location::HostRam => "host RAM",
         Location::Disk => "disk only",
+        Location::Remade => "made again in backward",
         Location::Nowhere => "nowhere yet",
     }
 }
@@ -119,15 +121,16 @@ pub fn location_color(l: Location) -> Color32 {
         Location::Gpu => Color32::from_rgb(67, 160, 71),
         Location::HostRam => Color32::from_rgb(30, 136, 229),
         Location::Disk => Color32::from_rgb(251, 140, 0),
+        Location::Remade => Color32::from_rgb(142, 36, 170),
         Location::Nowhere => Color32::from_rgb(97, 97, 97),
     }
 }
 
 /// Bytes per location of `tensors`, in [`LOCATIONS`] order.
-pub fn bytes_by_location<'a>(tensors: impl IntoIterator<Item = &'a TensorInfo>) -> [u64; 4] {
-    let mut out = [0; 4];
+pub fn bytes_by_location<'a>(tensors: impl IntoIterator<Item = &'a TensorInfo>) -> [u64; LOCATIONS.len()] {
+    let mut out = [0; LOCATIONS.len()];
     for t in tensors {
-        let k = LOCATIONS.iter().position(|l| *l == t.location).unwrap_or(3);
+        let k = LOCATIONS.iter().position(|l| *l == t.location).unwrap_or(LOCATIONS.len() - 1);
         out[k] += t.bytes;
     }
     out

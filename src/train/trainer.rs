@@ -282,9 +282,13 @@ impl Trainer {
 
     /// After a step that evicted tensors to stay in the GPU budget, the later steps make
     /// LayerNorm outputs and the MLP's hidden values again in backward instead of paging them
-    /// (`Block::forward`), unless `TrainConfig::remake` says otherwise.
+    /// (`Block::forward`), unless `TrainConfig::remake` says otherwise. Not where transfers
+    /// cannot be waited for within a step (the browser): there the web demo's second step
+    /// failed waiting for a write-back in Chromium, which native runs of the same mode cannot
+    /// show (their polls complete maps at once).
     fn remake_if_paging(&mut self, ctx: &Context, evictions: u64) {
-        if evictions == 0 || self.model.remakes() || self.cfg.recompute || self.cfg.remake.is_some() {
+        let asked = self.cfg.remake.is_some();
+        if evictions == 0 || self.model.remakes() || self.cfg.recompute || asked || !ctx.pager.waits_may_block() {
             return;
         }
         self.model.set_remake(true);

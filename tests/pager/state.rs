@@ -270,7 +270,7 @@ fn a_discarded_tensor_leaves_the_gpu_unwritten_and_refuses_reads_until_rewritten
     let location = |ctx: &Context| ctx.pager.snapshot().tensors.iter().find(|t| t.id == a.id()).unwrap().location;
     assert_eq!(location(&ctx), pagetrain::pager::Location::Gpu);
     assert_eq!(ctx.pager.discard(a.id()).unwrap(), 3000 * 4);
-    assert_eq!(location(&ctx), pagetrain::pager::Location::Nowhere, "its buffer went back to the pool");
+    assert_eq!(location(&ctx), pagetrain::pager::Location::Remade, "its buffer went back to the pool");
     ctx.pager.evict(a.id()).unwrap();
     ctx.pager.drain().unwrap();
     assert_eq!(ctx.pager.counters().bytes_written_back, before.bytes_written_back, "a discarded tensor was written back");
