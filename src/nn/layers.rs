@@ -179,14 +179,19 @@ impl Mlp {
     pub fn forward_remaking(&self, ctx: &Context, ln: &LayerNorm, x: &Tensor) -> Result<Tensor> {
         let n = ln.forward(ctx, x)?;
         let h = self.c_fc.forward(ctx, &n)?;
-        remake_for_backward(ctx, &[&n], &h, ln.remaker(&n, x))?;
+        let fc_again = self.c_fc.remaker();
+        if fc_again.is_none() {
+            // c_fc's output is kept: only its own backward needs the LayerNorm output again.
+            remake_for_backward(ctx, &[&n], &h, ln.remaker(&n, x))?;
+        }
         let a = ops::gelu(ctx, &h)?;
         let out = self.c_proj.forward(ctx, &a)?;
         let gelu_again = {
             let (h, a) = (h.clone(), a.clone());
             move |ctx: &Context| ops::gelu_into(ctx, &a, &h)
         };
-        match self.c_fc.remaker() {
+        match fc_again {
+            // Made once here, the LayerNorm output serves c_fc's backward too.
             Some(fc_again) => {
                 let (ln_again, n2, h2) = (ln.remaker(&n, x), n.clone(), h.clone());
                 let again = move |ctx: &Context| {
@@ -194,7 +199,7 @@ impl Mlp {
                     fc_again(ctx, &n2, &h2)?;
                     gelu_again(ctx)
                 };
-                remake_for_backward(ctx, &[&a, &h], &out, again)?;
+                remake_for_backward(ctx, &[&n, &h, &a], &out, again)?;
             }
             None => remake_for_backward(ctx, &[&a], &out, gelu_again)?,
         }
