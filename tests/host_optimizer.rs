@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_close, randn, reference as r, to64};
-use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, CHUNK};
 use half::f16;
+use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, CHUNK};
 use pagetrain::rng::Rng;
 
 /// Lengths around the chunk size: shorter than one, one short of it, exact, just over, several.
@@ -52,8 +52,11 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
     let mut results = Vec::new();
     for threads in [1, 4] {
         let mut state: Vec<_> = inputs.clone();
-        let tensors =
-            state.iter_mut().enumerate().map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i), half: None }).collect();
+        let tensors = state
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i), half: None })
+            .collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, ((p, m, v, g), (p1, m1, v1, _))) in inputs.iter().zip(&state).enumerate() {
             let n = p.len();
@@ -101,7 +104,14 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
             .iter_mut()
             .zip(halves.iter_mut())
             .enumerate()
-            .map(|(i, ((p, m, v, g), h))| AdamWSlices { p, m, v, g, decay: 0.1, half: (i % 3 != 1).then_some(&mut h[..]) })
+            .map(|(i, ((p, m, v, g), h))| AdamWSlices {
+                p,
+                m,
+                v,
+                g,
+                decay: 0.1,
+                half: (i % 3 != 1).then_some(&mut h[..]),
+            })
             .collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, ((state, plain), h)) in state.iter().zip(&plain).zip(&halves).enumerate() {

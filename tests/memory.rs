@@ -248,7 +248,12 @@ fn remade_layernorm_and_mlp_outputs_give_the_same_losses_and_are_neither_kept_no
     assert!(!t.model.remakes());
     let (a, k) = (paged.pager.counters(), paged_kept.pager.counters());
     println!("quarter budget: remade {a:?}\nkept {k:?}");
-    assert!(a.bytes_written_back < k.bytes_written_back, "written back: {} vs {}", a.bytes_written_back, k.bytes_written_back);
+    assert!(
+        a.bytes_written_back < k.bytes_written_back,
+        "written back: {} vs {}",
+        a.bytes_written_back,
+        k.bytes_written_back
+    );
     assert!(a.bytes_uploaded < k.bytes_uploaded, "uploaded: {} vs {}", a.bytes_uploaded, k.bytes_uploaded);
 }
 

@@ -127,7 +127,16 @@ impl Gpt {
             .map(|b| b.map(Rc::new))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(ctx, "transformer.ln_f", c)?;
-        Ok(Gpt { config, wte, wpe, blocks, ln_f, recompute: Cell::new(false), remake: Cell::new(false), activations: DType::F32 })
+        Ok(Gpt {
+            config,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            recompute: Cell::new(false),
+            remake: Cell::new(false),
+            activations: DType::F32,
+        })
     }
 
     /// This model with every Linear layer whose parameter names contain `pattern` (e.g. `mlp`,

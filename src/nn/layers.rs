@@ -141,7 +141,8 @@ impl LayerNorm {
 
     /// Writes this LayerNorm's output `out` of `x` again, recording nothing (the same bits).
     fn remaker(&self, out: &Tensor, x: &Tensor) -> impl Fn(&Context) -> Result<()> + 'static {
-        let (out, x, w, b, eps) = (out.clone(), x.clone(), self.weight.value.clone(), self.bias.value.clone(), self.eps);
+        let (out, x, w, b, eps) =
+            (out.clone(), x.clone(), self.weight.value.clone(), self.bias.value.clone(), self.eps);
         move |ctx: &Context| ops::layernorm_into(ctx, &out, &x, &w, &b, eps)
     }
 }

@@ -5,8 +5,8 @@
 
 use std::sync::Mutex;
 
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::AdamWConfig;
 use crate::error::{Error, Result};

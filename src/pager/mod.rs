@@ -125,7 +125,8 @@ const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it with
      step, or set `PagerOptions::drop_dead_writebacks` to false)";
 
 /// Why a tensor's values are gone without a failure: `Pager::discard`.
-const DISCARDED: &str = "discarded until its backward makes it again (`Pager::discard`): nothing may read it before that";
+const DISCARDED: &str =
+    "discarded until its backward makes it again (`Pager::discard`): nothing may read it before that";
 
 /// What happened to a tensor whose write-back could not be delivered.
 const LOST: &str = "its values are lost: reads fail until it is overwritten";

@@ -273,7 +273,11 @@ fn a_discarded_tensor_leaves_the_gpu_unwritten_and_refuses_reads_until_rewritten
     assert_eq!(location(&ctx), pagetrain::pager::Location::Remade, "its buffer went back to the pool");
     ctx.pager.evict(a.id()).unwrap();
     ctx.pager.drain().unwrap();
-    assert_eq!(ctx.pager.counters().bytes_written_back, before.bytes_written_back, "a discarded tensor was written back");
+    assert_eq!(
+        ctx.pager.counters().bytes_written_back,
+        before.bytes_written_back,
+        "a discarded tensor was written back"
+    );
     let err = pollster::block_on(ctx.to_f32(&a)).unwrap_err().to_string();
     assert!(err.contains("discarded") && err.contains(&ctx.pager.name(a.id())), "{err}");
     // written whole again (as backward remakes it), it reads back
