@@ -6,6 +6,8 @@
 //   fill:         out = alpha                      out (n)
 //   fill_normal:  out = alpha * N(0, 1)            out (n)        (initial weights, drawn on the GPU)
 //   convert:      out = a in out's element type    out (n)  a (n)        (f16 copies, mixed precision)
+//   convert_scaled: out = a * grad_half_scale(b[slot]) in out's type   out (n)  a (n)  b (> slot)
+//                 (a gradient on its way to the host optimizer in f16, b its sum of squares)
 // Every binding may be f16 (B0 out, B1 a, B2 b); arithmetic is f32.
 // One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256).
 // CPU references: tests/common/reference.rs `add_forward`, `axpy`, `scale_forward`;
@@ -65,6 +67,29 @@ fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let i = flat(gid, nwg);
     if (i < p2.n) {
         out[i] = B0(a[i]);
+    }
+}
+
+// The power of two a gradient is multiplied by before it is rounded to f16, from `ss`, the sum of
+// the squares of its elements: the largest element then stays under 2^15 (no element exceeds the
+// root of the sum), so none overflows f16's 65504, and small ones keep their bits. Made from the
+// exponent bits alone, so the host finds the same power (`optim::half_grads::unscale_of`); 1 for
+// a sum that is zero, subnormal, infinite or NaN (an overflow then stays one).
+fn grad_half_scale(ss: f32) -> f32 {
+    let e = i32((bitcast<u32>(ss) >> 23u) & 0xffu);
+    if (e == 0 || e == 255) {
+        return 1.0;
+    }
+    // ss < 2^(E + 1) with E = e - 127, so its root is under 2^ceil((E + 1) / 2)
+    let k = 15 - ((e - 127 + 2) >> 1u);
+    return bitcast<f32>(u32(k + 127) << 23u);
+}
+
+@compute @workgroup_size(256)
+fn convert_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p.n) {
+        out[i] = B0(f32(a[i]) * grad_half_scale(f32(b[p.slot])));
     }
 }
 

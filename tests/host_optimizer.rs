@@ -55,7 +55,7 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
         let tensors = state
             .iter_mut()
             .enumerate()
-            .map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g, decay: decay(i), half: None })
+            .map(|(i, (p, m, v, g))| AdamWSlices { p, m, v, g: g[..].into(), decay: decay(i), half: None })
             .collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, ((p, m, v, g), (p1, m1, v1, _))) in inputs.iter().zip(&state).enumerate() {
@@ -76,7 +76,7 @@ fn host_adamw_rejects_slices_of_different_lengths() {
     let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 4], vec![0.5f32; 5]);
     let c = AdamWConfig::default();
     let step = AdamWStep { config: &c, lr: 0.01, scale: 1.0, t: 1 };
-    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0, half: None }];
+    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: g[..].into(), decay: 0.0, half: None }];
     let err = adamw_update(tensors, &step, 2).unwrap_err();
     assert!(err.to_string().contains("differ in length"), "{err}");
     assert_eq!(p, vec![1.0; 5], "nothing was updated");
@@ -94,7 +94,7 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
         .collect();
     // The same update without copies: the values the copies must round.
     let mut plain = inputs.clone();
-    let tensors = plain.iter_mut().map(|(p, m, v, g)| AdamWSlices { p, m, v, g, decay: 0.1, half: None }).collect();
+    let tensors = plain.iter_mut().map(|(p, m, v, g)| AdamWSlices { p, m, v, g: g[..].into(), decay: 0.1, half: None }).collect();
     adamw_update(tensors, &step, 1).unwrap();
     for threads in [1, 3] {
         let mut state = inputs.clone();
@@ -108,7 +108,7 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
                 p,
                 m,
                 v,
-                g,
+                g: g[..].into(),
                 decay: 0.1,
                 half: (i % 3 != 1).then_some(&mut h[..]),
             })
@@ -128,7 +128,7 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
     // a copy of another length is refused before anything is written
     let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 5], vec![0.5f32; 5]);
     let mut h = vec![f16::ZERO; 4];
-    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: &g, decay: 0.0, half: Some(&mut h) }];
+    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: g[..].into(), decay: 0.0, half: Some(&mut h) }];
     let err = adamw_update(tensors, &step, 2).unwrap_err();
     assert!(err.to_string().contains("f16 copy 4"), "{err}");
     assert_eq!(p, vec![1.0; 5], "nothing was updated");

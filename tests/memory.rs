@@ -164,7 +164,9 @@ fn host_optimizer_matches_the_gpu_optimizer() {
 /// Uploads so far of each f32 master weight that has an f16 copy, by name.
 fn master_uploads(ctx: &Context) -> std::collections::BTreeMap<String, u32> {
     let tensors = ctx.pager.snapshot().tensors;
-    let masters: Vec<&str> = tensors.iter().filter_map(|t| t.name.strip_suffix(" (f16)")).collect();
+    // (gradients have f16 copies too: `<name>.grad (f16)`)
+    let masters: Vec<&str> =
+        tensors.iter().filter_map(|t| t.name.strip_suffix(" (f16)")).filter(|n| !n.ends_with(".grad")).collect();
     tensors.iter().filter(|t| masters.contains(&t.name.as_str())).map(|t| (t.name.clone(), t.uploads)).collect()
 }
 

@@ -12,6 +12,11 @@ gpu_params! {
         /// fill_normal's 64-bit seed (low, high words); unused elsewhere
         seed0: u32,
         seed1: u32,
+        /// convert_scaled's element of b
+        slot: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -48,11 +53,19 @@ pub fn fill(k: &Kernels, out: &View, value: f32, n: usize) -> Result<()> {
 /// adapter's `log`/`cos` precision. Drawing initial weights on the GPU takes a GPT-2's 124 M
 /// draws off the host (about a second on 16 cores) and their upload off the bus.
 pub fn fill_normal(k: &Kernels, out: &View, std: f32, seed: u64, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, alpha: std, seed0: seed as u32, seed1: (seed >> 32) as u32 };
+    let p = Params { n: n as u32, alpha: std, seed0: seed as u32, seed1: (seed >> 32) as u32, ..Default::default() };
     k.dispatch(ELEMENTWISE, "fill_normal", &[out], &p, grid_1d(n as u64))
 }
 
 /// `out = a` converted to `out`'s element type (f32 ↔ f16), both (n).
 pub fn cast(k: &Kernels, out: &View, a: &View, n: usize) -> Result<()> {
     k.dispatch(ELEMENTWISE, "convert", &[out, a], &params(n, 0.0), grid_1d(n as u64))
+}
+
+/// `out = a · s` rounded to `out`'s element type, with `s` the power of two that
+/// [`crate::optim::grad_half_scale`] picks for `sums[slot]`, the sum of squares of `a`: a
+/// gradient going down to the host optimizer in f16 (`optim::half_grads`). out, a (n).
+pub fn convert_scaled(k: &Kernels, out: &View, a: &View, sums: &View, slot: usize, n: usize) -> Result<()> {
+    let p = Params { n: n as u32, slot: slot as u32, ..Default::default() };
+    k.dispatch(ELEMENTWISE, "convert_scaled", &[out, a, sums], &p, grid_1d(n as u64))
 }

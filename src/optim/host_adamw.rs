@@ -5,8 +5,10 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::rc::Rc;
 
-use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
+use super::half_grads::{grad_half_scale, HalfGrads};
+use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice};
 use super::AdamWConfig;
 use crate::clock::Stopwatch;
 use crate::context::Context;
@@ -29,6 +31,8 @@ pub struct HostAdamW {
     index: HashMap<TensorId, usize>,
     /// A step begun by [`HostAdamW::defer`] whose updates have not all been applied.
     deferred: Option<Deferred>,
+    /// Where the gradients come down in f16 ([`HostAdamW::send_gradients_in_f16`]).
+    half_grads: Option<Rc<HalfGrads>>,
 }
 
 /// A step whose norm is taken and whose updates wait for each parameter's next use.
@@ -39,6 +43,8 @@ struct Deferred {
     t: u64,
     /// Per parameter: still waiting for its update.
     pending: Vec<bool>,
+    /// With f16 gradients: per parameter, what its f16 gradient is multiplied by.
+    unscales: Option<Vec<f32>>,
 }
 
 /// One AdamW update of a slice of a parameter (the sharded optimizer's unit, `crate::dist`):
@@ -57,15 +63,21 @@ pub(crate) fn update_slice(
     t: u64,
 ) -> Result<()> {
     let step = AdamWStep { config: c, lr, scale, t };
-    adamw_update(vec![AdamWSlices { p, m, v, g, decay, half: None }], &step, worker_threads())
+    adamw_update(vec![AdamWSlices { p, m, v, g: g.into(), decay, half: None }], &step, worker_threads())
 }
 
-/// The f32 values of host bytes (copied when the bytes are not 4-aligned).
-fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
+/// The values of host bytes (copied when the bytes are not aligned for `T`).
+fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
     match bytemuck::try_cast_slice(bytes) {
         Ok(v) => Cow::Borrowed(v),
         Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
+}
+
+/// A gradient's host bytes as the update reads them.
+enum Grad<'a> {
+    F32(Cow<'a, [f32]>),
+    F16(Cow<'a, [half::f16]>),
 }
 
 /// Host bytes seen as values of `T` to change: in place when aligned (the store aligns every
@@ -118,7 +130,7 @@ impl HostAdamW {
             let norm = sum_of_squares(&grads, 1.0, threads).sqrt() as f32;
             let scale = (c.max_grad_norm / (norm + 1e-6)).min(1.0);
             let parts = p.chunks_mut(PIECE).zip(m.chunks_mut(PIECE)).zip(v.chunks_mut(PIECE)).zip(g.chunks(PIECE));
-            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g, decay: 0.1, half: None }).collect();
+            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g: g.into(), decay: 0.1, half: None }).collect();
             let step = AdamWStep { config: &c, lr: 1e-3, scale, t: 1 };
             adamw_update(tensors, &step, threads).map(|()| start.seconds())
         };
@@ -135,7 +147,32 @@ impl HostAdamW {
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
-        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None })
+        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None, half_grads: None })
+    }
+
+    /// From the next step on, the gradients come down in f16, scaled per tensor, and the norm
+    /// from the GPU's sums of squares (`optim::half_grads`): for mixed precision, where the
+    /// products already read f16. Backward must report to [`HostAdamW::half_grads`].
+    pub fn send_gradients_in_f16(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        self.half_grads = Some(Rc::new(HalfGrads::new(ctx, params)?));
+        Ok(())
+    }
+
+    /// What the last micro-batch's backward reports to, when gradients come down in f16.
+    pub fn half_grads(&self) -> Option<Rc<HalfGrads>> {
+        self.half_grads.clone()
+    }
+
+    /// The global norm of the gradients times `grad_scale`: from the GPU's sums of squares with
+    /// f16 gradients (f64, in parameter order), else [`HostAdamW::grad_norm`].
+    fn norm(&self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+        match &self.half_grads {
+            Some(h) => {
+                let total: f64 = h.sums(ctx)?.iter().map(|&s| s as f64).sum();
+                Ok((total.sqrt() * grad_scale.abs() as f64) as f32)
+            }
+            None => Self::grad_norm(ctx, params, grad_scale),
+        }
     }
 
     /// The global norm of the gradients times `grad_scale` (one GPU round trip, then one pass
@@ -144,7 +181,7 @@ impl HostAdamW {
         let ids: Vec<_> = params.iter().map(|p| p.grad.id()).collect();
         ctx.pager.sync_to_host(&ids)?;
         let sumsq = ctx.pager.update_host(&ids, &[], |s| {
-            let grads: Vec<Cow<[f32]>> = s.iter().map(|b| f32s(b)).collect();
+            let grads: Vec<Cow<[f32]>> = s.iter().map(|b| pods(b)).collect();
             let grads: Vec<&[f32]> = grads.iter().map(|g| &**g).collect();
             sum_of_squares(&grads, grad_scale, worker_threads())
         })?;
@@ -157,9 +194,11 @@ impl HostAdamW {
     pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
         // The wait for the gradients is the GPU's time, not the host passes'.
-        ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
+        if self.half_grads.is_none() {
+            ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
+        }
         let start = Stopwatch::start();
-        self.last_norm = Self::grad_norm(ctx, params, grad_scale)?;
+        self.last_norm = self.norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();
         Ok(self.last_norm)
     }
@@ -192,23 +231,29 @@ impl HostAdamW {
         let halves = params.iter().filter_map(|p| p.half.as_ref().map(|h| h.id()));
         let values: Vec<_> = params.iter().map(|p| p.value.id()).chain(halves).collect();
         // (An f16 copy is dirty on the GPU only where the GPU made it: before the first step.)
-        let ids: Vec<_> = params.iter().map(|p| p.grad.id()).chain(values.iter().copied()).collect();
+        // f16 gradients come down layer by layer, as their updates need them (`update`).
+        let grads = params.iter().filter(|_| self.half_grads.is_none()).map(|p| p.grad.id());
+        let ids: Vec<_> = grads.chain(values.iter().copied()).collect();
         ctx.pager.sync_to_host(&ids)?;
         let norm = match norm {
             Some(n) => n,
             None => {
                 let start = Stopwatch::start();
-                let n = Self::grad_norm(ctx, params, grad_scale)?;
+                let n = self.norm(ctx, params, grad_scale)?;
                 self.host_seconds += start.seconds();
                 n
             }
+        };
+        let unscales = match &self.half_grads {
+            Some(h) => Some(h.sums(ctx)?.iter().map(|&s| 1.0 / grad_half_scale(s)).collect()),
+            None => None,
         };
         self.last_norm = norm;
         let c = self.config;
         let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
         self.t += 1;
         let pending = vec![true; self.m.len()];
-        self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending });
+        self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending, unscales });
         ctx.pager.expect_host_update(&values);
         ctx.pager.end_step();
         Ok(())
@@ -233,8 +278,12 @@ impl HostAdamW {
         }
         // What is recorded for the layers before runs on the GPU while the host updates these.
         ctx.recorder.flush();
+        if let Some(h) = &self.half_grads {
+            // Waiting for the GPU to write them back is the pager's stall, not the host pass.
+            ctx.pager.sync_to_host(&due.iter().map(|&(i, _)| h.halves[i].id()).collect::<Vec<_>>())?;
+        }
         let start = Stopwatch::start();
-        self.update(ctx, &due, d.lr, d.scale, d.t)?;
+        self.update(ctx, &due, d)?;
         self.host_seconds += start.seconds();
         for (i, p) in due {
             ctx.pager.zero(p.grad.id())?;
@@ -257,13 +306,17 @@ impl HostAdamW {
     /// `scale`, in one pass in place in the host store. Under mixed precision the pass also
     /// writes each f16 copy from the host, so the f32 master never goes up to the GPU: the bus
     /// carries 2 bytes a parameter up instead of 4, and the copy is clean where it is evicted.
-    fn update(&self, ctx: &Context, due: &[(usize, &Param)], lr: f32, scale: f32, t: u64) -> Result<()> {
-        // Per tensor: value, moments, gradient, then its f16 copy if it has one; all but the
-        // gradient are written.
+    fn update(&self, ctx: &Context, due: &[(usize, &Param)], d: &Deferred) -> Result<()> {
+        // Per tensor: value, moments, gradient (its f16 copy where the gradients come down so),
+        // then its f16 weight copy if it has one; all but the gradient are written.
         let mut ids = Vec::with_capacity(5 * due.len());
         let mut written = Vec::with_capacity(4 * due.len());
         for &(i, p) in due {
-            let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), p.grad.id()];
+            let grad = match &self.half_grads {
+                Some(h) => h.halves[i].id(),
+                None => p.grad.id(),
+            };
+            let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), grad];
             ids.extend(quad);
             written.extend(&quad[..3]);
             if let Some(half) = &p.half {
@@ -282,21 +335,30 @@ impl HostAdamW {
                 rest = tail;
                 let [p, m, v, g, half @ ..] = mine else { unreachable!("four or five slices a parameter") };
                 let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
-                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), f32s(g), half));
+                let g = match &d.unscales {
+                    Some(_) => Grad::F16(pods(g)),
+                    None => Grad::F32(pods(g)),
+                };
+                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), g, half));
             }
             let tensors = views
                 .iter_mut()
-                .zip(&decays)
-                .map(|((p, m, v, g, half), &decay)| AdamWSlices {
+                .zip(due.iter().zip(&decays))
+                .map(|((p, m, v, g, half), (&(i, _), &decay))| AdamWSlices {
                     p: p.values(),
                     m: m.values(),
                     v: v.values(),
-                    g,
+                    g: match (g, &d.unscales) {
+                        (Grad::F16(values), Some(u)) => GradSlice::F16 { values, unscale: u[i] },
+                        (Grad::F32(g), _) => GradSlice::F32(g),
+                        (Grad::F16(_), None) => unreachable!("f16 gradients come with their unscales"),
+                    },
                     decay,
                     half: half.as_mut().map(|h| h.values()),
                 })
                 .collect();
-            adamw_update(tensors, &AdamWStep { config: &c, lr, scale, t }, worker_threads())?;
+            let step = AdamWStep { config: &c, lr: d.lr, scale: d.scale, t: d.t };
+            adamw_update(tensors, &step, worker_threads())?;
             for (p, m, v, _, half) in views {
                 p.finish();
                 m.finish();

@@ -85,6 +85,48 @@ pub fn sum_of_squares(grads: &[&[f32]], scale: f32, threads: usize) -> f64 {
     run_jobs(chunks, threads, |g| chunk_sum_of_squares(g, scale)).iter().sum()
 }
 
+/// A gradient as the host optimizer reads it: f32, or f16 times a scale (`optim::half_grads`),
+/// which the update multiplies by `unscale`.
+#[derive(Clone, Copy)]
+pub enum GradSlice<'a> {
+    F32(&'a [f32]),
+    F16 { values: &'a [f16], unscale: f32 },
+}
+
+impl<'a> GradSlice<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            GradSlice::F32(g) => g.len(),
+            GradSlice::F16 { values, .. } => values.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Consecutive pieces of `size` elements (the last may be shorter).
+    fn chunks(self, size: usize) -> Box<dyn Iterator<Item = GradSlice<'a>> + 'a> {
+        match self {
+            GradSlice::F32(g) => Box::new(g.chunks(size).map(GradSlice::F32)),
+            GradSlice::F16 { values, unscale } => {
+                Box::new(values.chunks(size).map(move |values| GradSlice::F16 { values, unscale }))
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for GradSlice<'a> {
+    fn from(g: &'a [f32]) -> Self {
+        GradSlice::F32(g)
+    }
+}
+
+thread_local! {
+    /// An f16 chunk widened to f32 before its update (one per worker thread, reused).
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One tensor's part in an AdamW update: its values, moments and gradient (the same length),
 /// its weight decay (0 for biases and gains) and, under mixed precision, the f16 copy of its
 /// values that the products read, rewritten from the updated values in the same pass.
@@ -92,7 +134,7 @@ pub struct AdamWSlices<'a> {
     pub p: &'a mut [f32],
     pub m: &'a mut [f32],
     pub v: &'a mut [f32],
-    pub g: &'a [f32],
+    pub g: GradSlice<'a>,
     pub decay: f32,
     pub half: Option<&'a mut [f16]>,
 }
@@ -109,11 +151,28 @@ pub struct AdamWStep<'a> {
 
 /// One AdamW update of a chunk, element for element as `adamw_update` in shaders/optim.wgsl.
 fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
+    match s.g {
+        GradSlice::F32(g) => update_values(s.p, s.m, s.v, g, s.decay, h.scale, h),
+        // The unscale is a power of two: g · (scale · unscale) is (g · unscale) · scale exactly.
+        GradSlice::F16 { values, unscale } => WIDENED.with(|w| {
+            let mut w = w.borrow_mut();
+            w.resize(values.len(), 0.0);
+            values.convert_to_f32_slice(&mut w);
+            update_values(s.p, s.m, s.v, &w, s.decay, h.scale * unscale, h)
+        }),
+    }
+    // While the chunk is still in cache (rounded to nearest even, as the GPU's cast).
+    if let Some(half) = s.half {
+        half.convert_from_f32_slice(s.p);
+    }
+}
+
+fn update_values(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], decay: f32, scale: f32, h: &AdamWStep) {
     let c = h.config;
     let bc1 = 1.0 - c.beta1.powi(h.t as i32);
     let bc2 = 1.0 - c.beta2.powi(h.t as i32);
-    let (lr, decay, scale) = (h.lr, s.decay, h.scale);
-    for (((p, m), v), &g) in s.p.iter_mut().zip(s.m.iter_mut()).zip(s.v.iter_mut()).zip(s.g) {
+    let lr = h.lr;
+    for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         let gi = g * scale;
         let mi = c.beta1 * *m + (1.0 - c.beta1) * gi;
         let vi = c.beta2 * *v + (1.0 - c.beta2) * gi * gi;
@@ -121,10 +180,6 @@ fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
         *v = vi;
         let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
         *p -= lr * (upd + decay * *p);
-    }
-    // While the chunk is still in cache (rounded to nearest even, as the GPU's cast).
-    if let Some(half) = s.half {
-        half.convert_from_f32_slice(s.p);
     }
 }
 

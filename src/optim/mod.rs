@@ -2,15 +2,17 @@
 
 mod adamw;
 mod clip;
+mod half_grads;
 mod host_adamw;
 mod host_kernels;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{EarlyNorms, GradClip};
+pub use half_grads::{grad_half_scale, HalfGrads};
 pub use host_adamw::HostAdamW;
 pub(crate) use host_adamw::{update_slice, F32sMut};
-pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, CHUNK};
+pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};
 pub use sgd::{Sgd, SgdConfig};
 
 use crate::context::Context;

@@ -102,6 +102,10 @@ pub struct TrainConfig {
     /// `None`: from the step after one that had to evict tensors to stay in the GPU budget
     /// (`PAGETRAIN_REMAKE=0` or `1` decides instead, for measuring).
     pub remake: Option<bool>,
+    /// With `--precision f16` and AdamW on the host: gradients go down to it in f16, scaled per
+    /// tensor (`optim::HalfGrads`), half the bytes of f32. `None`: yes, unless
+    /// `PAGETRAIN_F16_GRADS=0` (for measuring).
+    pub f16_gradients: Option<bool>,
     /// Freeze the Linear layers whose names contain this as int8 weights (e.g. `mlp`, `h.0.`).
     pub freeze_int8: Option<String>,
     pub precision: Precision,
@@ -137,6 +141,7 @@ impl Default for TrainConfig {
             optimizer_on: OptimizerOn::Gpu,
             recompute: false,
             remake: None,
+            f16_gradients: None,
             freeze_int8: None,
             precision: Precision::F32,
             tokenizer: super::Tokenizer::Auto,

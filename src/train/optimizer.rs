@@ -2,6 +2,9 @@
 //! sharded across data-parallel ranks — one interface for the training loop.
 
 use super::checkpoint::Moments;
+use std::rc::Rc;
+
+use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::dist::ShardedAdamW;
 use crate::error::Result;
@@ -74,12 +77,30 @@ impl Optimizer {
         }
     }
 
-    /// What takes the gradients' sums of squares during backward for the norm (GPU AdamW). Resident
-    /// runs take them so too: a paged run then computes exactly what a resident one does.
-    pub(super) fn early_norms(&self) -> Option<std::rc::Rc<crate::optim::EarlyNorms>> {
+    /// What the last micro-batch's backward reports each gradient addition to, readied for it:
+    /// GPU AdamW takes the gradients' sums of squares for the norm then (resident runs too: a
+    /// paged run then computes exactly what a resident one does); host AdamW with f16
+    /// gradients casts each one after its last addition ([`crate::optim::HalfGrads`]).
+    pub(super) fn gradient_watcher(&self, ctx: &Context) -> Option<Rc<dyn GradientAdded>> {
         match self {
-            Optimizer::Gpu(o) => Some(o.clip.early_norms()),
-            _ => None,
+            Optimizer::Gpu(o) => {
+                let norms = o.clip.early_norms();
+                norms.begin();
+                Some(norms)
+            }
+            Optimizer::Host(o) => o.half_grads().map(|h| {
+                h.begin(ctx);
+                h as Rc<dyn GradientAdded>
+            }),
+            Optimizer::Sharded(_) => None,
+        }
+    }
+
+    /// After the last micro-batch's backward: f16 gradients not cast during it are cast now.
+    pub(super) fn backward_done(&self, ctx: &Context) -> Result<()> {
+        match self {
+            Optimizer::Host(o) => o.half_grads().map_or(Ok(()), |h| h.finish(ctx)),
+            _ => Ok(()),
         }
     }
 

@@ -61,6 +61,12 @@ pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
 pub const GROWTH_INTERVAL: u64 = 1000;
 
 /// Whether `e` means "this much does not fit on the GPU".
+/// Whether a mixed-precision run with AdamW on the host sends its gradients down in f16:
+/// `TrainConfig::f16_gradients`, else `PAGETRAIN_F16_GRADS=0|1`, else yes.
+fn f16_gradients(cfg: &TrainConfig) -> bool {
+    cfg.f16_gradients.unwrap_or_else(|| std::env::var("PAGETRAIN_F16_GRADS").as_deref() != Ok("0"))
+}
+
 pub fn is_out_of_memory(e: &Error) -> bool {
     matches!(e, Error::BudgetTooSmall { .. } | Error::OutOfMemory { .. })
 }
@@ -176,7 +182,13 @@ impl Trainer {
                 optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters{gpu}", d.size(), d.size());
                 Optimizer::Sharded(ShardedAdamW::new(ctx, &model, opt_cfg, d.clone())?)
             }
-            (OptimizerOn::Host, None) => Optimizer::Host(HostAdamW::new(ctx, &model, opt_cfg)?),
+            (OptimizerOn::Host, None) => {
+                let mut host = HostAdamW::new(ctx, &model, opt_cfg)?;
+                if precision == Precision::F16 && f16_gradients(&cfg) {
+                    host.send_gradients_in_f16(ctx, &model.params())?;
+                }
+                Optimizer::Host(host)
+            }
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
         };
         crate::clock::startup_phase("optimizer state allocated");
@@ -269,12 +281,14 @@ impl Trainer {
                 self.forward_snapshot = Some(ctx.pager.snapshot());
             }
             let mut grads = self.model.grads();
-            // The last micro-batch's backward takes each gradient's sum of squares as it finishes.
-            if let Some(norms) = self.opt.early_norms().filter(|_| i + 1 == n_micro) {
-                norms.begin();
-                grads.watch(norms);
+            let last = i + 1 == n_micro;
+            if let Some(watcher) = self.opt.gradient_watcher(ctx).filter(|_| last) {
+                grads.watch(watcher);
             }
             ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
+            if last {
+                self.opt.backward_done(ctx)?;
+            }
             losses.push(ctx, &loss)?;
         }
         Ok(losses)

@@ -1,0 +1,143 @@
+//! Gradients that go down to the host optimizer in f16 (mixed precision, AdamW on the host):
+//! once backward has added to a parameter's f32 gradient for the last time, the GPU takes its sum
+//! of squares, rounds it to an f16 copy times a power of two that sum picks (no element can
+//! overflow, small ones keep their bits), and drops the f32 gradient without writing it back.
+//! The bus then carries 2 bytes a parameter down instead of 4, and the host takes the global
+//! norm from the sums instead of a pass over every gradient. The f32 gradient accumulates on the
+//! GPU as before, so micro-batches and tied weights add in f32.
+//!
+//! "Last time" is known from the backward before: the same ops in the same order add to each
+//! gradient as often. A backward with no such record (the first, or one whose ops changed)
+//! casts every gradient after it ends ([`HalfGrads::finish`]).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use crate::autograd::GradientAdded;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::elementwise;
+use crate::nn::Param;
+use crate::tensor::{DType, Tensor, TensorId};
+
+/// The power of two a gradient whose squares sum to `ss` is multiplied by before it is rounded
+/// to f16: `grad_half_scale` in shaders/elementwise.wgsl, bit for bit (exponent bits only).
+pub fn grad_half_scale(ss: f32) -> f32 {
+    let e = ((ss.to_bits() >> 23) & 0xff) as i32;
+    if e == 0 || e == 255 {
+        return 1.0;
+    }
+    let k = 15 - ((e - 127 + 2) >> 1);
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+pub struct HalfGrads {
+    /// Per parameter: its gradient in f16, times its scale.
+    pub halves: Vec<Tensor>,
+    /// Per parameter: the sum of squares of its f32 gradient, as of its cast.
+    sums: Tensor,
+    /// The f32 gradients, and the slot of each by its id.
+    grads: Vec<Tensor>,
+    slots: HashMap<TensorId, usize>,
+    watch: RefCell<Watch>,
+}
+
+/// What the backward under way has done, and what the one before did.
+#[derive(Default)]
+struct Watch {
+    /// The ops of the backward under way (a hash of their names, in order).
+    ops: u64,
+    /// Per slot: additions so far, and whether the gradient has been cast.
+    added: Vec<u32>,
+    cast: Vec<bool>,
+    /// The last whole backward's ops and additions per slot.
+    before: Option<(u64, Vec<u32>)>,
+}
+
+impl HalfGrads {
+    pub fn new(ctx: &Context, params: &[&Param]) -> Result<Self> {
+        let mut halves = Vec::with_capacity(params.len());
+        for p in params {
+            if p.grad.dtype() != DType::F32 {
+                return Err(Error::invalid("f16 gradients", format!("`{}` has a {:?} gradient, not f32", p.name, p.grad.dtype())));
+            }
+            halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), p.grad.shape(), DType::F16, false)?);
+        }
+        let n = params.len();
+        Ok(HalfGrads {
+            halves,
+            sums: ctx.empty("grad sumsq (f16 gradients)", &[n.max(1)], DType::F32, false)?,
+            grads: params.iter().map(|p| p.grad.clone()).collect(),
+            slots: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
+            watch: RefCell::new(Watch { added: vec![0; n], cast: vec![false; n], ..Default::default() }),
+        })
+    }
+
+    /// Call before the backward whose gradients go down (the last micro-batch's), with its ops
+    /// on the tape.
+    pub fn begin(&self, ctx: &Context) {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        ctx.tape().op_names().hash(&mut hasher);
+        let mut w = self.watch.borrow_mut();
+        w.ops = hasher.finish();
+        w.added.iter_mut().for_each(|a| *a = 0);
+        w.cast.iter_mut().for_each(|c| *c = false);
+    }
+
+    /// Casts whatever backward has not (all of them after a backward with no record), and keeps
+    /// this backward's additions as the record for the next.
+    pub fn finish(&self, ctx: &Context) -> Result<()> {
+        let pending: Vec<usize> = {
+            let mut w = self.watch.borrow_mut();
+            w.before = Some((w.ops, w.added.clone()));
+            (0..self.grads.len()).filter(|&i| !w.cast[i]).collect()
+        };
+        for slot in pending {
+            self.cast(ctx, slot)?;
+        }
+        Ok(())
+    }
+
+    /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it dropped.
+    fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
+        self.watch.borrow_mut().cast[slot] = true;
+        let grad = &self.grads[slot];
+        {
+            let _op = ctx.op();
+            let spec = crate::kernels::reduce::SumSpec { squares: true, scale: 1.0, slot, accumulate: false };
+            let (sums, x, partials) = (ctx.modify(&self.sums)?, ctx.read(grad)?, ctx.partials()?);
+            crate::kernels::reduce::sum(&ctx.kernels, &sums, &x, &partials, grad.len(), spec)?;
+            let half = ctx.write(&self.halves[slot])?;
+            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
+        }
+        ctx.pager.discard(grad.id())?;
+        Ok(())
+    }
+
+    /// Per parameter, the sum of squares of its gradient (waits for the GPU): the gradients are
+    /// their f16 copies times the reciprocal of [`grad_half_scale`] of it.
+    pub fn sums(&self, ctx: &Context) -> Result<Vec<f32>> {
+        ctx.pager.sync_to_host(&[self.sums.id()])?;
+        let n = self.grads.len();
+        ctx.pager.update_host(&[self.sums.id()], &[], |s| bytemuck::pod_collect_to_vec::<u8, f32>(&s[0][..4 * n]))
+    }
+}
+
+impl GradientAdded for HalfGrads {
+    fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
+        let Some(&slot) = self.slots.get(&grad.id()) else { return Ok(()) };
+        let last = {
+            let mut w = self.watch.borrow_mut();
+            w.added[slot] += 1;
+            match &w.before {
+                Some((ops, added)) => *ops == w.ops && added[slot] == w.added[slot],
+                None => false,
+            }
+        };
+        if last {
+            self.cast(ctx, slot)?;
+        }
+        Ok(())
+    }
+}
