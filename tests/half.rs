@@ -287,3 +287,57 @@ fn cross_entropy_backward_writes_f16_dlogits() {
         assert_close(&format!("f16 dlogits {rows}x{v}"), &d.read(&ctx), &want, 2e-3, 1e-3);
     }
 }
+
+/// The gap between f16 values around `x` (subnormal spacing below 2^-14).
+fn f16_ulp(x: f64) -> f64 {
+    2f64.powi((x.abs().max(2f64.powi(-14))).log2().floor() as i32 - 10)
+}
+
+#[test]
+fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
+    use pagetrain::optim::grad_half_scale;
+    // The root of the sum lands in [2^14, 2^15): no element (at most the root) reaches f16's
+    // 65504, and the largest keep all of f16's bits.
+    let mut rng = Rng::new(41);
+    let mut sums: Vec<f32> = vec![1e-30, 3.7e-12, 0.5, 1.0, 2.0, 3.99, 4.0, 12345.6, 1e20, 3e38];
+    sums.extend((0..200).map(|_| 10f32.powf(rng.uniform() * 70.0 - 35.0)));
+    for &ss in &sums {
+        let s = grad_half_scale(ss);
+        assert_eq!(s.to_bits() & 0x7f_ffff, 0, "{ss}: scale {s} is not a power of two");
+        let root = (ss as f64).sqrt() * s as f64;
+        assert!((16384.0..32768.0).contains(&root), "{ss}: scale {s} puts the root at {root}");
+    }
+    for special in [0.0, f32::INFINITY, f32::NAN, 1e-40] {
+        assert_eq!(grad_half_scale(special), 1.0, "{special}");
+    }
+    let ctx = ctx();
+    if !has_f16(&ctx) {
+        return;
+    }
+    for &n in &[1usize, 3, 1000, 4099] {
+        // tiny gradients would lose their bits in f16, large ones overflow it, unscaled
+        for std in [1e-6f32, 1.0, 3e4, 2e7] {
+            let a = randn(&mut rng, n, std);
+            let ss = a.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32;
+            // the sum in slot 2, the other slots values that would pick other scales
+            let slots = [7.0, 1e30, ss, 1e-20];
+            let (ga, gs) = (Guarded::new(&ctx, n, Some(&a)), Guarded::new(&ctx, 4, Some(&slots)));
+            let out = Guarded::new_f16(&ctx, n, None);
+            kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 2, n).unwrap();
+            let s = grad_half_scale(ss) as f64;
+            for (i, (&got, &x)) in out.read(&ctx).iter().zip(&a).enumerate() {
+                let exact = x as f64 * s;
+                assert!(got.is_finite(), "n {n} std {std} element {i}: {x} · {s} gave {got}");
+                let off = (got as f64 - exact).abs();
+                assert!(off <= f16_ulp(exact), "n {n} std {std} element {i}: {x} · {s} = {exact}, got {got}");
+            }
+        }
+    }
+    // An overflowed gradient stays one: its sum is infinite, the scale 1, the values as they are.
+    let a = vec![1e5f32, -2.0, f32::INFINITY];
+    let (ga, gs) = (Guarded::new(&ctx, 3, Some(&a)), Guarded::new(&ctx, 1, Some(&[f32::INFINITY])));
+    let out = Guarded::new_f16(&ctx, 3, None);
+    kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 0, 3).unwrap();
+    let got = out.read(&ctx);
+    assert!(got[0].is_infinite() && got[1] == -2.0 && got[2].is_infinite(), "{got:?}");
+}

@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, randn, reference as r, to64};
 use half::f16;
-use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, CHUNK};
+use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, GradSlice, CHUNK};
 use pagetrain::rng::Rng;
 
 /// Lengths around the chunk size: shorter than one, one short of it, exact, just over, several.
@@ -94,7 +94,8 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
         .collect();
     // The same update without copies: the values the copies must round.
     let mut plain = inputs.clone();
-    let tensors = plain.iter_mut().map(|(p, m, v, g)| AdamWSlices { p, m, v, g: g[..].into(), decay: 0.1, half: None }).collect();
+    let tensors =
+        plain.iter_mut().map(|(p, m, v, g)| AdamWSlices { p, m, v, g: g[..].into(), decay: 0.1, half: None }).collect();
     adamw_update(tensors, &step, 1).unwrap();
     for threads in [1, 3] {
         let mut state = inputs.clone();
@@ -128,8 +129,60 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
     // a copy of another length is refused before anything is written
     let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 5], vec![0.5f32; 5]);
     let mut h = vec![f16::ZERO; 4];
-    let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: g[..].into(), decay: 0.0, half: Some(&mut h) }];
+    let tensors =
+        vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: g[..].into(), decay: 0.0, half: Some(&mut h) }];
     let err = adamw_update(tensors, &step, 2).unwrap_err();
     assert!(err.to_string().contains("f16 copy 4"), "{err}");
     assert_eq!(p, vec![1.0; 5], "nothing was updated");
+}
+
+#[test]
+fn host_adamw_on_scaled_f16_gradients_equals_the_update_on_their_f32_values() {
+    let mut rng = Rng::new(23);
+    let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, ..Default::default() };
+    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.3, t: 4 };
+    let lengths = awkward_lengths();
+    // f16 gradients as the GPU sends them: large (scaled up by a power of two), unscaled by
+    // 2^-12 here, 2^3 for another tensor.
+    let unscale = |i: usize| if i % 2 == 0 { 2f32.powi(-12) } else { 8.0 };
+    let inputs: Vec<_> = lengths
+        .iter()
+        .map(|&n| {
+            let (p, m) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 0.1));
+            let v: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
+            let g: Vec<f16> = randn(&mut rng, n, 3000.0).iter().map(|&x| f16::from_f32(x)).collect();
+            (p, m, v, g)
+        })
+        .collect();
+    // The reference: the same update on the f32 gradients the f16 ones stand for.
+    let mut want = inputs.clone();
+    let widened: Vec<Vec<f32>> =
+        inputs.iter().enumerate().map(|(i, (.., g))| g.iter().map(|h| h.to_f32() * unscale(i)).collect()).collect();
+    let tensors = want
+        .iter_mut()
+        .zip(&widened)
+        .map(|((p, m, v, _), g)| AdamWSlices { p, m, v, g: g[..].into(), decay: 0.1, half: None })
+        .collect();
+    adamw_update(tensors, &step, 1).unwrap();
+    for threads in [1, 3] {
+        let mut got = inputs.clone();
+        let tensors = got
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (p, m, v, g))| AdamWSlices {
+                p,
+                m,
+                v,
+                g: GradSlice::F16 { values: g, unscale: unscale(i) },
+                decay: 0.1,
+                half: None,
+            })
+            .collect();
+        adamw_update(tensors, &step, threads).unwrap();
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            let n = got.0.len();
+            assert!(got.0 == want.0 && got.1 == want.1 && got.2 == want.2, "tensor {i} ({n}), {threads} threads");
+            assert!(got.0 != inputs[i].0, "tensor {i} was not updated");
+        }
+    }
 }

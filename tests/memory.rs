@@ -213,6 +213,53 @@ fn host_optimizer_under_f16_writes_the_weight_copies_and_keeps_the_masters_on_th
 }
 
 #[test]
+fn f16_gradients_go_down_in_half_the_bytes_and_train_like_f32_ones() {
+    let out = tmpdir("f16-grads");
+    // Two micro-batches: the f32 gradients accumulate over both before they are cast.
+    let f16 = |on| TrainConfig {
+        precision: pagetrain::train::Precision::F16,
+        optimizer_on: OptimizerOn::Host,
+        f16_gradients: Some(on),
+        batch_size: 2,
+        accum: 2,
+        ..cfg(&out)
+    };
+    let plain = context(None);
+    if !common::has_f16(&plain) {
+        return;
+    }
+    let steps = 6;
+    let (f32_grads, _) = losses(&plain, f16(false), steps);
+    let resident = context(None);
+    let (f16_grads, t) = losses(&resident, f16(true), steps);
+    assert_close("f16 gradients vs f32 ones", &f16_grads, &to64(&f32_grads), 0.0, 1e-3);
+    assert_ne!(f16_grads, f32_grads, "the f16 gradients changed nothing: were they used?");
+    // Resident, what goes down each step is the gradients (and, now, their sums of squares):
+    // 4 bytes a parameter before, 2 now. The last step's f16 gradients have not come down yet:
+    // they do as the updates that read them are applied, in the next forward.
+    use pagetrain::nn::Module;
+    let params = t.model.params();
+    let values: u64 = params.iter().map(|p| p.value.len() as u64).sum();
+    let saved = plain.pager.counters().bytes_written_back - resident.pager.counters().bytes_written_back;
+    let (steps, sums) = (steps as u64, 4 * params.len() as u64);
+    assert_eq!(saved, 4 * values * steps - 2 * values * (steps - 1) - sums * steps, "bytes written back");
+    // From the second step on, each gradient is cast as soon as backward is done with it.
+    let pagetrain::train::trainer::Optimizer::Host(host) = &t.opt else { panic!("host AdamW") };
+    assert_eq!(host.half_grads().expect("f16 gradients").cast_in_backward(), params.len());
+    // Paged, the same losses bit for bit, and fewer bytes down than with f32 gradients.
+    let budget = resident.pager.live_bytes().1 / 4;
+    let paged = context(Some(budget));
+    let (f16_paged, _) = losses(&paged, f16(true), steps as usize);
+    assert!(paged.pager.counters().evictions > 0);
+    assert_eq!(f16_paged, f16_grads, "paged vs resident, f16 gradients");
+    let paged_f32 = context(Some(budget));
+    losses(&paged_f32, f16(false), steps as usize);
+    let (down16, down32) = (paged.pager.counters().bytes_written_back, paged_f32.pager.counters().bytes_written_back);
+    println!("quarter budget, bytes written back in {steps} steps: f16 gradients {down16}, f32 {down32}");
+    assert!(down16 + steps * values < down32, "f16 gradients {down16} B vs f32 {down32} B");
+}
+
+#[test]
 fn remade_layernorm_and_mlp_outputs_give_the_same_losses_and_are_neither_kept_nor_paged() {
     let out = tmpdir("remake");
     let steps = 6;

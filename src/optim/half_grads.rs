@@ -51,6 +51,8 @@ struct Watch {
     /// Per slot: additions so far, and whether the gradient has been cast.
     added: Vec<u32>,
     cast: Vec<bool>,
+    /// Gradients cast before backward ended (the rest waited for `finish`).
+    cast_early: usize,
     /// The last whole backward's ops and additions per slot.
     before: Option<(u64, Vec<u32>)>,
 }
@@ -60,7 +62,10 @@ impl HalfGrads {
         let mut halves = Vec::with_capacity(params.len());
         for p in params {
             if p.grad.dtype() != DType::F32 {
-                return Err(Error::invalid("f16 gradients", format!("`{}` has a {:?} gradient, not f32", p.name, p.grad.dtype())));
+                return Err(Error::invalid(
+                    "f16 gradients",
+                    format!("`{}` has a {:?} gradient, not f32", p.name, p.grad.dtype()),
+                ));
             }
             halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), p.grad.shape(), DType::F16, false)?);
         }
@@ -83,6 +88,13 @@ impl HalfGrads {
         w.ops = hasher.finish();
         w.added.iter_mut().for_each(|a| *a = 0);
         w.cast.iter_mut().for_each(|c| *c = false);
+        w.cast_early = 0;
+    }
+
+    /// How many gradients the last backward cast as it went, not after it ended: all of them
+    /// once a backward has run the same ops before, none in the first.
+    pub fn cast_in_backward(&self) -> usize {
+        self.watch.borrow().cast_early
     }
 
     /// Casts whatever backward has not (all of them after a backward with no record), and keeps
@@ -136,6 +148,7 @@ impl GradientAdded for HalfGrads {
             }
         };
         if last {
+            self.watch.borrow_mut().cast_early += 1;
             self.cast(ctx, slot)?;
         }
         Ok(())

@@ -130,7 +130,8 @@ impl HostAdamW {
             let norm = sum_of_squares(&grads, 1.0, threads).sqrt() as f32;
             let scale = (c.max_grad_norm / (norm + 1e-6)).min(1.0);
             let parts = p.chunks_mut(PIECE).zip(m.chunks_mut(PIECE)).zip(v.chunks_mut(PIECE)).zip(g.chunks(PIECE));
-            let tensors = parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g: g.into(), decay: 0.1, half: None }).collect();
+            let tensors =
+                parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g: g.into(), decay: 0.1, half: None }).collect();
             let step = AdamWStep { config: &c, lr: 1e-3, scale, t: 1 };
             adamw_update(tensors, &step, threads).map(|()| start.seconds())
         };
