@@ -124,7 +124,13 @@ impl HalfGrads {
             elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
         }
         ctx.pager.discard(grad.id())?;
-        Ok(())
+        // On its way down while backward goes on: the update reads it early in the next step.
+        ctx.pager.start_write_back(self.halves[slot].id())
+    }
+
+    /// The tensor of the sums of squares (one f32 a parameter).
+    pub fn sums_id(&self) -> TensorId {
+        self.sums.id()
     }
 
     /// Per parameter, the sum of squares of its gradient (waits for the GPU): the gradients are

@@ -195,9 +195,11 @@ impl HostAdamW {
     pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
         // The wait for the gradients is the GPU's time, not the host passes'.
-        if self.half_grads.is_none() {
-            ctx.pager.sync_to_host(&params.iter().map(|p| p.grad.id()).collect::<Vec<_>>())?;
-        }
+        let waits_for: Vec<_> = match &self.half_grads {
+            Some(h) => vec![h.sums_id()],
+            None => params.iter().map(|p| p.grad.id()).collect(),
+        };
+        ctx.pager.sync_to_host(&waits_for)?;
         let start = Stopwatch::start();
         self.last_norm = self.norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();

@@ -32,6 +32,17 @@ impl Pager {
         }
     }
 
+    /// Starts writing `id` back if the GPU holds newer values than the host: the copy is
+    /// recorded now and not waited for, so it overlaps the GPU's work until the host reads the
+    /// tensor (`sync_to_host`), and evicting it later costs nothing.
+    pub fn start_write_back(&self, id: TensorId) -> Result<()> {
+        let mut st = self.state();
+        if st.entries.get(&id).is_some_and(|e| e.dirty && e.gpu.is_some()) {
+            st.write_back(&self.recorder, id)?;
+        }
+        Ok(())
+    }
+
     /// Waits until every write-back recorded so far has landed in the host store.
     pub fn drain(&self) -> Result<()> {
         self.recorder.flush();
@@ -181,7 +192,11 @@ impl Pager {
         }
         if any {
             recorder.flush();
-            st.drain(recorder, true)?;
+            // Only these: write-backs recorded after them (a forward's evictions) stay in flight.
+            for &id in ids {
+                st.settle(recorder, id)?;
+            }
+            st.drain(recorder, false)?;
         }
         for id in ids {
             if let Some(e) = st.entries.get_mut(id) {
