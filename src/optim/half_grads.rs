@@ -124,8 +124,9 @@ impl HalfGrads {
             elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
         }
         ctx.pager.discard(grad.id())?;
-        // On its way down while backward goes on: the update reads it early in the next step.
-        ctx.pager.start_write_back(self.halves[slot].id())
+        // On its way down while backward goes on (the update reads it early in the next step),
+        // and out of the GPU budget: only the host reads it.
+        ctx.pager.hand_to_host(self.halves[slot].id())
     }
 
     /// The tensor of the sums of squares (one f32 a parameter).

@@ -32,14 +32,23 @@ impl Pager {
         }
     }
 
-    /// Starts writing `id` back if the GPU holds newer values than the host: the copy is
-    /// recorded now and not waited for, so it overlaps the GPU's work until the host reads the
-    /// tensor (`sync_to_host`), and evicting it later costs nothing.
-    pub fn start_write_back(&self, id: TensorId) -> Result<()> {
+    /// Gives `id` to the host: its write-back starts now if the GPU holds newer values (recorded,
+    /// not waited for: it overlaps the GPU's work until the host reads it with `sync_to_host`)
+    /// and its GPU buffer goes back to the pool. For a tensor only the host reads next (an f16
+    /// gradient on its way to the host optimizer); not counted as an eviction.
+    pub fn hand_to_host(&self, id: TensorId) -> Result<()> {
         let mut st = self.state();
-        if st.entries.get(&id).is_some_and(|e| e.dirty && e.gpu.is_some()) {
+        let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        if e.gpu.is_none() || e.pins > 0 {
+            return Ok(());
+        }
+        if e.dirty {
             st.write_back(&self.recorder, id)?;
         }
+        if let Some(buf) = st.entries.get_mut(&id).and_then(|e| e.gpu.take()) {
+            st.pool.give(buf);
+        }
+        st.resident.remove(&id);
         Ok(())
     }
 

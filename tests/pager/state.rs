@@ -288,3 +288,23 @@ fn a_discarded_tensor_leaves_the_gpu_unwritten_and_refuses_reads_until_rewritten
     }
     assert_eq!(pollster::block_on(ctx.to_f32(&a)).unwrap(), want);
 }
+
+#[test]
+fn a_tensor_handed_to_the_host_is_written_back_and_leaves_the_gpu_without_counting_as_an_eviction() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let (a, want) = halved_on_gpu(&ctx, 6, 3001);
+    let before = ctx.pager.counters();
+    let location = |ctx: &Context| ctx.pager.snapshot().tensors.iter().find(|t| t.id == a.id()).unwrap().location;
+    assert_eq!(location(&ctx), pagetrain::pager::Location::Gpu);
+    ctx.pager.hand_to_host(a.id()).unwrap();
+    assert_ne!(location(&ctx), pagetrain::pager::Location::Gpu, "its buffer went back to the pool");
+    ctx.pager.sync_to_host(&[a.id()]).unwrap();
+    let after = ctx.pager.counters();
+    assert_eq!(after.bytes_written_back - before.bytes_written_back, 3001 * 4, "written back once");
+    assert_eq!(after.evictions, before.evictions, "counted as an eviction");
+    let host = ctx.pager.update_host(&[a.id()], &[], |s| bytemuck::pod_collect_to_vec::<u8, f32>(&s[0][..])).unwrap();
+    assert_eq!(host, want, "the host bytes after the hand-over");
+    // handed over again, clean and not on the GPU: nothing moves
+    ctx.pager.hand_to_host(a.id()).unwrap();
+    assert_eq!(ctx.pager.counters().bytes_written_back, after.bytes_written_back);
+}
