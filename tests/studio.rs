@@ -266,6 +266,18 @@ fn an_out_of_memory_shrink_appears_on_the_timeline() {
 }
 
 #[test]
+fn the_log_says_when_backward_begins_making_values_again() {
+    let mut dash = Dashboard::default();
+    let step = |step, began_remaking| StepInfo { step, loss: 3.0, seconds: 0.1, began_remaking, ..Default::default() };
+    for (n, began) in [(1, false), (2, true), (3, false)] {
+        dash.apply(Event::Step(step(n, began)));
+    }
+    let said: Vec<&str> = dash.log.iter().map(|(_, line)| line.as_str()).filter(|l| l.contains("made again")).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("step 2: evicted to stay in the GPU budget"), "{said:?}");
+}
+
+#[test]
 fn residency_map_snapshot() {
     let mut snap = model_snapshot(400);
     snap.tensors[1].dirty = true;

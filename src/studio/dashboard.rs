@@ -140,6 +140,14 @@ impl Dashboard {
                     self.say(Level::Info, format!("step {}: gradients overflowed, step skipped; {text}", s.step));
                     self.markers.push(Marker { step: s.step, kind: MarkerKind::Skip, text });
                 }
+                if s.began_remaking {
+                    let what =
+                        "LayerNorm outputs and the MLP's hidden values are made again in backward instead of paged";
+                    self.say(
+                        Level::Info,
+                        format!("step {}: evicted to stay in the GPU budget; from now on {what}", s.step),
+                    );
+                }
                 self.steps.push(s);
             }
             Event::Eval { step, loss } => self.evals.push((step, loss)),

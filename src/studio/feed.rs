@@ -54,6 +54,9 @@ pub struct StepInfo {
     /// The f16 loss scaler skipped this step's update (its gradients overflowed).
     pub skipped: bool,
     pub loss_scale: f32,
+    /// From this step on, backward makes LayerNorm outputs and the MLP's hidden values again
+    /// instead of paging them (the run turned it on after having to evict).
+    pub began_remaking: bool,
 }
 
 /// What a [`StepInfo`] is measured from: the pager's counters and the trainer's skipped steps,
@@ -61,11 +64,16 @@ pub struct StepInfo {
 pub struct StepStart {
     counters: Counters,
     skipped_steps: u64,
+    remaking: bool,
 }
 
 impl StepStart {
     pub fn take(ctx: &Context, trainer: &Trainer) -> StepStart {
-        StepStart { counters: ctx.pager.counters(), skipped_steps: trainer.skipped_steps }
+        StepStart {
+            counters: ctx.pager.counters(),
+            skipped_steps: trainer.skipped_steps,
+            remaking: trainer.model.remakes(),
+        }
     }
 
     /// The step just done: `seconds` its wall time, `elapsed_s` the run's from its first step on.
@@ -86,6 +94,7 @@ impl StepStart {
             shrinks: after.micro_batch_shrinks - before.micro_batch_shrinks,
             skipped: trainer.skipped_steps > self.skipped_steps,
             loss_scale: trainer.loss_scale,
+            began_remaking: !self.remaking && trainer.model.remakes(),
         }
     }
 }
