@@ -248,9 +248,13 @@ fn f16_gradients_go_down_in_half_the_bytes_and_train_like_f32_ones() {
     // Paged, the same losses bit for bit, and fewer bytes down than with f32 gradients.
     let budget = resident.pager.live_bytes().1 / 4;
     let paged = context(Some(budget));
-    let (f16_paged, _) = losses(&paged, f16(true), steps as usize);
+    let (f16_paged, _trainer) = losses(&paged, f16(true), steps as usize);
     assert!(paged.pager.counters().evictions > 0);
     assert_eq!(f16_paged, f16_grads, "paged vs resident, f16 gradients");
+    // The GPU only ever writes them whole: never uploaded (prefetched) for nothing.
+    let tensors = paged.pager.snapshot().tensors;
+    let uploaded: Vec<_> = tensors.iter().filter(|t| t.name.ends_with(".grad (f16)") && t.uploads > 0).collect();
+    assert!(uploaded.is_empty(), "f16 gradients uploaded: {uploaded:?}");
     let paged_f32 = context(Some(budget));
     losses(&paged_f32, f16(false), steps as usize);
     let (down16, down32) = (paged.pager.counters().bytes_written_back, paged_f32.pager.counters().bytes_written_back);

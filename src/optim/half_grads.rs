@@ -123,7 +123,7 @@ impl HalfGrads {
             let half = ctx.write(&self.halves[slot])?;
             elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
         }
-        ctx.pager.discard(grad.id())?;
+        ctx.pager.forget(grad.id())?;
         // On its way down while backward goes on (the update reads it early in the next step),
         // and out of the GPU budget: only the host reads it.
         ctx.pager.hand_to_host(self.halves[slot].id())

@@ -290,6 +290,10 @@ impl HostAdamW {
         self.host_seconds += start.seconds();
         for (i, p) in due {
             ctx.pager.zero(p.grad.id())?;
+            if let Some(h) = &self.half_grads {
+                // Read: the next cast writes it whole, so nothing may upload it before then.
+                ctx.pager.forget(h.halves[i].id())?;
+            }
             if let Some(d) = self.deferred.as_mut() {
                 d.pending[i] = false;
             }

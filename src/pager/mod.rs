@@ -128,6 +128,10 @@ const DROPPED_BY_PLAN: &str = "not written back: the previous step freed it with
 const DISCARDED: &str =
     "discarded until its backward makes it again (`Pager::discard`): nothing may read it before that";
 
+/// Why a tensor's values are gone without a failure: `Pager::forget`.
+const FORGOTTEN: &str =
+    "forgotten until written whole again (`Pager::forget`: its values were used up): nothing may read it before that";
+
 /// What happened to a tensor whose write-back could not be delivered.
 const LOST: &str = "its values are lost: reads fail until it is overwritten";
 const KEPT: &str = "its values stay on the GPU and its next write-back tries again";

@@ -82,6 +82,17 @@ impl Pager {
     /// budget nor bus until then. A read before that rewrite is an error naming the tensor.
     /// Returns the bytes let go (0 while an op has it pinned: then it stays as it is).
     pub fn discard(&self, id: TensorId) -> Result<u64> {
+        self.let_go(id, DISCARDED)
+    }
+
+    /// Says the values of `id` are used up and no one will read it until it is written whole
+    /// again (an f32 gradient once sent to the host in f16, the f16 copy once the host read it):
+    /// as [`Pager::discard`], but shown as nowhere, not as made again in backward.
+    pub fn forget(&self, id: TensorId) -> Result<u64> {
+        self.let_go(id, FORGOTTEN)
+    }
+
+    fn let_go(&self, id: TensorId, why: &str) -> Result<u64> {
         let mut st = self.state();
         let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
         if e.pins > 0 {
@@ -89,7 +100,7 @@ impl Pager {
         }
         e.dirty = false;
         e.contents = Contents::Undefined;
-        e.lost = Some(DISCARDED.into());
+        e.lost = Some(why.into());
         e.lost_by_plan = true;
         let bytes = e.bytes;
         if let Some(buf) = e.gpu.take() {

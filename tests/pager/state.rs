@@ -307,4 +307,9 @@ fn a_tensor_handed_to_the_host_is_written_back_and_leaves_the_gpu_without_counti
     // handed over again, clean and not on the GPU: nothing moves
     ctx.pager.hand_to_host(a.id()).unwrap();
     assert_eq!(ctx.pager.counters().bytes_written_back, after.bytes_written_back);
+    // used up: shown as nowhere (not as made again in backward), and reads say why they fail
+    ctx.pager.forget(a.id()).unwrap();
+    assert_eq!(location(&ctx), pagetrain::pager::Location::Nowhere);
+    let err = pollster::block_on(ctx.to_f32(&a)).unwrap_err().to_string();
+    assert!(err.contains("forgotten") && err.contains(&ctx.pager.name(a.id())), "{err}");
 }
