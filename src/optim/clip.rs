@@ -58,7 +58,7 @@ impl GradientAdded for EarlyNorms {
 }
 
 /// The sum of squares of `x` into `out[slot]`, one gradient at a time.
-fn sum_of_squares(ctx: &Context, out: &Tensor, slot: usize, x: &Tensor) -> Result<()> {
+pub(super) fn sum_of_squares(ctx: &Context, out: &Tensor, slot: usize, x: &Tensor) -> Result<()> {
     let _op = ctx.op();
     let spec = reduce::SumSpec { squares: true, scale: 1.0, slot, accumulate: false };
     let out = ctx.modify(out)?;

@@ -111,16 +111,14 @@ impl HalfGrads {
         Ok(())
     }
 
-    /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it dropped.
+    /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it forgotten.
     fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
         self.watch.borrow_mut().cast[slot] = true;
         let grad = &self.grads[slot];
+        super::clip::sum_of_squares(ctx, &self.sums, slot, grad)?;
         {
             let _op = ctx.op();
-            let spec = crate::kernels::reduce::SumSpec { squares: true, scale: 1.0, slot, accumulate: false };
-            let (sums, x, partials) = (ctx.modify(&self.sums)?, ctx.read(grad)?, ctx.partials()?);
-            crate::kernels::reduce::sum(&ctx.kernels, &sums, &x, &partials, grad.len(), spec)?;
-            let half = ctx.write(&self.halves[slot])?;
+            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(&self.sums)?);
             elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
         }
         ctx.pager.forget(grad.id())?;

@@ -74,10 +74,10 @@ fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
     }
 }
 
-/// A gradient's host bytes as the update reads them.
+/// A gradient's host bytes as the update reads them (f16 with what to multiply it by).
 enum Grad<'a> {
     F32(Cow<'a, [f32]>),
-    F16(Cow<'a, [half::f16]>),
+    F16(Cow<'a, [half::f16]>, f32),
 }
 
 /// Host bytes seen as values of `T` to change: in place when aligned (the store aligns every
@@ -337,28 +337,27 @@ impl HostAdamW {
         ctx.pager.update_host(&ids, &written, |s| -> Result<()> {
             let mut views = Vec::with_capacity(decays.len());
             let mut rest = &mut s[..];
-            for (_, p) in due {
+            for &(i, p) in due {
                 let (mine, tail) = std::mem::take(&mut rest).split_at_mut(4 + usize::from(p.half.is_some()));
                 rest = tail;
                 let [p, m, v, g, half @ ..] = mine else { unreachable!("four or five slices a parameter") };
                 let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
                 let g = match &d.unscales {
-                    Some(_) => Grad::F16(pods(g)),
+                    Some(u) => Grad::F16(pods(g), u[i]),
                     None => Grad::F32(pods(g)),
                 };
                 views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), g, half));
             }
             let tensors = views
                 .iter_mut()
-                .zip(due.iter().zip(&decays))
-                .map(|((p, m, v, g, half), (&(i, _), &decay))| AdamWSlices {
+                .zip(&decays)
+                .map(|((p, m, v, g, half), &decay)| AdamWSlices {
                     p: p.values(),
                     m: m.values(),
                     v: v.values(),
-                    g: match (g, &d.unscales) {
-                        (Grad::F16(values), Some(u)) => GradSlice::F16 { values, unscale: u[i] },
-                        (Grad::F32(g), _) => GradSlice::F32(g),
-                        (Grad::F16(_), None) => unreachable!("f16 gradients come with their unscales"),
+                    g: match g {
+                        Grad::F32(g) => GradSlice::F32(g),
+                        Grad::F16(values, unscale) => GradSlice::F16 { values, unscale: *unscale },
                     },
                     decay,
                     half: half.as_mut().map(|h| h.values()),

@@ -1,9 +1,9 @@
 //! Where a run's optimizer runs: fused AdamW kernels on the GPU, AdamW on host threads, or
 //! sharded across data-parallel ranks — one interface for the training loop.
 
-use super::checkpoint::Moments;
 use std::rc::Rc;
 
+use super::checkpoint::Moments;
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::dist::ShardedAdamW;

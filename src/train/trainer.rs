@@ -60,13 +60,13 @@ pub struct Trainer {
 pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
 pub const GROWTH_INTERVAL: u64 = 1000;
 
-/// Whether `e` means "this much does not fit on the GPU".
 /// Whether a mixed-precision run with AdamW on the host sends its gradients down in f16:
 /// `TrainConfig::f16_gradients`, else `PAGETRAIN_F16_GRADS=0|1`, else yes.
 fn f16_gradients(cfg: &TrainConfig) -> bool {
     cfg.f16_gradients.unwrap_or_else(|| std::env::var("PAGETRAIN_F16_GRADS").as_deref() != Ok("0"))
 }
 
+/// Whether `e` means "this much does not fit on the GPU".
 pub fn is_out_of_memory(e: &Error) -> bool {
     matches!(e, Error::BudgetTooSmall { .. } | Error::OutOfMemory { .. })
 }
