@@ -243,6 +243,7 @@ fn f16_gradients_go_down_in_half_the_bytes_and_train_like_f32_ones() {
     let (steps, sums) = (steps as u64, 4 * params.len() as u64);
     assert_eq!(saved, steps * (2 * values - sums), "bytes written back: f32 gradients less f16 ones and sums");
     // From the second step on, each gradient is cast as soon as backward is done with it.
+    assert!(t.optimizer_reason.ends_with("gradients come down in f16"), "{}", t.optimizer_reason);
     let pagetrain::train::trainer::Optimizer::Host(host) = &t.opt else { panic!("host AdamW") };
     assert_eq!(host.half_grads().expect("f16 gradients").cast_in_backward(), params.len());
     // Paged, the same losses bit for bit, and fewer bytes down than with f32 gradients.

@@ -186,6 +186,7 @@ impl Trainer {
                 let mut host = HostAdamW::new(ctx, &model, opt_cfg)?;
                 if precision == Precision::F16 && f16_gradients(&cfg) {
                     host.send_gradients_in_f16(ctx, &model.params())?;
+                    optimizer_reason += "; gradients come down in f16";
                 }
                 Optimizer::Host(host)
             }
