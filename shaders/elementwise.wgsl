@@ -73,7 +73,7 @@ fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 // The power of two a gradient is multiplied by before it is rounded to f16, from `ss`, the sum of
 // the squares of its elements: the largest element then stays under 2^15 (no element exceeds the
 // root of the sum), so none overflows f16's 65504, and small ones keep their bits. Made from the
-// exponent bits alone, so the host finds the same power (`optim::half_grads::unscale_of`); 1 for
+// exponent bits alone, so the host finds the same power (`optim::grad_half_scale`); 1 for
 // a sum that is zero, subnormal, infinite or NaN (an overflow then stays one).
 fn grad_half_scale(ss: f32) -> f32 {
     let e = i32((bitcast<u32>(ss) >> 23u) & 0xffu);
