@@ -113,13 +113,17 @@ impl State {
         } else if self.entries[&id].dirty {
             self.write_back(recorder, id)?;
         }
-        let e = self.entries.get_mut(&id).expect("exists");
-        if let Some(buf) = e.gpu.take() {
+        self.drop_gpu_copy(id);
+        self.counters.evictions += 1;
+        Ok(())
+    }
+
+    /// Gives `id`'s GPU buffer back to the pool: its values are on the host, or not wanted.
+    pub(super) fn drop_gpu_copy(&mut self, id: TensorId) {
+        if let Some(buf) = self.entries.get_mut(&id).and_then(|e| e.gpu.take()) {
             self.pool.give(buf);
         }
         self.resident.remove(&id);
-        self.counters.evictions += 1;
-        Ok(())
     }
 
     /// Whether `id`'s values will never be read again, by the plan: it was made during the step,
@@ -367,10 +371,7 @@ impl State {
         e.lost_by_plan = false;
         e.host_update_due = false;
         if e.pins == 0 {
-            if let Some(buf) = e.gpu.take() {
-                self.pool.give(buf);
-            }
-            self.resident.remove(&id);
+            self.drop_gpu_copy(id);
         } else if let Some(buf) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
             self.upload_unmapped(recorder, id, host, len, &buf)?;

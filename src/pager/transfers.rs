@@ -45,10 +45,7 @@ impl Pager {
         if e.dirty {
             st.write_back(&self.recorder, id)?;
         }
-        if let Some(buf) = st.entries.get_mut(&id).and_then(|e| e.gpu.take()) {
-            st.pool.give(buf);
-        }
-        st.resident.remove(&id);
+        st.drop_gpu_copy(id);
         Ok(())
     }
 
@@ -103,10 +100,7 @@ impl Pager {
         e.lost = Some(why.into());
         e.lost_by_plan = true;
         let bytes = e.bytes;
-        if let Some(buf) = e.gpu.take() {
-            st.pool.give(buf);
-        }
-        st.resident.remove(&id);
+        st.drop_gpu_copy(id);
         Ok(bytes)
     }
 
