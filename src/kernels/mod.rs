@@ -381,10 +381,13 @@ impl Kernels {
                 format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
             ));
         }
+        // Before the uniforms: a full query set is read back through a submission, and each
+        // submission rewrites the uniform arena from its start (a dispatch whose uniforms were
+        // stored before that ran with another's).
+        let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, entry));
         let bind_group = self.bindings.group(&layout, buffers);
         let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
         let ready = pipeline.is_ready();
-        let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, entry));
         let record = move |pass: &mut wgpu::ComputePass<'static>| {
             if let Some((queries, at)) = &stamps {
                 pass.write_timestamp(queries, *at);

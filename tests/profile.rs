@@ -1,0 +1,60 @@
+//! `PAGETRAIN_PROFILE=1` must not change what the kernels compute. Where the adapter writes
+//! timestamps inside compute passes, the profile reads them back (a submission and a wait) each
+//! time its query set fills, in the middle of whatever the step is recording; a first version
+//! did that between a dispatch's uniforms being stored and the dispatch being recorded, so that
+//! dispatch ran with another one's parameters (GPT-2's f16 step on the H200 overflowed).
+//!
+//! Its own test binary: the profile is switched on by the environment when the context is made.
+//! Adapters without timestamps inside passes (lavapipe, GL, browsers) profile by waiting for each
+//! dispatch, which this test checks too; `PAGETRAIN_REQUIRE_TIMESTAMPS=1` (set it on a GPU that
+//! has them) fails the test where the read-back path cannot run.
+
+mod common;
+
+use common::{ctx, Guarded};
+use pagetrain::kernels::elementwise;
+use pagetrain::pager::View;
+
+/// More dispatches than the profile's query set holds pairs for (2048), so it is read back
+/// while the loop records.
+const DISPATCHES: usize = 2600;
+/// f32s a dispatch fills: 256 bytes, the storage-binding offset alignment.
+const SLOT: usize = 64;
+
+#[test]
+fn profiled_dispatches_each_run_with_their_own_parameters() {
+    std::env::set_var("PAGETRAIN_PROFILE", "1");
+    let ctx = ctx();
+    let (method, _) = ctx.kernels.profile_method().expect("PAGETRAIN_PROFILE=1 switches the profile on");
+    if method != "timestamps" {
+        let adapter = ctx.gpu.describe();
+        if std::env::var("PAGETRAIN_REQUIRE_TIMESTAMPS").is_ok_and(|v| v == "1") {
+            panic!("PAGETRAIN_REQUIRE_TIMESTAMPS=1, but {adapter} profiles by {method}");
+        }
+        eprintln!("note: {adapter} profiles by {method}: the read-back in mid-step is not exercised here");
+    }
+    let out = Guarded::new(&ctx, DISPATCHES * SLOT, None);
+    // Every dispatch its own value and length: a dispatch that read another's parameters
+    // leaves a slot with the wrong value, or part of it NaN.
+    let value = |i: usize| i as f32 * 0.25 - 300.0;
+    let len = |i: usize| SLOT - i % 5;
+    for i in 0..DISPATCHES {
+        let bytes = (len(i) * 4) as u64;
+        let slot = View { offset: (i * SLOT * 4) as u64, size: bytes, ..out.view() };
+        elementwise::fill(&ctx.kernels, &slot, value(i), len(i)).expect("fill");
+    }
+    let got = out.read(&ctx);
+    for i in 0..DISPATCHES {
+        let s = &got[i * SLOT..(i + 1) * SLOT];
+        for (j, &v) in s.iter().enumerate() {
+            if j < len(i) {
+                assert_eq!(v, value(i), "dispatch {i} of {DISPATCHES}, element {j}: another dispatch's parameters?");
+            } else {
+                assert!(v.is_nan(), "dispatch {i}, element {j} past its length {} was written: {v}", len(i));
+            }
+        }
+    }
+    let profile = ctx.kernels.profile();
+    let fills = profile.iter().find(|(entry, ..)| *entry == "fill").map_or(0, |e| e.1);
+    assert_eq!(fills, DISPATCHES as u64, "the profile counted {fills} fill dispatches: {profile:?}");
+}
