@@ -179,9 +179,28 @@ impl Recorder {
         drop(self.pass.borrow_mut().take());
     }
 
-    /// Stores a kernel's uniforms for the next submission; returns the arena and the offset.
+    /// Stores a dispatch's uniforms in the arena and records it with their offset (`f`'s second
+    /// argument), nothing between: each submission rewrites the arena from its start, so an
+    /// offset is only good until the next one. `wait_for_pipeline`: record it as
+    /// [`Recorder::dispatch_deferred`] does, else as [`Recorder::dispatch`].
+    pub fn dispatch_with_uniforms(
+        &self,
+        bytes: &[u8],
+        wait_for_pipeline: bool,
+        f: impl FnOnce(&mut wgpu::ComputePass<'static>, u32) + 'static,
+    ) {
+        let offset = self.uniform(bytes) as u32;
+        let record = move |pass: &mut wgpu::ComputePass<'static>| f(pass, offset);
+        if wait_for_pipeline {
+            self.dispatch_deferred(record);
+        } else {
+            self.dispatch(record);
+        }
+    }
+
+    /// Stores a kernel's uniforms for the next submission; returns their offset in the arena.
     /// Submits first when the arena is full.
-    pub fn uniform(&self, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+    fn uniform(&self, bytes: &[u8]) -> u64 {
         debug_assert!(bytes.len() as u64 <= UNIFORM_SLOT);
         if self.uniforms.borrow().len() as u64 >= UNIFORM_SLOT * ARENA_SLOTS {
             self.flush();
@@ -190,7 +209,7 @@ impl Recorder {
         let offset = u.len() as u64;
         u.extend_from_slice(bytes);
         u.resize((offset + UNIFORM_SLOT) as usize, 0);
-        (self.arena.clone(), offset)
+        offset
     }
 
     /// Runs `hook` just before the commands recorded so far are submitted (a staging slot still

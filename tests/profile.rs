@@ -5,9 +5,10 @@
 //! dispatch ran with another one's parameters (GPT-2's f16 step on the H200 overflowed).
 //!
 //! Its own test binary: the profile is switched on by the environment when the context is made.
-//! Adapters without timestamps inside passes (lavapipe, GL, browsers) profile by waiting for each
-//! dispatch, which this test checks too; `PAGETRAIN_REQUIRE_TIMESTAMPS=1` (set it on a GPU that
-//! has them) fails the test where the read-back path cannot run.
+//! Adapters without timestamps inside passes (OpenGL, browsers) profile by waiting for each
+//! dispatch, which this test checks too; `PAGETRAIN_REQUIRE_TIMESTAMPS=1` (CI sets it for
+//! lavapipe, which has them; set it on GPUs that do) fails the test where the read-back path
+//! cannot run.
 
 mod common;
 

@@ -127,11 +127,11 @@ impl Clearer for Filler {
                 .clone()
         };
         let words = len / 4;
-        let (_, at) = recorder.uniform(bytemuck::bytes_of(&Params { n: words as u32, ..Default::default() }));
         let groups = grid_1d(words);
-        recorder.dispatch(move |pass| {
+        let params = Params { n: words as u32, ..Default::default() };
+        recorder.dispatch_with_uniforms(bytemuck::bytes_of(&params), false, move |pass, at| {
             pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[at as u32]);
+            pass.set_bind_group(0, &group, &[at]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
         true

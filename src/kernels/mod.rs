@@ -381,32 +381,23 @@ impl Kernels {
                 format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
             ));
         }
-        // Before the uniforms: a full query set is read back through a submission, and each
-        // submission rewrites the uniform arena from its start (a dispatch whose uniforms were
-        // stored before that ran with another's).
         let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, entry));
         let bind_group = self.bindings.group(&layout, buffers);
-        let (_, offset) = self.recorder.uniform(bytemuck::bytes_of(params));
-        let ready = pipeline.is_ready();
-        let record = move |pass: &mut wgpu::ComputePass<'static>| {
+        let wait_for_pipeline = !pipeline.is_ready();
+        self.recorder.dispatch_with_uniforms(bytemuck::bytes_of(params), wait_for_pipeline, move |pass, offset| {
             if let Some((queries, at)) = &stamps {
                 pass.write_timestamp(queries, *at);
             }
             // a pipeline that failed to build records nothing; its error is the device's
             if let Some(pipeline) = pipeline.get() {
                 pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, &bind_group, &[offset as u32]);
+                pass.set_bind_group(0, &bind_group, &[offset]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
             }
             if let Some((queries, at)) = &stamps {
                 pass.write_timestamp(queries, *at + 1);
             }
-        };
-        if ready {
-            self.recorder.dispatch(record);
-        } else {
-            self.recorder.dispatch_deferred(record);
-        }
+        });
         self.dispatch_count.set(self.dispatch_count.get() + 1);
         match &self.profile {
             Some(profile) if !profile.stamped() => {
