@@ -1,19 +1,31 @@
 //! Launchers for fused causal self-attention that never stores the (T,T) scores, compiled per
 //! head size: `shaders/attention_blocked.wgsl` and `attention_blocked_backward.wgsl` (blocks of
 //! rows, 2-D register tiles; head sizes up to 64), `shaders/attention.wgsl` (a thread per row)
-//! and `attention_lanes.wgsl` (the per-row backward with a few subgroup lanes per row).
-//! Either backward takes either forward's `out` and `lse` (the same quantities); [`pick`] chooses
-//! per pass.
+//! and `attention_lanes.wgsl` (the per-row backward with a few subgroup lanes per row), and
+//! `attention_coop.wgsl` (the forward on tensor cores, f16 qkv of head size 64). Either backward
+//! takes any forward's `out` and `lse` (the same quantities); [`pick`] chooses per pass, and
+//! [`forward`] takes the cooperative kernel wherever it runs.
 
-use super::{Kernels, Variant, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, ATTENTION_LANES, MAX_GROUPS};
+use super::{
+    Kernels, Variant, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, ATTENTION_COOP, ATTENTION_LANES,
+    MAX_GROUPS,
+};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::pager::View;
+use crate::tensor::DType;
 
 /// Query (or key) rows per workgroup (`ROWS` in the shader).
 const ROWS: usize = 64;
 /// Largest head size: q, the accumulators and the streamed tiles must fit registers and 16 KiB.
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// The head size of the cooperative-matrix forward, and the query and key rows of its blocks.
+pub const COOP_HEAD_DIM: usize = 64;
+const COOP_ROWS: usize = 64;
+/// Workgroup memory `attention_coop.wgsl` declares: three tiles of 64 rows of 64 + 8 halves
+/// (queries then keys, values, probabilities) and 64 rows of 64 + 4 f32 scores.
+pub const COOP_WORKGROUP_BYTES: u64 = 3 * 64 * 72 * 2 + 64 * 68 * 4;
 
 /// Largest head size of the blocked kernels (their per-thread accumulators grow with it).
 pub const BLOCKED_MAX_HEAD_DIM: usize = 64;
@@ -35,6 +47,16 @@ pub enum Kernel {
     /// Backward only: [`Kernel::Rows`] with `lanes` (2, 4 or 8) threads of a subgroup per row, each
     /// holding a slice of the head dimension (`attention_lanes.wgsl`), where [`lanes_supported`].
     Lanes { lanes: u32 },
+    /// Forward only: tensor cores (`attention_coop.wgsl`) for f16 qkv of head size
+    /// [`COOP_HEAD_DIM`], where [`coop_supported`].
+    Coop,
+}
+
+/// Whether `k` runs [`Kernel::Coop`]: the adapter's f16 products run on cooperative matrices
+/// (`super::Tuning::coop_f16`, which also asks for 32-lane subgroups) and its workgroup memory
+/// holds [`COOP_WORKGROUP_BYTES`].
+pub fn coop_supported(k: &Kernels) -> bool {
+    k.tuning.coop_f16 && k.gpu().limits.max_compute_workgroup_storage_size as u64 >= COOP_WORKGROUP_BYTES
 }
 
 /// Whether `gpu` runs [`Kernel::Lanes`] with `lanes` threads a row: 2, 4 or 8, subgroups of at
@@ -115,17 +137,27 @@ impl Dims {
 
     /// Whether `kernel` takes this head size and fits the adapter's workgroup memory.
     fn check(&self, k: &Kernels, kernel: Kernel) -> Result<()> {
-        let tile = match kernel {
-            Kernel::Rows => return Ok(()),
-            Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
-            Kernel::Lanes { .. } => {
-                return Err(Error::invalid(
+        let tile =
+            match kernel {
+                Kernel::Rows => return Ok(()),
+                Kernel::Coop if coop_supported(k) && self.d == COOP_HEAD_DIM => return Ok(()),
+                Kernel::Coop => return Err(Error::invalid(
                     "attention",
-                    format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
-                ))
-            }
-            Kernel::Blocked { tile } => tile,
-        };
+                    format!(
+                        "{kernel:?} for head size {}: needs head size {COOP_HEAD_DIM} and cooperative matrices ({})",
+                        self.d,
+                        k.gpu().describe()
+                    ),
+                )),
+                Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
+                Kernel::Lanes { .. } => {
+                    return Err(Error::invalid(
+                        "attention",
+                        format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
+                    ))
+                }
+                Kernel::Blocked { tile } => tile,
+            };
         let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
         let bytes = blocked_workgroup_bytes(self.d, tile);
         if self.d > BLOCKED_MAX_HEAD_DIM || !BLOCKED_TILES.contains(&tile) || bytes > limit {
@@ -138,9 +170,12 @@ impl Dims {
     }
 }
 
-/// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward.
+/// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward: on tensor
+/// cores for f16 qkv of head size 64 where the adapter has them, else on [`pick`]'s kernel.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
-    forward_with(k, pick(k, dims.d, false), out, lse, qkv, dims)
+    let coop = coop_supported(k) && dims.d == COOP_HEAD_DIM && qkv.dtype == DType::F16;
+    let kernel = if coop { Kernel::Coop } else { pick(k, dims.d, false) };
+    forward_with(k, kernel, out, lse, qkv, dims)
 }
 
 /// [`forward`] on an explicit kernel (tests check each one).
@@ -159,6 +194,13 @@ pub fn forward_with(k: &Kernels, kernel: Kernel, out: &View, lse: &View, qkv: &V
         Kernel::Blocked { tile } => {
             let grid = dims.grid(2 * tile as usize);
             k.dispatch_unrolled(ATTENTION_BLOCKED, "blocked_forward", (d, tile), &[out, lse, qkv], &p, grid)
+        }
+        Kernel::Coop if qkv.dtype != DType::F16 => {
+            Err(Error::invalid("attention", format!("{kernel:?} reads f16 qkv, not {:?}", qkv.dtype)))
+        }
+        Kernel::Coop => {
+            let variant = Variant { dim: d, ..Default::default() };
+            k.dispatch_variant(ATTENTION_COOP, "coop_forward", variant, &[out, lse, qkv], &p, dims.grid(COOP_ROWS))
         }
     }
 }
@@ -204,6 +246,9 @@ pub fn backward_with(
     }
     let d = dims.d as u32;
     let (shader, names, variant, rows) = match kernel {
+        Kernel::Coop => {
+            return Err(Error::invalid("attention backward", format!("{kernel:?} is a forward kernel")));
+        }
         // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory
         Kernel::Rows => {
             let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4));

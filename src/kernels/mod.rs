@@ -79,6 +79,14 @@ pub const ATTENTION: Shader = shader!("attention", attention::Params, false, "",
 pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", attention::Params, true, "", "attention_layout");
 pub const ATTENTION_BLOCKED_BACKWARD: Shader =
     shader!("attention_blocked_backward", attention::Params, true, "", "attention_layout");
+/// Attention's forward on cooperative matrices (f16 qkv, head size 64), where the adapter has them.
+pub const ATTENTION_COOP: Shader = shader!(
+    "attention_coop",
+    attention::Params,
+    true,
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    "attention_layout"
+);
 pub const ATTENTION_LANES: Shader = shader!("attention_lanes", attention::Params, false, "", "attention_layout");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy", cross_entropy::Params);
 pub const DECODE: Shader = shader!("decode", decode::Params);
@@ -154,6 +162,7 @@ pub const ALL: &[Shader] = &[
     ATTENTION,
     ATTENTION_BLOCKED,
     ATTENTION_BLOCKED_BACKWARD,
+    ATTENTION_COOP,
     ATTENTION_LANES,
     CROSS_ENTROPY,
     DECODE,

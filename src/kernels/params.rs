@@ -73,6 +73,7 @@ mod tests {
             (ATTENTION, rust!(attention::Params)),
             (ATTENTION_BLOCKED, rust!(attention::Params)),
             (ATTENTION_BLOCKED_BACKWARD, rust!(attention::Params)),
+            (ATTENTION_COOP, rust!(attention::Params)),
             (ATTENTION_LANES, rust!(attention::Params)),
             (CROSS_ENTROPY, rust!(cross_entropy::Params)),
             (DECODE, rust!(decode::Params)),

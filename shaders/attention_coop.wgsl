@@ -1,0 +1,233 @@
+// attention_coop: fused causal self-attention forward on cooperative matrices (tensor cores), for
+// qkv in f16 and head size 64. The contract of attention_blocked.wgsl's forward:
+//   coop_forward: out (B,T,C) = softmax(scale·q·kᵀ + causal mask)·v, lse (B,H,T) per query row
+// (lse in units of the scaled scores), so either backward takes its results.
+// A workgroup of 4 subgroups of 32 lanes owns 64 query rows of one (batch, head), 16 rows a
+// subgroup, and streams tiles of 64 key rows through workgroup memory; tiles wholly above the causal
+// diagonal are never visited. Cooperative matrices give no access to single elements, so the
+// online softmax's rescaling of the output accumulators is not available: two passes instead.
+// Pass 1 takes each row's maximum and sum of exponentials over all its keys (S = Q·Kᵀ, each 16x16
+// score fragment stored to its subgroup's scratch, where the lanes read it: lane l has row l % 16,
+// columns 32·(l / 16)..+32); pass 2 recomputes S, writes the exact probabilities exp(s - lse) in
+// f16 and accumulates O += P·V in registers. One more Q·Kᵀ than a one-pass kernel, none of its
+// rescaling.
+// Strides of cooperative loads and stores count elements of the array they address (vec4s here).
+// grid (ceil(T/64), B·H folded into y and z); heavy (late) blocks run first. Needs subgroups of
+// exactly 32 lanes (the launcher checks).
+// CPU reference: tests/common/reference.rs `attention_forward`.
+
+// Params: attention::Params in src/kernels/attention.rs; qkv_row, out_row: shaders/attention_layout.wgsl
+
+const_assert DIM == 64u;
+const ROWS: u32 = 64u;
+const THREADS: u32 = 128u;
+// Halves of a staged row: 64 and 8 of padding, so that fragment rows fall in distinct banks.
+const KP: u32 = DIM + 8u;
+const KP4: u32 = KP / 4u;
+// Floats of a scratch row (a multiple of 4: strides of cooperative stores are whole 16 bytes).
+const SP: u32 = ROWS + 4u;
+const MASKED: f32 = -3.0e38;
+
+@group(0) @binding(0) var<storage, read_write> out: array<B0>;
+@group(0) @binding(1) var<storage, read_write> lse: array<f32>;
+// (f16: the launcher refuses f32 qkv; the element type is B2 only because f16 views must bind
+// through the Bi aliases)
+@group(0) @binding(2) var<storage, read> qkv: array<vec4<B2>>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+// Staged rows: the block's queries (then each tile's keys), the tile's values, and each
+// subgroup's 16 probability rows.
+var<workgroup> ks: array<vec4<f16>, ROWS * KP4>;
+var<workgroup> vs: array<vec4<f16>, ROWS * KP4>;
+var<workgroup> ps: array<vec4<f16>, ROWS * KP4>;
+// Each subgroup's 16 rows of scores (then of its outputs), f32.
+var<workgroup> ss: array<f32, ROWS * SP>;
+
+// Rows r0.. r0+63 of part `part` (0 q, 1 k, 2 v) into ks (`to_v` false) or vs; rows past T are zero.
+fn stage(bh: u32, r0: u32, part: u32, to_v: bool, lid: u32) {
+    for (var e = lid; e < ROWS * DIM / 4u; e += THREADS) {
+        let row = e / (DIM / 4u);
+        let c4 = e % (DIM / 4u);
+        let at = qkv_row(p, bh, min(r0 + row, p.t - 1u), part) / 4u + c4;
+        let v = select(vec4<f16>(0.0), vec4<f16>(qkv[at]), r0 + row < p.t);
+        if (to_v) {
+            vs[row * KP4 + c4] = v;
+        } else {
+            ks[row * KP4 + c4] = v;
+        }
+    }
+}
+
+// Fragment of the staged queries (rows r0.., head columns d0..) as the left operand.
+fn frag_q(r0: u32, d0: u32) -> coop_mat16x16<f16, A> {
+    let ptr = &ks[(r0 * KP + d0) / 4u];
+    let stride = KP4;
+    return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
+}
+
+// Fragment of the staged keys as the right operand kᵀ (head columns d0.., keys k0..).
+fn frag_kt(d0: u32, k0: u32) -> coop_mat16x16<f16, B> {
+    let ptr = &ks[(k0 * KP + d0) / 4u];
+    let stride = KP4;
+    return coopLoad<coop_mat16x16<f16, B>>(ptr, stride);
+}
+
+// Scores of the subgroup's 16 rows against keys k0..k0+15 of the staged tile, into its scratch.
+fn scores(q0: coop_mat16x16<f16, A>, q1: coop_mat16x16<f16, A>, q2: coop_mat16x16<f16, A>,
+          q3: coop_mat16x16<f16, A>, k0: u32, sg: u32) {
+    var s: coop_mat16x16<f32, C>;
+    s = coopMultiplyAdd(q0, frag_kt(0u, k0), s);
+    s = coopMultiplyAdd(q1, frag_kt(16u, k0), s);
+    s = coopMultiplyAdd(q2, frag_kt(32u, k0), s);
+    s = coopMultiplyAdd(q3, frag_kt(48u, k0), s);
+    let r = s;
+    let ptr = &ss[sg * 16u * SP + k0];
+    let stride = SP;
+    coopStoreT(r, ptr, stride);
+}
+
+// This lane's 32 scaled scores of the tile at key k0 for query row `q`, masked above the diagonal.
+fn lane_scores(sg: u32, lane: u32, q: u32, k0: u32) -> array<f32, 32> {
+    var s: array<f32, 32>;
+    let base = (sg * 16u + lane % 16u) * SP + (lane / 16u) * 32u;
+    let key0 = k0 + (lane / 16u) * 32u;
+    for (var j = 0u; j < 32u; j++) {
+        s[j] = select(MASKED, ss[base + j] * p.scale, key0 + j <= q);
+    }
+    return s;
+}
+
+// Fragment of the subgroup's probability rows (keys k0..) as the left operand.
+fn frag_p(sg: u32, k0: u32) -> coop_mat16x16<f16, A> {
+    let ptr = &ps[(sg * 16u * KP + k0) / 4u];
+    let stride = KP4;
+    return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
+}
+
+// Fragment of the staged values (keys k0.., head columns d0..) as the right operand.
+fn frag_v(k0: u32, d0: u32) -> coop_mat16x16<f16, B> {
+    let ptr = &vs[(k0 * KP + d0) / 4u];
+    let stride = KP4;
+    return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
+}
+
+// acc + P·V over the 64 keys of the tile, for head columns d0..d0+15.
+fn accumulate(acc: coop_mat16x16<f32, C>, p0: coop_mat16x16<f16, A>, p1: coop_mat16x16<f16, A>,
+              p2: coop_mat16x16<f16, A>, p3: coop_mat16x16<f16, A>, d0: u32) -> coop_mat16x16<f32, C> {
+    var o = acc;
+    o = coopMultiplyAdd(p0, frag_v(0u, d0), o);
+    o = coopMultiplyAdd(p1, frag_v(16u, d0), o);
+    o = coopMultiplyAdd(p2, frag_v(32u, d0), o);
+    o = coopMultiplyAdd(p3, frag_v(48u, d0), o);
+    return o;
+}
+
+// Stores output fragment `o` (head columns d0..) into the subgroup's scratch.
+fn store_out_frag(o: coop_mat16x16<f32, C>, sg: u32, d0: u32) {
+    let ptr = &ss[sg * 16u * SP + d0];
+    let stride = SP;
+    coopStoreT(o, ptr, stride);
+}
+
+@compute @workgroup_size(THREADS)
+fn coop_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let bh = wid.y + wid.z * nwg.y;
+    if (bh >= p.b * p.h) {
+        return;
+    }
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let q0 = (nwg.x - 1u - wid.x) * ROWS;
+    // this lane's query row
+    let q = q0 + sg * 16u + lane % 16u;
+
+    stage(bh, q0, 0u, false, lid);
+    workgroupBarrier();
+    let qf0 = frag_q(sg * 16u, 0u);
+    let qf1 = frag_q(sg * 16u, 16u);
+    let qf2 = frag_q(sg * 16u, 32u);
+    let qf3 = frag_q(sg * 16u, 48u);
+    workgroupBarrier();
+
+    // Pass 1: each row's maximum and sum of exponentials (the two lanes of a row share the
+    // maximum tile by tile, so their partial sums are in the same units).
+    let keys = min(q0 + ROWS, p.t);
+    var m = MASKED;
+    var l = 0.0;
+    for (var k0 = 0u; k0 < keys; k0 += ROWS) {
+        stage(bh, k0, 1u, false, lid);
+        workgroupBarrier();
+        scores(qf0, qf1, qf2, qf3, 0u, sg);
+        scores(qf0, qf1, qf2, qf3, 16u, sg);
+        scores(qf0, qf1, qf2, qf3, 32u, sg);
+        scores(qf0, qf1, qf2, qf3, 48u, sg);
+        workgroupBarrier();
+        let s = lane_scores(sg, lane, q, k0);
+        var mt = m;
+        for (var j = 0u; j < 32u; j++) {
+            mt = max(mt, s[j]);
+        }
+        mt = max(mt, subgroupShuffleXor(mt, 16u));
+        var lt = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            lt += exp(s[j] - mt);
+        }
+        l = l * exp(m - mt) + lt;
+        m = mt;
+        workgroupBarrier();
+    }
+    let row_lse = m + log(l + subgroupShuffleXor(l, 16u));
+
+    // Pass 2: exact probabilities, O += P·V.
+    var o0: coop_mat16x16<f32, C>;
+    var o1: coop_mat16x16<f32, C>;
+    var o2: coop_mat16x16<f32, C>;
+    var o3: coop_mat16x16<f32, C>;
+    let prow = (sg * 16u + lane % 16u) * KP4 + (lane / 16u) * 8u;
+    for (var k0 = 0u; k0 < keys; k0 += ROWS) {
+        stage(bh, k0, 1u, false, lid);
+        stage(bh, k0, 2u, true, lid);
+        workgroupBarrier();
+        scores(qf0, qf1, qf2, qf3, 0u, sg);
+        scores(qf0, qf1, qf2, qf3, 16u, sg);
+        scores(qf0, qf1, qf2, qf3, 32u, sg);
+        scores(qf0, qf1, qf2, qf3, 48u, sg);
+        workgroupBarrier();
+        let s = lane_scores(sg, lane, q, k0);
+        for (var j4 = 0u; j4 < 8u; j4++) {
+            let e = exp(vec4(s[4u * j4], s[4u * j4 + 1u], s[4u * j4 + 2u], s[4u * j4 + 3u]) - row_lse);
+            ps[prow + j4] = vec4<f16>(e);
+        }
+        workgroupBarrier();
+        let p0 = frag_p(sg, 0u);
+        let p1 = frag_p(sg, 16u);
+        let p2 = frag_p(sg, 32u);
+        let p3 = frag_p(sg, 48u);
+        o0 = accumulate(o0, p0, p1, p2, p3, 0u);
+        o1 = accumulate(o1, p0, p1, p2, p3, 16u);
+        o2 = accumulate(o2, p0, p1, p2, p3, 32u);
+        o3 = accumulate(o3, p0, p1, p2, p3, 48u);
+        workgroupBarrier();
+    }
+
+    let r0 = o0;
+    store_out_frag(r0, sg, 0u);
+    let r1 = o1;
+    store_out_frag(r1, sg, 16u);
+    let r2 = o2;
+    store_out_frag(r2, sg, 32u);
+    let r3 = o3;
+    store_out_frag(r3, sg, 48u);
+    workgroupBarrier();
+    if (q < p.t) {
+        let at = out_row(p, bh, q) + (lane / 16u) * 32u;
+        let src = (sg * 16u + lane % 16u) * SP + (lane / 16u) * 32u;
+        for (var j = 0u; j < 32u; j++) {
+            out[at + j] = B0(ss[src + j]);
+        }
+        if (lane < 16u) {
+            lse[bh * p.t + q] = row_lse;
+        }
+    }
+}
