@@ -340,9 +340,9 @@ fn attention_lse(qkv: &[f64], b: usize, t: usize, c: usize, h: usize) -> Vec<f64
 }
 
 #[test]
-fn coop_attention_forward_matches_reference_and_feeds_the_backward() {
+fn coop_attention_matches_reference_forward_and_backward() {
     // T of 1, below one block of 64 rows, ragged last blocks, whole blocks, odd B·H; the output
-    // in f32 and in f16; lse against its own reference and through the adapter's backward.
+    // in f32 and in f16; lse against its own reference; the backward accumulating onto dqkv.
     use kernels::attention::{backward_with, forward_with, pick, Dims, Kernel, COOP_HEAD_DIM};
     let ctx = ctx();
     if !has_coop(&ctx) {
@@ -359,6 +359,7 @@ fn coop_attention_forward_matches_reference_and_feeds_the_backward() {
         let gqkv = Guarded::new_f16(&ctx, qkv.len(), Some(&qkv));
         let dims = Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
         for out_dtype in [DType::F32, DType::F16] {
+            let held = |v: Vec<f32>, dt: DType| if dt == DType::F16 { round_f16(&v) } else { v };
             let what = format!("coop attention b{b} t{t} h{h}, out {out_dtype:?}");
             let out = Guarded::of(&ctx, out_dtype, b * t * c, None);
             let lse = Guarded::new(&ctx, b * h * t, None);
@@ -366,29 +367,42 @@ fn coop_attention_forward_matches_reference_and_feeds_the_backward() {
             // probabilities go through f16 on their way to P·V
             assert_close(&what, &out.read(&ctx), &want, 4e-3, 4e-3);
             assert_close(&format!("{what} lse"), &lse.read(&ctx), &want_lse, 1e-5, 1e-4);
-            if out_dtype == DType::F16 {
-                continue;
-            }
-            // the adapter's backward on this forward's out and lse
-            let dout = randn(&mut rng, b * t * c, 1.0);
-            let want_d = r::attention_backward(&q64, &to64(&dout), b, t, c, h);
-            let (gd, delta) = (Guarded::new(&ctx, dout.len(), Some(&dout)), Guarded::new(&ctx, b * h * t, None));
-            let gdq = Guarded::new(&ctx, qkv.len(), Some(&vec![0.0; qkv.len()]));
+            // the backward on tensor cores (dout and dqkv in the output's type, dqkv accumulating
+            // onto random values) and, on f32 operands, the adapter's other backward: both take
+            // this forward's out and lse
+            let dout = held(randn(&mut rng, b * t * c, 1.0), out_dtype);
+            let dqkv0 = held(randn(&mut rng, qkv.len(), 1.0), out_dtype);
+            let want_d: Vec<f64> = r::attention_backward(&q64, &to64(&dout), b, t, c, h)
+                .iter()
+                .zip(&dqkv0)
+                .map(|(g, &g0)| g + g0 as f64)
+                .collect();
             let f32_qkv = Guarded::new(&ctx, qkv.len(), Some(&qkv));
-            let v = |g: &Guarded| g.view();
-            let kernel = pick(&ctx.kernels, d, true);
-            backward_with(&ctx.kernels, kernel, &v(&gdq), &v(&delta), &v(&f32_qkv), &v(&out), &v(&gd), &v(&lse), dims)
-                .unwrap();
-            assert_close(&format!("{what} dqkv ({kernel:?})"), &gdq.read(&ctx), &want_d, 1e-2, 1e-2);
+            let mut runs = vec![(Kernel::Coop, &gqkv)];
+            if out_dtype == DType::F32 {
+                runs.push((pick(&ctx.kernels, d, true), &f32_qkv));
+            }
+            for (kernel, q) in runs {
+                let gd = Guarded::of(&ctx, out_dtype, dout.len(), Some(&dout));
+                let gdq = Guarded::of(&ctx, out_dtype, qkv.len(), Some(&dqkv0));
+                let delta = Guarded::new(&ctx, b * h * t, None);
+                let v = |g: &Guarded| g.view();
+                backward_with(&ctx.kernels, kernel, &v(&gdq), &v(&delta), &v(q), &v(&out), &v(&gd), &v(&lse), dims)
+                    .unwrap();
+                // (an f16 out carries its rounding into delta = Σ dout·out, and from there into
+                // every score gradient of its row: measured worst 1.1e-2 on the H200)
+                let atol = if out_dtype == DType::F16 { 2e-2 } else { 1e-2 };
+                assert_close(&format!("{what} dqkv ({kernel:?})"), &gdq.read(&ctx), &want_d, 1e-2, atol);
+            }
         }
     }
 }
 
 #[test]
 fn coop_attention_refuses_what_it_cannot_run() {
-    // Runs everywhere: f32 qkv, other head sizes, the backward and adapters without cooperative
-    // matrices are errors naming the kernel; the automatic forward takes it exactly for f16 qkv
-    // of head size 64 where the adapter runs it.
+    // Runs everywhere: f32 qkv, other head sizes and adapters without cooperative matrices are
+    // errors naming the kernel; the automatic forward takes it exactly for f16 qkv of head size 64
+    // where the adapter runs it.
     use kernels::attention::{backward_with, coop_supported, forward, forward_with, Dims, Kernel};
     let ctx = ctx();
     let g = Guarded::new(&ctx, 3 * 64 * 2, Some(&vec![0.5; 3 * 64 * 2]));

@@ -2,13 +2,13 @@
 //! head size: `shaders/attention_blocked.wgsl` and `attention_blocked_backward.wgsl` (blocks of
 //! rows, 2-D register tiles; head sizes up to 64), `shaders/attention.wgsl` (a thread per row)
 //! and `attention_lanes.wgsl` (the per-row backward with a few subgroup lanes per row), and
-//! `attention_coop.wgsl` (the forward on tensor cores, f16 qkv of head size 64). Either backward
-//! takes any forward's `out` and `lse` (the same quantities); [`pick`] chooses per pass, and
-//! [`forward`] takes the cooperative kernel wherever it runs.
+//! `attention_coop.wgsl` and `attention_coop_backward.wgsl` (tensor cores, f16 qkv of head size
+//! 64). Every backward takes any forward's `out` and `lse` (the same quantities); [`pick`] chooses
+//! per pass, and [`forward`] and [`backward`] take the cooperative kernels wherever they run.
 
 use super::{
-    Kernels, Variant, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, ATTENTION_COOP, ATTENTION_LANES,
-    MAX_GROUPS,
+    Kernels, Variant, ATTENTION, ATTENTION_BLOCKED, ATTENTION_BLOCKED_BACKWARD, ATTENTION_COOP,
+    ATTENTION_COOP_BACKWARD, ATTENTION_LANES, MAX_GROUPS,
 };
 use crate::device::Gpu;
 use crate::error::{Error, Result};
@@ -23,9 +23,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The head size of the cooperative-matrix forward, and the query and key rows of its blocks.
 pub const COOP_HEAD_DIM: usize = 64;
 const COOP_ROWS: usize = 64;
-/// Workgroup memory `attention_coop.wgsl` declares: three tiles of 64 rows of 64 + 8 halves
-/// (queries then keys, values, probabilities) and 64 rows of 64 + 4 f32 scores.
-pub const COOP_WORKGROUP_BYTES: u64 = 3 * 64 * 72 * 2 + 64 * 68 * 4;
+/// Workgroup memory the cooperative kernels declare, at most: three tiles of 64 rows of 64 + 8
+/// halves (two operands and the f16 probabilities), 64 rows of 64 + 4 f32 products, and the
+/// backward's 2 · 64 f32 row statistics.
+pub const COOP_WORKGROUP_BYTES: u64 = 3 * 64 * 72 * 2 + 64 * 68 * 4 + 2 * 64 * 4;
 
 /// Largest head size of the blocked kernels (their per-thread accumulators grow with it).
 pub const BLOCKED_MAX_HEAD_DIM: usize = 64;
@@ -47,8 +48,8 @@ pub enum Kernel {
     /// Backward only: [`Kernel::Rows`] with `lanes` (2, 4 or 8) threads of a subgroup per row, each
     /// holding a slice of the head dimension (`attention_lanes.wgsl`), where [`lanes_supported`].
     Lanes { lanes: u32 },
-    /// Forward only: tensor cores (`attention_coop.wgsl`) for f16 qkv of head size
-    /// [`COOP_HEAD_DIM`], where [`coop_supported`].
+    /// Tensor cores (`attention_coop.wgsl`, `attention_coop_backward.wgsl`) for f16 qkv of head
+    /// size [`COOP_HEAD_DIM`], where [`coop_supported`].
     Coop,
 }
 
@@ -137,27 +138,28 @@ impl Dims {
 
     /// Whether `kernel` takes this head size and fits the adapter's workgroup memory.
     fn check(&self, k: &Kernels, kernel: Kernel) -> Result<()> {
-        let tile =
-            match kernel {
-                Kernel::Rows => return Ok(()),
-                Kernel::Coop if coop_supported(k) && self.d == COOP_HEAD_DIM => return Ok(()),
-                Kernel::Coop => return Err(Error::invalid(
+        let tile = match kernel {
+            Kernel::Rows => return Ok(()),
+            Kernel::Coop if coop_supported(k) && self.d == COOP_HEAD_DIM => return Ok(()),
+            Kernel::Coop => {
+                return Err(Error::invalid(
                     "attention",
                     format!(
                         "{kernel:?} for head size {}: needs head size {COOP_HEAD_DIM} and cooperative matrices ({})",
                         self.d,
                         k.gpu().describe()
                     ),
-                )),
-                Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
-                Kernel::Lanes { .. } => {
-                    return Err(Error::invalid(
-                        "attention",
-                        format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
-                    ))
-                }
-                Kernel::Blocked { tile } => tile,
-            };
+                ))
+            }
+            Kernel::Lanes { lanes } if lanes_supported(k.gpu(), lanes) => return Ok(()),
+            Kernel::Lanes { .. } => {
+                return Err(Error::invalid(
+                    "attention",
+                    format!("{kernel:?}: needs 2, 4 or 8 lanes and subgroups that wide ({})", k.gpu().describe()),
+                ))
+            }
+            Kernel::Blocked { tile } => tile,
+        };
         let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
         let bytes = blocked_workgroup_bytes(self.d, tile);
         if self.d > BLOCKED_MAX_HEAD_DIM || !BLOCKED_TILES.contains(&tile) || bytes > limit {
@@ -173,9 +175,13 @@ impl Dims {
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward: on tensor
 /// cores for f16 qkv of head size 64 where the adapter has them, else on [`pick`]'s kernel.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
-    let coop = coop_supported(k) && dims.d == COOP_HEAD_DIM && qkv.dtype == DType::F16;
-    let kernel = if coop { Kernel::Coop } else { pick(k, dims.d, false) };
+    let kernel = if takes_coop(k, qkv, dims) { Kernel::Coop } else { pick(k, dims.d, false) };
     forward_with(k, kernel, out, lse, qkv, dims)
+}
+
+/// Whether attention on `qkv` runs on [`Kernel::Coop`] on this adapter (unless the tuning says no).
+fn takes_coop(k: &Kernels, qkv: &View, dims: Dims) -> bool {
+    k.tuning.attention_coop && coop_supported(k) && dims.d == COOP_HEAD_DIM && qkv.dtype == DType::F16
 }
 
 /// [`forward`] on an explicit kernel (tests check each one).
@@ -218,7 +224,8 @@ pub fn backward(
     lse: &View,
     dims: Dims,
 ) -> Result<()> {
-    backward_with(k, pick(k, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims)
+    let kernel = if takes_coop(k, qkv, dims) { Kernel::Coop } else { pick(k, dims.d, true) };
+    backward_with(k, kernel, dqkv, delta, qkv, out, dout, lse, dims)
 }
 
 /// [`backward`] on an explicit kernel (tests check each one).
@@ -246,9 +253,15 @@ pub fn backward_with(
     }
     let d = dims.d as u32;
     let (shader, names, variant, rows) = match kernel {
-        Kernel::Coop => {
-            return Err(Error::invalid("attention backward", format!("{kernel:?} is a forward kernel")));
+        Kernel::Coop if qkv.dtype != DType::F16 => {
+            return Err(Error::invalid("attention backward", format!("{kernel:?} reads f16 qkv, not {:?}", qkv.dtype)));
         }
+        Kernel::Coop => (
+            ATTENTION_COOP_BACKWARD,
+            ["coop_backward_q", "coop_backward_kv"],
+            Variant { dim: d, ..Default::default() },
+            COOP_ROWS,
+        ),
         // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory
         Kernel::Rows => {
             let tile = k.tuning.attention_tile_rows(dims.d.next_multiple_of(4));

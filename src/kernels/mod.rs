@@ -87,6 +87,14 @@ pub const ATTENTION_COOP: Shader = shader!(
     "enable f16;\nenable wgpu_cooperative_matrix;\n",
     "attention_layout"
 );
+/// Attention's backward on cooperative matrices, where [`ATTENTION_COOP`] runs.
+pub const ATTENTION_COOP_BACKWARD: Shader = shader!(
+    "attention_coop_backward",
+    attention::Params,
+    true,
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    "attention_layout"
+);
 pub const ATTENTION_LANES: Shader = shader!("attention_lanes", attention::Params, false, "", "attention_layout");
 pub const CROSS_ENTROPY: Shader = shader!("cross_entropy", cross_entropy::Params);
 pub const DECODE: Shader = shader!("decode", decode::Params);
@@ -163,6 +171,7 @@ pub const ALL: &[Shader] = &[
     ATTENTION_BLOCKED,
     ATTENTION_BLOCKED_BACKWARD,
     ATTENTION_COOP,
+    ATTENTION_COOP_BACKWARD,
     ATTENTION_LANES,
     CROSS_ENTROPY,
     DECODE,

@@ -74,6 +74,7 @@ mod tests {
             (ATTENTION_BLOCKED, rust!(attention::Params)),
             (ATTENTION_BLOCKED_BACKWARD, rust!(attention::Params)),
             (ATTENTION_COOP, rust!(attention::Params)),
+            (ATTENTION_COOP_BACKWARD, rust!(attention::Params)),
             (ATTENTION_LANES, rust!(attention::Params)),
             (CROSS_ENTROPY, rust!(cross_entropy::Params)),
             (DECODE, rust!(decode::Params)),

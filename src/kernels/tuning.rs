@@ -20,6 +20,10 @@ pub struct Tuning {
     /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
     /// puts both passes on one kind.
     pub attention_blocked: (bool, bool),
+    /// Attention on f16 qkv of head size 64 runs on cooperative matrices where the adapter has
+    /// them (`attention::coop_supported`; H200, GPT-2 small f16: forward 16.6 → 8.7 ms a step).
+    /// `PAGETRAIN_ATTENTION=rows|blocked` says no.
+    pub attention_coop: bool,
     /// Products with an f16 operand (the other f16 or f32) run on cooperative matrices
     /// (`matmul_coop`): the device has them in 16×16×16 f16 → f32, 32-lane subgroups and the
     /// workgroup memory the kernel takes.
@@ -103,9 +107,18 @@ impl Tuning {
             _ if info.backend == wgpu::Backend::Gl => (false, false),
             _ => (true, false),
         };
+        let attention_coop = !matches!(std::env::var("PAGETRAIN_ATTENTION").as_deref(), Ok("rows" | "blocked"));
         let large_vec4 =
             std::env::var("PAGETRAIN_MATMUL_VEC4").ok().and_then(|v| v.parse().ok()).unwrap_or(LargeVec4::ALL);
-        Tuning { matmul, attention_tile, attention_blocked, coop_f16: false, attention_lanes: 1, large_vec4 }
+        Tuning {
+            matmul,
+            attention_tile,
+            attention_blocked,
+            attention_coop,
+            coop_f16: false,
+            attention_lanes: 1,
+            large_vec4,
+        }
     }
 
     /// [`Tuning::attention_lanes`] for `gpu`.
