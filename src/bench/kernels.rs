@@ -38,9 +38,12 @@ pub struct MatmulReport {
     /// shader-f16.
     pub attention_f16_tflops: Option<f64>,
     pub attention_f16_backward_tflops: Option<f64>,
-    /// The kernels attention ran on (`attention::pick` at head size 64), forward and backward.
+    /// The kernels attention ran on at head size 64 (`attention::kernel_for`), forward and
+    /// backward, in f32 and (with shader-f16) in f16.
     pub attention_kernel: String,
     pub attention_backward_kernel: String,
+    pub attention_f16_kernel: Option<String>,
+    pub attention_f16_backward_kernel: Option<String>,
 }
 
 /// (forward, backward) TFLOP/s of fused attention at B=8, T=1024, H=12, D=64 with qkv, out and
@@ -158,8 +161,12 @@ pub fn matmuls(ctx: &Context, iters: usize, repeats: usize) -> Result<MatmulRepo
         attention_backward_tflops,
         attention_f16_tflops: f16_attention.map(|a| a.0),
         attention_f16_backward_tflops: f16_attention.map(|a| a.1),
-        attention_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, false)),
-        attention_backward_kernel: format!("{:?}", attention::pick(&ctx.kernels, 64, true)),
+        attention_kernel: format!("{:?}", attention::kernel_for(&ctx.kernels, DType::F32, 64, false)),
+        attention_backward_kernel: format!("{:?}", attention::kernel_for(&ctx.kernels, DType::F32, 64, true)),
+        attention_f16_kernel: has_f16
+            .then(|| format!("{:?}", attention::kernel_for(&ctx.kernels, DType::F16, 64, false))),
+        attention_f16_backward_kernel: has_f16
+            .then(|| format!("{:?}", attention::kernel_for(&ctx.kernels, DType::F16, 64, true))),
         matmul_f32_4096_tflops: f32s[0],
         matmul_f32_4096_nt_tflops: f32s[1],
         matmul_f32_4096_tn_tflops: f32s[2],

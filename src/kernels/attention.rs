@@ -175,13 +175,19 @@ impl Dims {
 /// out (B,T,C) = causal softmax(scale·q·kᵀ)·v per head, and lse (B,H,T) for backward: on tensor
 /// cores for f16 qkv of head size 64 where the adapter has them, else on [`pick`]'s kernel.
 pub fn forward(k: &Kernels, out: &View, lse: &View, qkv: &View, dims: Dims) -> Result<()> {
-    let kernel = if takes_coop(k, qkv, dims) { Kernel::Coop } else { pick(k, dims.d, false) };
-    forward_with(k, kernel, out, lse, qkv, dims)
+    forward_with(k, kernel_for(k, qkv.dtype, dims.d, false), out, lse, qkv, dims)
 }
 
-/// Whether attention on `qkv` runs on [`Kernel::Coop`] on this adapter (unless the tuning says no).
-fn takes_coop(k: &Kernels, qkv: &View, dims: Dims) -> bool {
-    k.tuning.attention_coop && coop_supported(k) && dims.d == COOP_HEAD_DIM && qkv.dtype == DType::F16
+/// The kernel [`forward`] (`backward` false) or [`backward`] runs on qkv of `dtype` and head size
+/// `d`: [`Kernel::Coop`] for f16 at head size [`COOP_HEAD_DIM`] where [`coop_supported`] (unless
+/// the tuning says no), else [`pick`]'s.
+pub fn kernel_for(k: &Kernels, dtype: DType, d: usize, backward: bool) -> Kernel {
+    let coop = k.tuning.attention_coop && coop_supported(k) && d == COOP_HEAD_DIM && dtype == DType::F16;
+    if coop {
+        Kernel::Coop
+    } else {
+        pick(k, d, backward)
+    }
 }
 
 /// [`forward`] on an explicit kernel (tests check each one).
@@ -224,8 +230,7 @@ pub fn backward(
     lse: &View,
     dims: Dims,
 ) -> Result<()> {
-    let kernel = if takes_coop(k, qkv, dims) { Kernel::Coop } else { pick(k, dims.d, true) };
-    backward_with(k, kernel, dqkv, delta, qkv, out, dout, lse, dims)
+    backward_with(k, kernel_for(k, qkv.dtype, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims)
 }
 
 /// [`backward`] on an explicit kernel (tests check each one).
