@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::half_grads::{grad_half_scale, HalfGrads};
-use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice};
+use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
+use super::update_ahead::{self, update_in_place, AfterUpdate, Group, ParamUpdate, StepValues, UpdateAhead};
 use super::AdamWConfig;
 use crate::clock::Stopwatch;
 use crate::context::Context;
@@ -17,6 +18,9 @@ use crate::nn::{Module, Param};
 use crate::tensor::{Tensor, TensorId};
 
 pub struct HostAdamW {
+    /// The deferred step's updates running ahead on their own thread (`super::update_ahead`);
+    /// first, so that a dropped optimizer joins it before its tensors go.
+    ahead: Option<UpdateAhead>,
     pub config: AdamWConfig,
     /// First and second moments, pager tensors that are only ever touched on the host.
     pub m: Vec<Tensor>,
@@ -33,6 +37,19 @@ pub struct HostAdamW {
     deferred: Option<Deferred>,
     /// Where the gradients come down in f16 ([`HostAdamW::send_gradients_in_f16`]).
     half_grads: Option<Rc<HalfGrads>>,
+    /// The groups of parameter indices `apply_deferred` was asked for during this deferred
+    /// step, in order, and those of the last step that asked for every parameter once: the
+    /// groups and order the next step's updates run ahead in.
+    asked: Vec<Vec<usize>>,
+    groups: Option<Vec<Vec<usize>>>,
+    /// Per parameter, what its update zeroes and forgets, while its update runs ahead.
+    after: Vec<AfterUpdate>,
+    /// Deferred steps run their updates ahead on a thread of their own once a step has shown
+    /// the order the forward asks for them (`super::update_ahead`; the same bits either way).
+    /// On by default; `PAGETRAIN_HOST_UPDATE_AHEAD=0` turns it off.
+    pub update_ahead: bool,
+    /// Deferred steps whose updates ran ahead.
+    pub steps_run_ahead: u64,
 }
 
 /// A step whose norm is taken and whose updates wait for each parameter's next use.
@@ -67,17 +84,11 @@ pub(crate) fn update_slice(
 }
 
 /// The values of host bytes (copied when the bytes are not aligned for `T`).
-fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
+pub(super) fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
     match bytemuck::try_cast_slice(bytes) {
         Ok(v) => Cow::Borrowed(v),
         Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
-}
-
-/// A gradient's host bytes as the update reads them (f16 with what to multiply it by).
-enum Grad<'a> {
-    F32(Cow<'a, [f32]>),
-    F16(Cow<'a, [half::f16]>, f32),
 }
 
 /// Host bytes seen as values of `T` to change: in place when aligned (the store aligns every
@@ -148,7 +159,23 @@ impl HostAdamW {
         let params = model.params();
         let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
-        Ok(HostAdamW { config, m, v, t: 0, last_norm: 0.0, host_seconds: 0.0, index, deferred: None, half_grads: None })
+        Ok(HostAdamW {
+            ahead: None,
+            config,
+            m,
+            v,
+            t: 0,
+            last_norm: 0.0,
+            host_seconds: 0.0,
+            index,
+            deferred: None,
+            half_grads: None,
+            asked: Vec::new(),
+            groups: None,
+            after: Vec::new(),
+            update_ahead: update_ahead::enabled(worker_threads()),
+            steps_run_ahead: 0,
+        })
     }
 
     /// From the next step on, the gradients come down in f16, scaled per tensor, and the norm
@@ -259,7 +286,40 @@ impl HostAdamW {
         self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending, unscales });
         ctx.pager.expect_host_update(&values);
         ctx.pager.end_step();
+        if self.update_ahead {
+            if let Some(groups) = self.groups.clone() {
+                self.start_ahead(ctx, params, groups)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Lends the host bytes of the deferred step's updates, in `groups`, to a thread that applies
+    /// them in that order (see `super::update_ahead`).
+    fn start_ahead(&mut self, ctx: &Context, params: &[&Param], groups: Vec<Vec<usize>>) -> Result<()> {
+        let d = self.deferred.as_ref().expect("a step was just deferred");
+        if let Some(h) = &self.half_grads {
+            // (the backward is done: the last of them are on their way down)
+            ctx.pager.sync_to_host(&h.halves.iter().map(|t| t.id()).collect::<Vec<_>>())?;
+        }
+        let step = StepValues { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
+        let mut lent = Vec::with_capacity(groups.len());
+        for group in groups {
+            let due: Vec<(usize, &Param)> = group.iter().map(|&i| (i, params[i])).collect();
+            let (ids, written, updates) = self.update_plan(&due, d);
+            let loan = ctx.pager.lend_host(&ids, &written)?;
+            lent.push(Group { params: group, updates, loan });
+        }
+        self.after = params.iter().enumerate().map(|(i, p)| (p.grad.id(), self.half_grad(i))).collect();
+        // (all cores: on the H200 16 threads beat 8, which left more to the pager, by 10 ms a step)
+        self.ahead = Some(UpdateAhead::start(ctx.pager.clone(), lent, step, worker_threads(), params.len())?);
+        self.steps_run_ahead += 1;
+        Ok(())
+    }
+
+    /// Parameter `i`'s f16 gradient, where the gradients come down so.
+    fn half_grad(&self, i: usize) -> Option<TensorId> {
+        self.half_grads.as_ref().map(|h| h.halves[i].id())
     }
 
     /// Applies the deferred update to those of `params` still waiting for it (one pass over
@@ -279,20 +339,33 @@ impl HostAdamW {
         if due.is_empty() {
             return Ok(());
         }
+        self.asked.push(due.iter().map(|&(i, _)| i).collect());
         // What is recorded for the layers before runs on the GPU while the host updates these.
         ctx.recorder.flush();
-        if let Some(h) = &self.half_grads {
-            // Waiting for the GPU to write them back is the pager's stall, not the host pass.
-            ctx.pager.sync_to_host(&due.iter().map(|&(i, _)| h.halves[i].id()).collect::<Vec<_>>())?;
-        }
         let start = Stopwatch::start();
-        self.update(ctx, &due, d)?;
+        let done: Vec<(usize, AfterUpdate)> = match self.ahead.as_mut() {
+            // (waiting for the thread is the host pass's time on the main thread)
+            Some(ahead) => {
+                ahead.finish(&self.asked[self.asked.len() - 1])?.into_iter().map(|i| (i, self.after[i])).collect()
+            }
+            None => {
+                if let Some(h) = &self.half_grads {
+                    // Waiting for the GPU to write them back is the pager's stall, not the host pass.
+                    let halves: Vec<_> = due.iter().map(|&(i, _)| h.halves[i].id()).collect();
+                    let waited = Stopwatch::start();
+                    ctx.pager.sync_to_host(&halves)?;
+                    self.host_seconds -= waited.seconds();
+                }
+                self.update(ctx, &due, d)?;
+                due.iter().map(|&(i, p)| (i, (p.grad.id(), self.half_grad(i)))).collect()
+            }
+        };
         self.host_seconds += start.seconds();
-        for (i, p) in due {
-            ctx.pager.zero(p.grad.id())?;
-            if let Some(h) = &self.half_grads {
+        for (i, (grad, half_grad)) in done {
+            ctx.pager.zero(grad)?;
+            if let Some(h) = half_grad {
                 // Read: the next cast writes it whole, so nothing may upload it before then.
-                ctx.pager.forget(h.halves[i].id())?;
+                ctx.pager.forget(h)?;
             }
             if let Some(d) = self.deferred.as_mut() {
                 d.pending[i] = false;
@@ -300,6 +373,10 @@ impl HostAdamW {
         }
         if self.deferred.as_ref().is_some_and(|d| !d.pending.contains(&true)) {
             self.deferred = None;
+            self.groups = update_ahead::groups_if_complete(&std::mem::take(&mut self.asked), self.m.len());
+            if self.ahead.as_ref().is_some_and(|a| a.is_finished()) {
+                self.ahead = None;
+            }
         }
         Ok(())
     }
@@ -314,15 +391,20 @@ impl HostAdamW {
     /// writes each f16 copy from the host, so the f32 master never goes up to the GPU: the bus
     /// carries 2 bytes a parameter up instead of 4, and the copy is clean where it is evicted.
     fn update(&self, ctx: &Context, due: &[(usize, &Param)], d: &Deferred) -> Result<()> {
-        // Per tensor: value, moments, gradient (its f16 copy where the gradients come down so),
-        // then its f16 weight copy if it has one; all but the gradient are written.
+        let (ids, written, updates) = self.update_plan(due, d);
+        let step = StepValues { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
+        ctx.pager.update_host(&ids, &written, |s| update_in_place(s, &updates, step, worker_threads()))?
+    }
+
+    /// The host bytes the update of `due` reads and writes — per parameter its value, moments,
+    /// gradient (its f16 copy where the gradients come down so), then its f16 weight copy if it
+    /// has one; all but the gradient are written — and what each update needs besides.
+    fn update_plan(&self, due: &[(usize, &Param)], d: &Deferred) -> (Vec<TensorId>, Vec<TensorId>, Vec<ParamUpdate>) {
         let mut ids = Vec::with_capacity(5 * due.len());
         let mut written = Vec::with_capacity(4 * due.len());
+        let mut updates = Vec::with_capacity(due.len());
         for &(i, p) in due {
-            let grad = match &self.half_grads {
-                Some(h) => h.halves[i].id(),
-                None => p.grad.id(),
-            };
+            let grad = self.half_grad(i).unwrap_or(p.grad.id());
             let quad = [p.value.id(), self.m[i].id(), self.v[i].id(), grad];
             ids.extend(quad);
             written.extend(&quad[..3]);
@@ -330,50 +412,10 @@ impl HostAdamW {
                 ids.push(half.id());
                 written.push(half.id());
             }
+            let decay = if p.value.shape().len() >= 2 { self.config.weight_decay } else { 0.0 };
+            let unscale = d.unscales.as_ref().map(|u| u[i]);
+            updates.push(ParamUpdate { decay, unscale, has_half: p.half.is_some() });
         }
-        let c = self.config;
-        let decays: Vec<f32> =
-            due.iter().map(|(_, p)| if p.value.shape().len() >= 2 { c.weight_decay } else { 0.0 }).collect();
-        ctx.pager.update_host(&ids, &written, |s| -> Result<()> {
-            let mut views = Vec::with_capacity(decays.len());
-            let mut rest = &mut s[..];
-            for &(i, p) in due {
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(4 + usize::from(p.half.is_some()));
-                rest = tail;
-                let [p, m, v, g, half @ ..] = mine else { unreachable!("four or five slices a parameter") };
-                let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
-                let g = match &d.unscales {
-                    Some(u) => Grad::F16(pods(g), u[i]),
-                    None => Grad::F32(pods(g)),
-                };
-                views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), g, half));
-            }
-            let tensors = views
-                .iter_mut()
-                .zip(&decays)
-                .map(|((p, m, v, g, half), &decay)| AdamWSlices {
-                    p: p.values(),
-                    m: m.values(),
-                    v: v.values(),
-                    g: match g {
-                        Grad::F32(g) => GradSlice::F32(g),
-                        Grad::F16(values, unscale) => GradSlice::F16 { values, unscale: *unscale },
-                    },
-                    decay,
-                    half: half.as_mut().map(|h| h.values()),
-                })
-                .collect();
-            let step = AdamWStep { config: &c, lr: d.lr, scale: d.scale, t: d.t };
-            adamw_update(tensors, &step, worker_threads())?;
-            for (p, m, v, _, half) in views {
-                p.finish();
-                m.finish();
-                v.finish();
-                if let Some(h) = half {
-                    h.finish();
-                }
-            }
-            Ok(())
-        })?
+        (ids, written, updates)
     }
 }

@@ -6,6 +6,7 @@ mod half_grads;
 mod host_adamw;
 mod host_kernels;
 mod sgd;
+mod update_ahead;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{EarlyNorms, GradClip};

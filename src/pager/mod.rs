@@ -13,6 +13,7 @@ pub mod budget;
 mod copier;
 mod dma;
 mod host;
+mod host_loan;
 mod options;
 #[cfg(vulkan_hal)]
 mod pinned_store;
@@ -36,6 +37,7 @@ use copier::Copier;
 #[cfg(not(target_arch = "wasm32"))]
 pub use host::MmapStore;
 pub use host::{HostRange, HostStore, MemStore};
+pub use host_loan::HostLoan;
 pub use options::{memory_store, PagerOptions};
 #[cfg(vulkan_hal)]
 pub use pinned_store::PinnedStore;
@@ -117,6 +119,8 @@ struct Entry {
     /// The caller will rewrite its host bytes before reading it (`Pager::expect_host_update`):
     /// not prefetched until they change.
     host_update_due: bool,
+    /// Its host bytes are lent to another thread (`Pager::lend_host`): no access until returned.
+    lent: bool,
 }
 
 /// Why a dirty tensor was evicted without a write-back.
@@ -237,6 +241,8 @@ struct State {
     last_step: Option<StepTransfers>,
     /// Tensors made in this step and freed with no read of their host copy (by key).
     freed_unread: HashSet<Key>,
+    /// Host bytes of tensors released while lent (`Pager::lend_host`): freed when returned.
+    released_while_lent: HashMap<TensorId, HostRange>,
 }
 
 impl Drop for State {
@@ -290,6 +296,7 @@ impl Pager {
             step_start: None,
             last_step: None,
             freed_unread: HashSet::new(),
+            released_while_lent: HashMap::new(),
         };
         #[cfg(vulkan_hal)]
         let (pinned, pinned_error) = match crate::vulkan_hal::PinnedAllocator::new(&gpu.device) {
@@ -368,6 +375,7 @@ impl Pager {
             read_on_host: false,
             lost_by_plan: false,
             host_update_due: false,
+            lent: false,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;
@@ -406,7 +414,9 @@ impl Pager {
         let mut st = self.state();
         st.clock += 1;
         let clock = st.clock;
-        let key = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?.key;
+        let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        e.check_not_lent()?;
+        let key = e.key;
         if st.in_step {
             st.trace.push(key);
             let pos = st.trace.len() - 1;

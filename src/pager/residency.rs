@@ -345,8 +345,11 @@ impl State {
             if let Some(buf) = e.gpu {
                 self.pool.give(buf);
             }
-            // A direct copy still using the bytes holds them back until it is done.
-            if let Some(r) = self.dma.free_when_done(e.host, id) {
+            // A direct copy still using the bytes holds them back until it is done; a borrower
+            // (`Pager::lend_host`) until it gives them back.
+            if e.lent {
+                self.released_while_lent.insert(id, e.host);
+            } else if let Some(r) = self.dma.free_when_done(e.host, id) {
                 self.store.free(r);
             }
         }
@@ -428,7 +431,7 @@ impl State {
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
-            let stale = e.host_update_due;
+            let stale = e.host_update_due || e.lent;
             if e.gpu.is_some()
                 || e.contents != Contents::Host
                 || e.lost.is_some()
@@ -471,6 +474,7 @@ impl State {
                 && e.contents == Contents::Host
                 && e.lost.is_none()
                 && !e.host_update_due
+                && !e.lent
                 && !self.upload.is_prefilled(id)
                 && !self.readback.has_jobs_for(id)
                 && !self.dma.busy(id, None);

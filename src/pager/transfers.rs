@@ -1,6 +1,6 @@
 //! Moving a tensor's bytes between the host and the GPU when the caller asks: overwriting or
-//! zeroing it, changing its host bytes in place, reading it back, and flushing or settling the
-//! copies in flight.
+//! zeroing it, reading it back, and flushing or settling the copies in flight (changing its host
+//! bytes in place: `host_loan.rs`).
 
 use super::*;
 
@@ -13,6 +13,7 @@ impl Pager {
         st.upload.wait_fills_for(&[id]);
         let (host, bytes) = {
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            e.check_not_lent()?;
             (e.host, e.bytes as usize)
         };
         if data.len() != bytes {
@@ -117,60 +118,6 @@ impl Pager {
         }
     }
 
-    /// Runs `f` on the host bytes of `ids` (each trimmed to its tensor's size), which must hold
-    /// their newest values (call `sync_to_host` first). Tensors in `written` (some of `ids`) are
-    /// taken to be changed: their GPU copies are dropped, or rewritten when an op has them pinned.
-    /// `f` runs while the pager is held: it must not call it (handles it drops are released, and
-    /// op scopes it ends unpinned, at the pager's next use).
-    pub fn update_host<R>(
-        &self,
-        ids: &[TensorId],
-        written: &[TensorId],
-        f: impl FnOnce(&mut [&mut [u8]]) -> R,
-    ) -> Result<R> {
-        let recorder = &*self.recorder;
-        let mut st = self.state();
-        if let Some(id) = written.iter().find(|id| !ids.contains(id)) {
-            let name = st.entries.get(id).map_or(format!("#{id}"), |e| e.name.clone());
-            return Err(Error::invalid("update_host", format!("`{name}` is written but not among the tensors given")));
-        }
-        // Direct copies reading or writing these host bytes finish first.
-        for &id in ids {
-            st.counters.stall_s += st.dma.wait(recorder, Some(id))?;
-        }
-        let mut ranges = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
-            if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
-                return Err(Error::invalid("update_host", format!("`{}` has newer values on the GPU", e.name)));
-            }
-            e.check_lost()?;
-            let mut r = e.host;
-            r.len = e.bytes as usize;
-            ranges.push(r);
-        }
-        st.upload.wait_fills_for(ids);
-        let zero: Vec<bool> = ids.iter().map(|id| st.entries[id].contents == Contents::Zero).collect();
-        let mut slices = st.store.bytes_mut_many(&ranges)?;
-        for (s, z) in slices.iter_mut().zip(zero) {
-            if z {
-                s.fill(0);
-            }
-        }
-        let out = f(&mut slices);
-        drop(slices);
-        for id in ids {
-            let e = st.entries.get_mut(id).expect("checked");
-            e.contents = Contents::Host;
-            e.unread_writeback = 0;
-            e.read_on_host = true;
-        }
-        for &id in written {
-            st.host_changed(recorder, id)?;
-        }
-        Ok(out)
-    }
-
     /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
@@ -181,6 +128,7 @@ impl Pager {
             e.read_on_host = true;
         }
         let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+        e.check_not_lent()?;
         if (e.dirty && e.gpu.is_some()) || st.readback.has_jobs_for(id) {
             return Err(Error::invalid("read_now", format!("`{}` has newer values on the GPU", e.name)));
         }
@@ -228,6 +176,7 @@ impl Pager {
         let (dirty, contents, bytes, waits) = {
             let mut st = self.state();
             let e = st.entries.get(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
+            e.check_not_lent()?;
             let (dirty, contents, bytes) = (e.dirty && e.gpu.is_some(), e.contents, e.bytes as usize);
             if dirty {
                 st.write_back(recorder, id)?;

@@ -188,6 +188,9 @@ impl Trainer {
                     host.send_gradients_in_f16(ctx, &model.params())?;
                     optimizer_reason += "; gradients come down in f16";
                 }
+                if host.update_ahead {
+                    optimizer_reason += "; updates run ahead on their own thread";
+                }
                 Optimizer::Host(host)
             }
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),

@@ -1,5 +1,5 @@
 //! What the pager reports and keeps: telemetry, the budget it derives from the device, pins held
-//! across a busy pager, and host updates of tensors on the GPU.
+//! across a busy pager, and host updates of tensors on the GPU, in place or lent to a thread.
 
 use super::*;
 
@@ -140,6 +140,57 @@ fn auto_budget_comes_from_the_device_and_a_budget_over_it_is_refused_by_name() {
     } else {
         assert_eq!(up, 4 * slot, "VRAM ring: a quarter of {budget} B, or 4 slots");
     }
+}
+
+#[test]
+fn host_bytes_lent_to_another_thread_are_off_limits_until_returned() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let n = 1000;
+    let (a, b) = (ctx.from_f32("a", &[n], &values(1, n), false).unwrap(), ctx.zeros("b", &[n], false).unwrap());
+    let gone = ctx.from_f32("gone", &[n], &values(4, n), false).unwrap();
+    ctx.read(&a).unwrap();
+    ctx.pager.sync_to_host(&[a.id()]).unwrap();
+    let mut loan = ctx.pager.lend_host(&[a.id(), b.id(), gone.id()], &[a.id(), b.id()]).unwrap();
+    // the borrower's thread reads a (its newest bytes) and b (zeros, written as such), writes both
+    let worker = std::thread::spawn(move || {
+        let mut s = loan.slices();
+        let a_now: Vec<f32> = bytemuck::pod_collect_to_vec(&s[0][..]);
+        let b_now: Vec<f32> = bytemuck::pod_collect_to_vec(&s[1][..]);
+        s[0].copy_from_slice(bytemuck::cast_slice(&values(2, n)));
+        s[1].copy_from_slice(bytemuck::cast_slice(&values(3, n)));
+        drop(s);
+        (loan, a_now, b_now)
+    });
+    // meanwhile every way to the lent bytes is an error naming the tensor
+    let errors = [
+        ctx.read(&a).map(|_| ()).unwrap_err(),
+        ctx.pager.write(b.id(), &[0; 4000]).unwrap_err(),
+        ctx.pager.read_now(a.id()).unwrap_err(),
+        pollster::block_on(ctx.pager.read(b.id())).unwrap_err(),
+        ctx.pager.update_host(&[a.id()], &[], |_| ()).unwrap_err(),
+        ctx.pager.lend_host(&[b.id()], &[]).map(|_| ()).unwrap_err(),
+    ];
+    for err in errors {
+        assert!(
+            err.to_string().contains("lent") && (err.to_string().contains("`a`") || err.to_string().contains("`b`")),
+            "{err}"
+        );
+    }
+    // a tensor released while lent keeps its bytes until the loan comes back
+    let gone_range = ctx.pager.host_range(gone.id()).unwrap();
+    drop(gone);
+    let meanwhile = ctx.zeros("meanwhile", &[n], false).unwrap();
+    assert_ne!(ctx.pager.host_range(meanwhile.id()).unwrap().offset, gone_range.offset, "lent bytes were reused");
+    let (loan, a_then, b_then) = worker.join().unwrap();
+    assert_same("a as lent", &a_then, &values(1, n));
+    assert!(b_then.iter().all(|&x| x == 0.0), "b lent as zeros");
+    ctx.pager.return_host(loan).unwrap();
+    assert_same("a after the loan", &read(&ctx, &a), &values(2, n));
+    assert_same("b after the loan", &read(&ctx, &b), &values(3, n));
+    // then they are free again (first fit: the next tensor of that size gets them)
+    let again = ctx.from_f32("again", &[n], &values(5, n), false).unwrap();
+    assert_eq!(ctx.pager.host_range(again.id()).unwrap().offset, gone_range.offset);
+    assert_same("a tensor in them", &read(&ctx, &again), &values(5, n));
 }
 
 #[test]
