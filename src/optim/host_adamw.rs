@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use super::half_grads::{grad_half_scale, HalfGrads};
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
-use super::update_ahead::{self, update_in_place, AfterUpdate, Group, ParamUpdate, StepValues, UpdateAhead};
+use super::update_ahead::{self, update_in_place, Group, ParamUpdate, StepValues, UpdateAhead};
 use super::AdamWConfig;
 use crate::clock::Stopwatch;
 use crate::context::Context;
@@ -28,8 +28,9 @@ pub struct HostAdamW {
     pub t: u64,
     /// Global gradient norm of the last step (or of the last [`HostAdamW::note_norm`]).
     pub last_norm: f32,
-    /// Host seconds spent in the optimizer's passes over the host bytes (norms and updates,
-    /// the pager's bookkeeping for them included), summed over all steps.
+    /// Host seconds the main thread spent in the optimizer's passes over the host bytes (norms
+    /// and updates, the pager's bookkeeping for them included; for updates run ahead, its waits
+    /// for them), summed over all steps.
     pub host_seconds: f64,
     /// Index in `m`/`v` of each parameter, by its value's tensor id.
     index: HashMap<TensorId, usize>,
@@ -51,6 +52,9 @@ pub struct HostAdamW {
     /// Deferred steps whose updates ran ahead.
     pub steps_run_ahead: u64,
 }
+
+/// (zeroed, forgotten) after a parameter's update: its gradient, and its f16 gradient if any.
+type AfterUpdate = (TensorId, Option<TensorId>);
 
 /// A step whose norm is taken and whose updates wait for each parameter's next use.
 struct Deferred {
@@ -342,20 +346,17 @@ impl HostAdamW {
         self.asked.push(due.iter().map(|&(i, _)| i).collect());
         // What is recorded for the layers before runs on the GPU while the host updates these.
         ctx.recorder.flush();
+        if let (None, Some(h)) = (&self.ahead, &self.half_grads) {
+            // Waiting for the GPU to write them back is the pager's stall, not the host pass.
+            ctx.pager.sync_to_host(&due.iter().map(|&(i, _)| h.halves[i].id()).collect::<Vec<_>>())?;
+        }
         let start = Stopwatch::start();
         let done: Vec<(usize, AfterUpdate)> = match self.ahead.as_mut() {
-            // (waiting for the thread is the host pass's time on the main thread)
+            // (waiting for the thread counts as the host pass: it is what the main thread loses)
             Some(ahead) => {
                 ahead.finish(&self.asked[self.asked.len() - 1])?.into_iter().map(|i| (i, self.after[i])).collect()
             }
             None => {
-                if let Some(h) = &self.half_grads {
-                    // Waiting for the GPU to write them back is the pager's stall, not the host pass.
-                    let halves: Vec<_> = due.iter().map(|&(i, _)| h.halves[i].id()).collect();
-                    let waited = Stopwatch::start();
-                    ctx.pager.sync_to_host(&halves)?;
-                    self.host_seconds -= waited.seconds();
-                }
                 self.update(ctx, &due, d)?;
                 due.iter().map(|&(i, p)| (i, (p.grad.id(), self.half_grad(i)))).collect()
             }

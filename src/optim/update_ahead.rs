@@ -19,7 +19,6 @@ use super::host_kernels::{adamw_update, AdamWSlices, AdamWStep, GradSlice};
 use super::AdamWConfig;
 use crate::error::{Error, Result};
 use crate::pager::{HostLoan, Pager};
-use crate::tensor::TensorId;
 
 /// What one parameter's update needs besides its bytes.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +39,12 @@ pub(super) struct StepValues {
     pub t: u64,
 }
 
+/// A gradient's host bytes as the update reads them (f16 with what to multiply it by).
+enum GradBytes<'a> {
+    F32(Cow<'a, [f32]>),
+    F16(Cow<'a, [half::f16]>, f32),
+}
+
 /// One AdamW update, in place, of the parameters whose host bytes are `slices`: per parameter
 /// its value, moments, gradient and (where `has_half`) f16 copy, in that order.
 pub(super) fn update_in_place(
@@ -57,9 +62,9 @@ pub(super) fn update_in_place(
             return Err(Error::invalid("host AdamW", "fewer host slices than parameters"));
         };
         let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
-        let g: (Cow<[half::f16]>, Cow<[f32]>) = match u.unscale {
-            Some(_) => (pods(g), Cow::Borrowed(&[])),
-            None => (Cow::Borrowed(&[]), pods(g)),
+        let g = match u.unscale {
+            Some(unscale) => GradBytes::F16(pods(g), unscale),
+            None => GradBytes::F32(pods(g)),
         };
         views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), g, half));
     }
@@ -70,9 +75,9 @@ pub(super) fn update_in_place(
             p: p.values(),
             m: m.values(),
             v: v.values(),
-            g: match u.unscale {
-                Some(unscale) => GradSlice::F16 { values: &g.0, unscale },
-                None => GradSlice::F32(&g.1),
+            g: match g {
+                GradBytes::F16(values, unscale) => GradSlice::F16 { values, unscale: *unscale },
+                GradBytes::F32(values) => GradSlice::F32(values),
             },
             decay: u.decay,
             half: half.as_mut().map(|h| h.values()),
@@ -220,6 +225,3 @@ pub(super) fn enabled(threads: usize) -> bool {
         && threads > 1
         && std::env::var("PAGETRAIN_HOST_UPDATE_AHEAD").map_or(true, |v| v != "0")
 }
-
-/// (zeroed, forgotten) after a parameter's update: its gradient, and its f16 gradient if any.
-pub(super) type AfterUpdate = (TensorId, Option<TensorId>);
