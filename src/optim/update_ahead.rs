@@ -225,3 +225,19 @@ pub(super) fn enabled(threads: usize) -> bool {
         && threads > 1
         && std::env::var("PAGETRAIN_HOST_UPDATE_AHEAD").map_or(true, |v| v != "0")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::groups_if_complete;
+
+    #[test]
+    fn groups_count_only_when_they_cover_every_parameter_once() {
+        let asked = vec![vec![2, 0], vec![1], vec![3]];
+        assert_eq!(groups_if_complete(&asked, 4), Some(asked.clone()));
+        // a parameter missing, asked twice, or past the end: the order is not known
+        assert_eq!(groups_if_complete(&asked, 5), None);
+        assert_eq!(groups_if_complete(&[vec![0, 1], vec![1, 2]], 3), None);
+        assert_eq!(groups_if_complete(&[vec![0, 1], vec![2, 7]], 3), None);
+        assert_eq!(groups_if_complete(&[], 0), Some(vec![]));
+    }
+}
