@@ -311,8 +311,16 @@ impl HostAdamW {
         for group in groups {
             let due: Vec<(usize, &Param)> = group.iter().map(|&i| (i, params[i])).collect();
             let (ids, written, updates) = self.update_plan(&due, d);
-            let loan = ctx.pager.lend_host(&ids, &written)?;
-            lent.push(Group { params: group, updates, loan });
+            match ctx.pager.lend_host(&ids, &written) {
+                Ok(loan) => lent.push(Group { params: group, updates, loan }),
+                Err(e) => {
+                    // (what was lent goes back before the error does)
+                    for g in lent {
+                        ctx.pager.return_host(g.loan)?;
+                    }
+                    return Err(e);
+                }
+            }
         }
         self.after = params.iter().enumerate().map(|(i, p)| (p.grad.id(), self.half_grad(i))).collect();
         // (all cores: on the H200 16 threads beat 8, which left more to the pager, by 10 ms a step)

@@ -131,19 +131,30 @@ impl UpdateAhead {
             }
         }
         let listed = groups.iter().map(|g| (g.params.clone(), None)).collect();
-        let work: Vec<(Vec<ParamUpdate>, HostLoan)> = groups.into_iter().map(|g| (g.updates, g.loan)).collect();
+        // The work goes over a channel once the thread runs: a thread that cannot start leaves
+        // the loans here, to be given back.
+        let (give, work) = mpsc::channel::<(Vec<ParamUpdate>, HostLoan)>();
         let (send, done) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("host AdamW ahead".into())
-            .spawn(move || {
-                for (g, (updates, mut loan)) in work.into_iter().enumerate() {
-                    let result = update_in_place(&mut loan.slices(), &updates, step, threads);
-                    if send.send((g, loan, result)).is_err() {
-                        return;
-                    }
+        let spawned = std::thread::Builder::new().name("host AdamW ahead".into()).spawn(move || {
+            for (g, (updates, mut loan)) in work.iter().enumerate() {
+                let result = update_in_place(&mut loan.slices(), &updates, step, threads);
+                if send.send((g, loan, result)).is_err() {
+                    return;
                 }
-            })
-            .map_err(|e| Error::invalid("host AdamW", format!("cannot start its thread: {e}")))?;
+            }
+        });
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(e) => {
+                for g in groups {
+                    pager.return_host(g.loan)?;
+                }
+                return Err(Error::invalid("host AdamW", format!("cannot start its thread: {e}")));
+            }
+        };
+        for g in groups {
+            give.send((g.updates, g.loan)).expect("the thread takes work until the sender goes");
+        }
         Ok(UpdateAhead { pager, group_of, groups: listed, done, thread: Some(thread) })
     }
 
@@ -165,7 +176,10 @@ impl UpdateAhead {
                 .done
                 .recv()
                 .map_err(|_| Error::invalid("host AdamW", "the thread updating ahead stopped before its last group"))?;
-            result?;
+            if let Err(e) = result {
+                self.pager.return_host(loan)?;
+                return Err(e);
+            }
             self.groups[g].1 = Some(loan);
         }
         let mut finished = Vec::new();
