@@ -20,8 +20,9 @@ const ROWS: usize = 64;
 /// Largest head size: q, the accumulators and the streamed tiles must fit registers and 16 KiB.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The head size of the cooperative-matrix forward, and the query and key rows of its blocks.
+/// The head size of the cooperative-matrix kernels.
 pub const COOP_HEAD_DIM: usize = 64;
+/// Query (or key) rows of their workgroups (`ROWS` in their shaders).
 const COOP_ROWS: usize = 64;
 /// Workgroup memory the cooperative kernels declare, at most: three tiles of 64 rows of 64 + 8
 /// halves (two operands and the f16 probabilities), 64 rows of 64 + 4 f32 products, and the
