@@ -153,7 +153,11 @@ impl UpdateAhead {
             }
         };
         for g in groups {
-            give.send((g.updates, g.loan)).expect("the thread takes work until the sender goes");
+            // (a thread that stopped early hands the work back: its loan returns now, and
+            // `finish` reports the stop)
+            if let Err(mpsc::SendError((_, loan))) = give.send((g.updates, g.loan)) {
+                pager.return_host(loan)?;
+            }
         }
         Ok(UpdateAhead { pager, group_of, groups: listed, done, thread: Some(thread) })
     }
