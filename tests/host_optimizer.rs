@@ -40,7 +40,7 @@ fn gradient_norm_is_bit_identical_on_any_thread_count() {
 fn host_adamw_update_matches_the_reference_on_any_thread_count() {
     let mut rng = Rng::new(22);
     let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, ..Default::default() };
-    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.8, t: 3 };
+    let step = AdamWStep { config: c, lr: 0.01, scale: 0.8, t: 3 };
     let lengths = awkward_lengths();
     let draw = |rng: &mut Rng, n: usize| {
         let (p, g, m) = (randn(rng, n, 1.0), randn(rng, n, 1.0), randn(rng, n, 0.1));
@@ -75,7 +75,7 @@ fn host_adamw_update_matches_the_reference_on_any_thread_count() {
 fn host_adamw_rejects_slices_of_different_lengths() {
     let (mut p, mut m, mut v, g) = (vec![1.0f32; 5], vec![0.0f32; 5], vec![0.0f32; 4], vec![0.5f32; 5]);
     let c = AdamWConfig::default();
-    let step = AdamWStep { config: &c, lr: 0.01, scale: 1.0, t: 1 };
+    let step = AdamWStep { config: c, lr: 0.01, scale: 1.0, t: 1 };
     let tensors = vec![AdamWSlices { p: &mut p, m: &mut m, v: &mut v, g: g[..].into(), decay: 0.0, half: None }];
     let err = adamw_update(tensors, &step, 2).unwrap_err();
     assert!(err.to_string().contains("differ in length"), "{err}");
@@ -86,7 +86,7 @@ fn host_adamw_rejects_slices_of_different_lengths() {
 fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
     let mut rng = Rng::new(23);
     let c = AdamWConfig::default();
-    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.5, t: 2 };
+    let step = AdamWStep { config: c, lr: 0.01, scale: 0.5, t: 2 };
     let lengths = awkward_lengths();
     let inputs: Vec<_> = lengths
         .iter()
@@ -140,7 +140,7 @@ fn host_adamw_writes_the_f16_copies_of_the_values_it_updates() {
 fn host_adamw_on_scaled_f16_gradients_equals_the_update_on_their_f32_values() {
     let mut rng = Rng::new(23);
     let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, ..Default::default() };
-    let step = AdamWStep { config: &c, lr: 0.01, scale: 0.3, t: 4 };
+    let step = AdamWStep { config: c, lr: 0.01, scale: 0.3, t: 4 };
     let lengths = awkward_lengths();
     // f16 gradients as the GPU sends them: large (scaled up by a power of two), unscaled by
     // 2^-12 here, 2^3 for another tensor.

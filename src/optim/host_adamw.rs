@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use super::half_grads::{grad_half_scale, HalfGrads};
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
-use super::update_ahead::{self, update_in_place, Group, ParamUpdate, StepValues, UpdateAhead};
+use super::update_ahead::{self, update_in_place, Group, ParamUpdate, UpdateAhead};
 use super::AdamWConfig;
 use crate::clock::Stopwatch;
 use crate::context::Context;
@@ -83,7 +83,7 @@ pub(crate) fn update_slice(
     scale: f32,
     t: u64,
 ) -> Result<()> {
-    let step = AdamWStep { config: c, lr, scale, t };
+    let step = AdamWStep { config: *c, lr, scale, t };
     adamw_update(vec![AdamWSlices { p, m, v, g: g.into(), decay, half: None }], &step, worker_threads())
 }
 
@@ -147,7 +147,7 @@ impl HostAdamW {
             let parts = p.chunks_mut(PIECE).zip(m.chunks_mut(PIECE)).zip(v.chunks_mut(PIECE)).zip(g.chunks(PIECE));
             let tensors =
                 parts.map(|(((p, m), v), g)| AdamWSlices { p, m, v, g: g.into(), decay: 0.1, half: None }).collect();
-            let step = AdamWStep { config: &c, lr: 1e-3, scale, t: 1 };
+            let step = AdamWStep { config: c, lr: 1e-3, scale, t: 1 };
             adamw_update(tensors, &step, threads).map(|()| start.seconds())
         };
         match pass().and_then(|_| pass()) {
@@ -306,7 +306,7 @@ impl HostAdamW {
             // (the backward is done: the last of them are on their way down)
             ctx.pager.sync_to_host(&h.halves.iter().map(|t| t.id()).collect::<Vec<_>>())?;
         }
-        let step = StepValues { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
+        let step = AdamWStep { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
         let mut lent = Vec::with_capacity(groups.len());
         for group in groups {
             let due: Vec<(usize, &Param)> = group.iter().map(|&i| (i, params[i])).collect();
@@ -401,7 +401,7 @@ impl HostAdamW {
     /// carries 2 bytes a parameter up instead of 4, and the copy is clean where it is evicted.
     fn update(&self, ctx: &Context, due: &[(usize, &Param)], d: &Deferred) -> Result<()> {
         let (ids, written, updates) = self.update_plan(due, d);
-        let step = StepValues { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
+        let step = AdamWStep { config: self.config, lr: d.lr, scale: d.scale, t: d.t };
         ctx.pager.update_host(&ids, &written, |s| update_in_place(s, &updates, step, worker_threads()))?
     }
 

@@ -141,9 +141,10 @@ pub struct AdamWSlices<'a> {
 
 /// What every tensor's update shares: the configuration, learning rate, the factor the
 /// gradients are multiplied by (the clip factor times 1 / loss scale) and the step, from 1.
+/// Owned (`Copy`), so an update can run on another thread (`super::update_ahead`).
 #[derive(Clone, Copy, Debug)]
-pub struct AdamWStep<'a> {
-    pub config: &'a AdamWConfig,
+pub struct AdamWStep {
+    pub config: AdamWConfig,
     pub lr: f32,
     pub scale: f32,
     pub t: u64,

@@ -16,7 +16,6 @@ use std::thread::JoinHandle;
 
 use super::host_adamw::{pods, F32sMut, PodsMut};
 use super::host_kernels::{adamw_update, AdamWSlices, AdamWStep, GradSlice};
-use super::AdamWConfig;
 use crate::error::{Error, Result};
 use crate::pager::{HostLoan, Pager};
 
@@ -30,15 +29,6 @@ pub(super) struct ParamUpdate {
     pub has_half: bool,
 }
 
-/// The step every parameter's update shares (an owned [`AdamWStep`], to cross threads).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct StepValues {
-    pub config: AdamWConfig,
-    pub lr: f32,
-    pub scale: f32,
-    pub t: u64,
-}
-
 /// A gradient's host bytes as the update reads them (f16 with what to multiply it by).
 enum GradBytes<'a> {
     F32(Cow<'a, [f32]>),
@@ -50,7 +40,7 @@ enum GradBytes<'a> {
 pub(super) fn update_in_place(
     slices: &mut [&mut [u8]],
     params: &[ParamUpdate],
-    step: StepValues,
+    step: AdamWStep,
     threads: usize,
 ) -> Result<()> {
     let mut views = Vec::with_capacity(params.len());
@@ -83,8 +73,7 @@ pub(super) fn update_in_place(
             half: half.as_mut().map(|h| h.values()),
         })
         .collect();
-    let shared = AdamWStep { config: &step.config, lr: step.lr, scale: step.scale, t: step.t };
-    adamw_update(tensors, &shared, threads)?;
+    adamw_update(tensors, &step, threads)?;
     for (p, m, v, _, half) in views {
         p.finish();
         m.finish();
@@ -117,13 +106,7 @@ pub(super) struct UpdateAhead {
 
 impl UpdateAhead {
     /// Starts the thread on `groups`, in order, with `threads` workers for each pass.
-    pub fn start(
-        pager: Rc<Pager>,
-        groups: Vec<Group>,
-        step: StepValues,
-        threads: usize,
-        params: usize,
-    ) -> Result<Self> {
+    pub fn start(pager: Rc<Pager>, groups: Vec<Group>, step: AdamWStep, threads: usize, params: usize) -> Result<Self> {
         let mut group_of = vec![None; params];
         for (g, group) in groups.iter().enumerate() {
             for &i in &group.params {
