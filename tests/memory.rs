@@ -174,16 +174,18 @@ fn host_updates_run_ahead_on_their_thread_give_the_same_bits() {
         &[pagetrain::train::Precision::F32]
     };
     use pagetrain::nn::Module;
+    use pagetrain::train::trainer::Optimizer;
     for &precision in precisions {
         let run = |ahead: bool| {
             let ctx = context(Some(256 << 10));
             let config = TrainConfig { optimizer_on: OptimizerOn::Host, precision, steps: 6, ..cfg(&out) };
             let mut t = Trainer::new(&ctx, config, None).unwrap();
-            t.opt.host().expect("host AdamW").update_ahead = ahead;
+            let Optimizer::Host(host) = &mut t.opt else { panic!("host AdamW") };
+            host.update_ahead = ahead;
             let losses: Vec<f32> = (0..6).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
             assert!(ctx.pager.counters().evictions > 0, "the budget pages");
             t.apply_pending(&ctx).unwrap();
-            let host = t.opt.host().unwrap();
+            let Optimizer::Host(host) = &t.opt else { panic!("host AdamW") };
             let steps_ahead = host.steps_run_ahead;
             let tensors =
                 t.model.params().into_iter().map(|p| p.value.clone()).chain(host.m.clone()).chain(host.v.clone());

@@ -53,9 +53,8 @@ impl DiskPipelineCache {
             data
         });
         // SAFETY: the data is either absent or, checksum verified, what `get_data` gave for this
-        // adapter key; wgpu
-        // validates its header (wgpu version, vendor, device, driver) and with `fallback` starts
-        // an empty cache instead of failing when the data does not fit.
+        // adapter key; wgpu validates its header (wgpu version, vendor, device, driver) and with
+        // `fallback` starts an empty cache instead of failing when the data does not fit.
         let cache = unsafe {
             gpu.device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
                 label: Some("pagetrain pipelines"),

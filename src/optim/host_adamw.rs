@@ -351,7 +351,7 @@ impl HostAdamW {
         if due.is_empty() {
             return Ok(());
         }
-        self.asked.push(due.iter().map(|&(i, _)| i).collect());
+        let asked: Vec<usize> = due.iter().map(|&(i, _)| i).collect();
         // What is recorded for the layers before runs on the GPU while the host updates these.
         ctx.recorder.flush();
         if let (None, Some(h)) = (&self.ahead, &self.half_grads) {
@@ -361,15 +361,14 @@ impl HostAdamW {
         let start = Stopwatch::start();
         let done: Vec<(usize, AfterUpdate)> = match self.ahead.as_mut() {
             // (waiting for the thread counts as the host pass: it is what the main thread loses)
-            Some(ahead) => {
-                ahead.finish(&self.asked[self.asked.len() - 1])?.into_iter().map(|i| (i, self.after[i])).collect()
-            }
+            Some(ahead) => ahead.finish(&asked)?.into_iter().map(|i| (i, self.after[i])).collect(),
             None => {
                 self.update(ctx, &due, d)?;
                 due.iter().map(|&(i, p)| (i, (p.grad.id(), self.half_grad(i)))).collect()
             }
         };
         self.host_seconds += start.seconds();
+        self.asked.push(asked);
         for (i, (grad, half_grad)) in done {
             ctx.pager.zero(grad)?;
             if let Some(h) = half_grad {

@@ -46,11 +46,11 @@ pub(super) fn update_in_place(
     let mut views = Vec::with_capacity(params.len());
     let mut rest = slices;
     for u in params {
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(4 + usize::from(u.has_half));
+        let fewer = || Error::invalid("host AdamW", "fewer host slices than parameters");
+        let (mine, tail) =
+            std::mem::take(&mut rest).split_at_mut_checked(4 + usize::from(u.has_half)).ok_or_else(fewer)?;
         rest = tail;
-        let [p, m, v, g, half @ ..] = mine else {
-            return Err(Error::invalid("host AdamW", "fewer host slices than parameters"));
-        };
+        let [p, m, v, g, half @ ..] = mine else { return Err(fewer()) };
         let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
         let g = match u.unscale {
             Some(unscale) => GradBytes::F16(pods(g), unscale),

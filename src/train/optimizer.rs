@@ -45,14 +45,6 @@ impl Optimizer {
         }
     }
 
-    /// The host AdamW, where the optimizer is one.
-    pub fn host(&mut self) -> Option<&mut HostAdamW> {
-        match self {
-            Optimizer::Host(o) => Some(o),
-            _ => None,
-        }
-    }
-
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Gpu(_) => "gpu",
