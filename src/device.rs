@@ -163,6 +163,7 @@ impl Gpu {
         let info = adapter.get_info();
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         // Host-visible storage buffers (the pager's zero-copy mode) only where GPU and CPU share

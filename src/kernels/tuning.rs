@@ -135,7 +135,10 @@ impl Tuning {
 
     /// Whether `matmul_coop` can run on `gpu` (see [`Tuning::coop_f16`]); `PAGETRAIN_COOP=0` says no.
     pub fn coop_f16_on(gpu: &Gpu) -> bool {
-        let wanted = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+        // (subgroup barriers order each subgroup's scratch in the coop kernels)
+        let wanted = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP_BARRIER;
         let f16_to_f32 = gpu.adapter.cooperative_matrix_properties().iter().any(|c| {
             (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
                 && c.ab_type == wgpu::CooperativeScalarType::F16
