@@ -179,51 +179,72 @@ fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
 }
 
 #[test]
-fn coop_matmul_reads_a_with_padded_rows() {
-    // A's stored rows padded with zeros to a multiple of 8 (Gemm::a_stride, as GPT-2's dlogits
-    // are): A (M,K) and A stored (K,M), rows off a multiple of 8 and then read 8 halves at a
-    // time, C overwritten (poisoned first) or accumulated
+fn coop_matmul_reads_operands_with_padded_rows() {
+    // A's or B's stored rows padded to a multiple of 8 (Gemm::a_stride / b_stride, as GPT-2's
+    // dlogits and the head's transposed weight are): each layout of each operand, rows off a
+    // multiple of 8 and then read 8 halves at a time, C overwritten (poisoned first) or
+    // accumulated. B (K,N)'s padding holds NaN: it only meets columns of C that are never written.
     let ctx = ctx();
     let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
-    // every adapter: the other kernels refuse padded rows, and rows shorter than A's are refused
+    // every adapter: the other kernels refuse padded rows, and rows shorter than the operand's are refused
     let x = Guarded::new(&ctx, 64, Some(&[0.5; 64]));
-    let padded_on = |variant, a_stride| {
-        let g = Gemm { a_stride, ..Gemm::new(2, 2, 5) };
+    let padded_on = |variant, a_stride, b_stride| {
+        let g = Gemm { a_stride, b_stride, ..Gemm::new(2, 2, 5) };
         kernels::matmul::matmul_variant(&ctx.kernels, variant, &x.view(), &x.view(), &x.view(), None, &dummy.view(), g)
     };
-    assert!(padded_on(MatmulVariant::Large, 8).is_err());
-    assert!(padded_on(MatmulVariant::Tiled, 8).is_err());
-    assert!(padded_on(MatmulVariant::Coop, 4).is_err());
+    assert!(padded_on(MatmulVariant::Large, 8, 0).is_err());
+    assert!(padded_on(MatmulVariant::Tiled, 8, 0).is_err());
+    assert!(padded_on(MatmulVariant::Large, 0, 8).is_err());
+    assert!(padded_on(MatmulVariant::Coop, 4, 0).is_err());
+    assert!(padded_on(MatmulVariant::Coop, 0, 1).is_err());
     if !has_coop(&ctx) {
         return;
     }
     let mut rng = Rng::new(61);
-    for &(m, n, k, trans_a, beta) in
-        &[(33, 70, 57, false, 0.0), (130, 200, 1001, false, 1.0), (57, 96, 129, true, 0.0), (1001, 72, 64, true, 1.0)]
-    {
-        let (rows, len): (usize, usize) = if trans_a { (k, m) } else { (m, k) };
-        let stride = len.next_multiple_of(8);
-        let a = round_f16(&randn(&mut rng, rows * len, 1.0));
-        let mut padded = vec![0.0; rows * stride];
-        for (dst, src) in padded.chunks_mut(stride).zip(a.chunks(len)) {
+    // Pads `len`-long rows of `x` to `stride` with `fill`.
+    let pad = |x: &[f32], len: usize, stride: usize, fill: f32| -> Vec<f32> {
+        let mut padded = vec![fill; x.len() / len * stride];
+        for (dst, src) in padded.chunks_mut(stride).zip(x.chunks(len)) {
             dst[..len].copy_from_slice(src);
         }
+        padded
+    };
+    for &(m, n, k, trans_a, trans_b, pad_a, beta) in &[
+        (33, 70, 57, false, false, true, 0.0),
+        (130, 200, 1001, false, false, true, 1.0),
+        (57, 96, 129, true, false, true, 0.0),
+        (1001, 72, 64, true, false, true, 1.0),
+        (33, 201, 70, false, false, false, 0.0),
+        (130, 1001, 96, true, false, false, 1.0),
+        (70, 57, 129, false, true, false, 0.0),
+        (65, 33, 1001, false, true, false, 1.0),
+    ] {
+        let a = round_f16(&randn(&mut rng, m * k, 1.0));
         let b = round_f16(&randn(&mut rng, k * n, 1.0));
+        let a_len = if trans_a { m } else { k };
+        let b_len = if trans_b { k } else { n };
+        let (a_stride, b_stride) = if pad_a { (a_len.next_multiple_of(8), 0) } else { (0, b_len.next_multiple_of(8)) };
+        let stored_a = if pad_a { pad(&a, a_len, a_stride, 0.0) } else { a.clone() };
+        // (stored (N,K), B's padding takes part in the sums: zeros, as the launcher's contract says)
+        let fill = if trans_b { 0.0 } else { f32::NAN };
+        let stored_b = if pad_a { b.clone() } else { pad(&b, b_len, b_stride, fill) };
         let c0 = if beta == 0.0 { vec![f32::NAN; m * n] } else { randn(&mut rng, m * n, 1.0) };
         let (ga, gb, gc) = (
-            Guarded::of(&ctx, DType::F16, padded.len(), Some(&padded)),
-            Guarded::of(&ctx, DType::F16, b.len(), Some(&b)),
+            Guarded::of(&ctx, DType::F16, stored_a.len(), Some(&stored_a)),
+            Guarded::of(&ctx, DType::F16, stored_b.len(), Some(&stored_b)),
             Guarded::new(&ctx, m * n, Some(&c0)),
         );
-        let g = Gemm { trans_a, beta, a_stride: stride, ..Gemm::new(m, n, k) };
+        let g = Gemm { trans_a, trans_b, beta, a_stride, b_stride, ..Gemm::new(m, n, k) };
         let (c, av, bv) = (gc.view(), ga.view(), gb.view());
         kernels::matmul::matmul_variant(&ctx.kernels, MatmulVariant::Coop, &c, &av, &bv, None, &dummy.view(), g)
             .unwrap();
-        let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, trans_a, false, false, 1.0);
+        let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, trans_a, trans_b, false, 1.0);
         if beta != 0.0 {
             want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += c as f64);
         }
-        let what = format!("matmul_coop {m}x{n}x{k} ta={trans_a} beta={beta}, A rows of {stride}");
+        let what = format!(
+            "matmul_coop {m}x{n}x{k} ta={trans_a} tb={trans_b} beta={beta}, A rows of {a_stride}, B rows of {b_stride}"
+        );
         assert_close(&what, &gc.read(&ctx), &want, 1e-4, 1e-4 * (k as f64).sqrt());
     }
 }
@@ -432,4 +453,49 @@ fn coop_attention_refuses_what_it_cannot_run() {
     forward(&ctx.kernels, &out.view(), &lse.view(), &gqkv.view(), Dims { b, t, h, d, scale: 0.125 }).unwrap();
     let want = r::attention_forward(&to64(&qkv), b, t, h * d, h);
     assert_close("automatic f16 attention", &out.read(&ctx), &want, 4e-3, 4e-3);
+}
+
+#[test]
+fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() {
+    // f16 x on cooperative matrices: the head multiplies x by an f16 copy of wte stored (C,V),
+    // rows padded past V = 1001 (ops::cross_entropy's HeadWeight), in the forward and, where the
+    // logits are not kept (1 MiB budget: chunks of 32 rows), again in backward. Against the f64
+    // reference on f16-rounded x and wte: the loss, and dx, which reads the softmax of those logits.
+    let mut rng = Rng::new(67);
+    let (n, c, v) = (70, 64, 1001);
+    let x = round_f16(&randn(&mut rng, n * c, 1.0));
+    let w = randn(&mut rng, v * c, 0.5);
+    let w16 = round_f16(&w);
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
+    let (mut want_loss, mut want_dx) = (0.0, vec![0.0; n * c]);
+    for r in 0..n {
+        let logits: Vec<f64> =
+            (0..v).map(|j| (0..c).map(|k| x[r * c + k] as f64 * w16[j * c + k] as f64).sum()).collect();
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+        want_loss += (m + sum.ln() - logits[targets[r] as usize]) / n as f64;
+        for (j, l) in logits.iter().enumerate() {
+            let g = ((l - m).exp() / sum - (j == targets[r] as usize) as u8 as f64) / n as f64;
+            (0..c).for_each(|k| want_dx[r * c + k] += g * w[j * c + k] as f64);
+        }
+    }
+    for budget in [None, Some(1u64 << 20)] {
+        let opts = pagetrain::pager::PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() };
+        let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
+        let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+        if !has_coop(&ctx) {
+            return;
+        }
+        assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v), budget.is_none());
+        let x32 = ctx.from_f32("x", &[n, c], &x, true).unwrap();
+        let xt = pagetrain::ops::cast(&ctx, &x32, DType::F16).unwrap();
+        let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
+        let loss = pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
+        let mut grads = pagetrain::autograd::Grads::new();
+        ctx.backward(&loss, &mut grads, 1.0).unwrap();
+        let got = pollster::block_on(ctx.to_f32(&loss)).unwrap();
+        assert_close(&format!("f16 head loss, budget {budget:?}"), &got, &[want_loss], 1e-4, 1e-4);
+        let dx = pollster::block_on(ctx.to_f32(&grads.get(&x32).unwrap())).unwrap();
+        assert_close(&format!("f16 head dx, budget {budget:?}"), &dx, &want_dx, 2e-3, 2e-3);
+    }
 }

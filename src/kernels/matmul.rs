@@ -68,11 +68,26 @@ pub struct Gemm {
     /// padding must hold finite values (zeros): `matmul_coop` reads rows padded to a multiple of
     /// 8 a chunk at a time. Cooperative-matrix products only (see [`coop_pads_rows`]).
     pub a_stride: usize,
+    /// The same for B. Where B is stored (K,N), its padding only meets columns of C past N, which
+    /// are never written; stored (N,K), it must be finite as A's.
+    pub b_stride: usize,
 }
 
 impl Gemm {
     pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Gemm { batch: 1, m, n, k, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0, offsets: [0; 3], a_stride: 0 }
+        Gemm {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+            offsets: [0; 3],
+            a_stride: 0,
+            b_stride: 0,
+        }
     }
 }
 
@@ -266,24 +281,33 @@ fn launch(
             format!("{g:?} needs more than {MAX_GROUPS} workgroups in one dimension"),
         ));
     }
-    // A's stored rows: (K,M) used transposed, or (M,K); padded where a_stride says
-    let a_row = if g.trans_a { g.m } else { g.k };
-    let a_stride = if g.a_stride == 0 { a_row } else { g.a_stride };
-    if g.a_stride != 0 && (variant != MatmulVariant::Coop || a_stride < a_row) {
-        return Err(Error::invalid(
-            "matmul",
-            format!("{g:?}: padded A rows take cooperative matrices (not {variant:?}) and at least the row length"),
-        ));
-    }
+    // stored rows: A (K,M) used transposed, or (M,K); B (N,K) or (K,N); padded where a_stride
+    // and b_stride say
+    let padded = |row: usize, stride: usize, which: &str| {
+        if stride == 0 {
+            return Ok(row);
+        }
+        if variant != MatmulVariant::Coop || stride < row {
+            return Err(Error::invalid(
+                "matmul",
+                format!(
+                    "{g:?}: padded {which} rows take cooperative matrices (not {variant:?}) and at least the row length"
+                ),
+            ));
+        }
+        Ok(stride)
+    };
+    let a_stride = padded(if g.trans_a { g.m } else { g.k }, g.a_stride, "A")?;
+    let b_stride = padded(if g.trans_b { g.k } else { g.n }, g.b_stride, "B")?;
     let (a_rs, a_cs) = if g.trans_a { (1, a_stride) } else { (a_stride, 1) };
-    let (b_rs, b_cs) = if g.trans_b { (1, g.k) } else { (g.n, 1) };
+    let (b_rs, b_cs) = if g.trans_b { (1, b_stride) } else { (b_stride, 1) };
     let p = Params {
         m: g.m as u32,
         n: g.n as u32,
         k: g.k as u32,
         batch: g.batch as u32,
         stride_a: (if g.trans_a { g.k } else { g.m } * a_stride) as u32,
-        stride_b: (g.k * g.n) as u32,
+        stride_b: (if g.trans_b { g.n } else { g.k } * b_stride) as u32,
         stride_c: (g.m * g.n) as u32,
         has_bias: bias.is_some() as u32,
         a_rs: a_rs as u32,
@@ -390,9 +414,9 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
             ),
         ));
     }
-    // stored row stride of each operand (its contiguous dimension, or A's padded rows)
+    // stored row stride of each operand (its contiguous dimension, or its padded rows)
     let a_row = (if g.trans_a { p.a_cs } else { p.a_rs }) as usize;
-    let b_row = if g.trans_b { g.k } else { g.n };
+    let b_row = (if g.trans_b { p.b_cs } else { p.b_rs }) as usize;
     let vec_ok = |row: usize, off: usize, v: &View| {
         row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
     };

@@ -116,12 +116,39 @@ pub fn head_keeps_logits(ctx: &Context, rows: usize, v: usize) -> bool {
     rows as u64 * v as u64 * 4 <= ctx.pager.budget() / 8
 }
 
+/// What the head's product reads for wteᵀ: wte itself, read transposed, or under mixed
+/// precision on cooperative matrices a copy stored (C,V) in f16, rows padded to a multiple of 8,
+/// so the product runs NN on f16 operands (H200, GPT-2 small: 7.1 ms a step NT on the f32 wte).
+enum HeadWeight {
+    Wte(Tensor),
+    Transposed { t: Tensor, stride: usize },
+}
+
+impl HeadWeight {
+    fn of(ctx: &Context, x: &Tensor, wte: &Tensor) -> Result<Self> {
+        let (v, c) = (wte.shape()[0], wte.shape()[1]);
+        if x.dtype() != DType::F16 || !mm::coop_pads_rows(&ctx.kernels, DType::F16, DType::F16) {
+            return Ok(HeadWeight::Wte(wte.clone()));
+        }
+        let stride = v.next_multiple_of(8);
+        let t = ctx.empty("lm_head weight transposed", &[c, stride], DType::F16, false)?;
+        let _op = ctx.op();
+        crate::kernels::transpose::transpose_padded(&ctx.kernels, &ctx.write(&t)?, &ctx.read(wte)?, v, c, stride)?;
+        Ok(HeadWeight::Transposed { t, stride })
+    }
+}
+
 /// `logits = x · wteᵀ` for rows `r0..r0+n` of x (N,C) into `logits` (n,V).
-fn head_chunk(ctx: &Context, logits: &Tensor, x: &Tensor, wte: &Tensor, r0: usize, n: usize) -> Result<()> {
-    let (c, v) = (x.last_dim(), wte.shape()[0]);
+fn head_chunk(ctx: &Context, logits: &Tensor, x: &Tensor, weight: &HeadWeight, r0: usize, n: usize) -> Result<()> {
+    let c = x.last_dim();
+    let v = logits.shape()[1];
     let _op = ctx.op();
-    let g = Gemm { trans_b: true, offsets: [r0 * c, 0, 0], ..Gemm::new(n, v, c) };
-    mm::matmul(&ctx.kernels, &ctx.write(logits)?, &ctx.read(x)?, &ctx.read(wte)?, None, &ctx.dummy()?, g)
+    let (b, g) = match weight {
+        HeadWeight::Wte(wte) => (wte, Gemm { trans_b: true, ..Gemm::new(n, v, c) }),
+        HeadWeight::Transposed { t, stride } => (t, Gemm { b_stride: *stride, ..Gemm::new(n, v, c) }),
+    };
+    let g = Gemm { offsets: [r0 * c, 0, 0], ..g };
+    mm::matmul(&ctx.kernels, &ctx.write(logits)?, &ctx.read(x)?, &ctx.read(b)?, None, &ctx.dummy()?, g)
 }
 
 /// The output head and its loss in one: mean cross-entropy of `x · wteᵀ` against `targets`,
@@ -148,10 +175,11 @@ pub fn lm_head_loss(
     let keep = wants_grad && head_keeps_logits(ctx, rows, v);
     let per = chunk_rows(ctx, rows, v, keep);
     let mut kept = Vec::new();
+    let weight = HeadWeight::of(ctx, x, wte)?;
     for r0 in (0..rows).step_by(per) {
         let n = per.min(rows - r0);
         let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
-        head_chunk(ctx, &logits, x, wte, r0, n)?;
+        head_chunk(ctx, &logits, x, &weight, r0, n)?;
         let _op = ctx.op();
         let r = Rows { rows: n, v, ignore, row0: r0 };
         k::forward(
@@ -209,14 +237,20 @@ impl Backward for HeadLossBackward {
         let pad = mm::coop_pads_rows(&ctx.kernels, xt, wt) && mm::coop_pads_rows(&ctx.kernels, xt, xt);
         let stride = if pad { v.next_multiple_of(8) } else { v };
         let a_stride = if stride == v { 0 } else { stride };
-        let mut kept = std::mem::take(&mut *self.kept.borrow_mut()).into_iter();
+        let kept = std::mem::take(&mut *self.kept.borrow_mut());
+        let weight = if kept.is_empty() { Some(HeadWeight::of(ctx, &self.x, &self.wte)?) } else { None };
+        let mut kept = kept.into_iter();
         for r0 in (0..rows).step_by(self.per) {
             let n = self.per.min(rows - r0);
             let logits = match kept.next() {
                 Some(logits) => logits,
                 None => {
                     let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
-                    head_chunk(ctx, &logits, &self.x, &self.wte, r0, n)?;
+                    let weight = match &weight {
+                        Some(w) => w,
+                        None => return Err(Error::invalid("lm_head_loss", "fewer logits kept than chunks")),
+                    };
+                    head_chunk(ctx, &logits, &self.x, weight, r0, n)?;
                     logits
                 }
             };

@@ -130,6 +130,7 @@ fn gemm_of(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> R
         beta: 0.0,
         offsets: [0; 3],
         a_stride: 0,
+        b_stride: 0,
     };
     Ok((g, out_shape))
 }

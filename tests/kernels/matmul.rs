@@ -72,6 +72,7 @@ fn check_flagged(
             beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
             offsets: [0; 3],
             a_stride: 0,
+            b_stride: 0,
         };
         check_matmul(ctx, rng, variant, g, flags & 4 != 0);
     }
@@ -237,6 +238,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 beta: if accumulate { 1.0 } else { 0.0 },
                 offsets: [0; 3],
                 a_stride: 0,
+                b_stride: 0,
             };
             check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
@@ -354,6 +356,19 @@ fn transpose_matches_the_reference_on_awkward_shapes_in_f32_and_f16() {
                 0.0,
                 0.0,
             );
+            // into rows padded past `rows` (poisoned first): the padding comes back zero
+            let stride = rows.next_multiple_of(8) + 3;
+            let padded = Guarded::of(&ctx, dout, cols * stride, Some(&vec![f32::NAN; cols * stride]));
+            kernels::transpose::transpose_padded(&ctx.kernels, &padded.view(), &gx.view(), rows, cols, stride).unwrap();
+            let mut want_padded = vec![0.0; cols * stride];
+            for (dst, src) in want_padded.chunks_mut(stride).zip(want(&rounded).chunks(rows)) {
+                dst[..rows].copy_from_slice(src);
+            }
+            let what = format!("transpose {rows}x{cols} {din:?} -> {dout:?} into rows of {stride}");
+            assert_close(&what, &padded.read(&ctx), &want_padded, 0.0, 0.0);
         }
     }
+    // rows shorter than the transposed rows are refused
+    let x = Guarded::new(&ctx, 12, Some(&[1.0; 12]));
+    assert!(kernels::transpose::transpose_padded(&ctx.kernels, &x.view(), &x.view(), 4, 3, 3).is_err());
 }
