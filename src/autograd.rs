@@ -120,6 +120,18 @@ impl Grads {
         Ok(Some(g))
     }
 
+    /// The gradient of `t` for an op that writes every element of it: with the factor (`beta`)
+    /// to keep what it holds by, 1 where earlier ops have added to it, and 0 for a new one, which
+    /// then takes no zero fill (a product with beta 0 neither clears nor reads its output).
+    pub fn of_written(&mut self, ctx: &Context, t: &Tensor) -> Result<Option<(Tensor, f32)>> {
+        if !t.requires_grad() || self.map.contains_key(&t.id()) {
+            return Ok(self.of(ctx, t)?.map(|g| (g, 1.0)));
+        }
+        let g = ctx.empty("grad", t.shape(), t.dtype(), false)?;
+        self.map.insert(t.id(), g.clone());
+        Ok(Some((g, 0.0)))
+    }
+
     fn release(&mut self, id: TensorId) {
         if !self.persistent.contains(&id) {
             self.map.remove(&id);

@@ -177,9 +177,12 @@ impl Backward for MatmulBackward {
         let g = self.g;
         let (ta, tb) = (g.trans_a, g.trans_b);
         let base = Gemm { batch: g.batch, alpha: g.alpha, beta: 1.0, ..g };
-        if let Some(da) = grads.of(ctx, &self.a)? {
+        // (dA is written whole: a new gradient is overwritten, not cleared and added to)
+        if let Some((da, beta)) = grads.of_written(ctx, &self.a)? {
             let _op = ctx.op();
-            let (dav, dcv, bv, dummy) = (ctx.modify(&da)?, ctx.read(&dc)?, ctx.read(&self.b)?, ctx.dummy()?);
+            let dav = if beta == 0.0 { ctx.write(&da)? } else { ctx.modify(&da)? };
+            let (dcv, bv, dummy) = (ctx.read(&dc)?, ctx.read(&self.b)?, ctx.dummy()?);
+            let base = Gemm { beta, ..base };
             if !ta {
                 // dA (M,K) = dC (M,N) · op(B)ᵀ
                 let gg = Gemm { m: g.m, n: g.k, k: g.n, trans_a: false, trans_b: !tb, ..base };
