@@ -3,7 +3,7 @@
 //   gelu_backward: dx += dout * gelu'(x)                                      dx (n)   x (n)  dout (n)
 //   relu_forward:  out = max(x, 0)                                            out (n)  x (n)
 //   relu_backward: dx += dout * (x > 0)                                       dx (n)   x (n)  dout (n)
-// Backward accumulates into dx. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. One thread per element, 256 per workgroup, 2-D folded grid.
+// Backward accumulates into dx, or overwrites it (unread) where accumulate = 0. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. One thread per element, 256 per workgroup, 2-D folded grid.
 // CPU references: tests/common/reference.rs `gelu_forward`, `gelu_backward`, `relu_forward`, `relu_backward`.
 
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
@@ -15,6 +15,14 @@
 @group(0) @binding(3) var<uniform> pb: Params;
 
 const GELU_SCALE: f32 = 0.7978845608028654; // sqrt(2/pi)
+
+// What backward adds to: dx[i], or nothing where it overwrites dx.
+fn prior(i: u32) -> f32 {
+    if (pb.accumulate == 1u) {
+        return f32(out[i]);
+    }
+    return 0.0;
+}
 
 // tanh that stays finite for large |u| on every backend (some lower tanh through exp).
 fn safe_tanh(u: f32) -> f32 {
@@ -40,7 +48,7 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
         let t = safe_tanh(u);
         let sech2 = 1.0 - t * t;
         let grad = 0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
-        out[i] = B0(f32(out[i]) + f32(dout[i]) * grad);
+        out[i] = B0(prior(i) + f32(dout[i]) * grad);
     }
 }
 
@@ -56,6 +64,6 @@ fn relu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 fn relu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
     if (i < pb.n) {
-        out[i] = B0(f32(out[i]) + select(0.0, f32(dout[i]), f32(x[i]) > 0.0));
+        out[i] = B0(prior(i) + select(0.0, f32(dout[i]), f32(x[i]) > 0.0));
     }
 }

@@ -28,6 +28,8 @@ const KP4: u32 = KP / 4u;
 // Floats of a scratch row (a multiple of 4: strides of cooperative stores are whole 16 bytes).
 const SP: u32 = ROWS + 4u;
 const MASKED: f32 = -3.0e38;
+// dqkv is overwritten (not read), not added to: a new gradient (FLAGS & 1).
+const OVERWRITE: bool = (FLAGS & 1u) != 0u;
 // vec4 chunks of a staged tile each thread fetches.
 const CHUNKS: u32 = ROWS * DIM / 4u / THREADS;
 
@@ -198,13 +200,17 @@ fn lane_to_ps(v: array<f32, 32>, sg: u32, lane: u32) {
     }
 }
 
-// dqkv row `row`, part `part`, += mul · this lane's 32 scratch values (head columns 32·(lane / 16)..).
+// dqkv row `row`, part `part`, += (or, OVERWRITE, =) mul · this lane's 32 scratch values (head columns 32·(lane / 16)..).
 fn add_to_dqkv(prm: Params, bh: u32, row: u32, part: u32, mul: f32, sg: u32, lane: u32) {
     if (row < prm.t) {
         let at = qkv_row(prm, bh, row, part) + (lane / 16u) * 32u;
         let src = lane_at(sg, lane);
         for (var j = 0u; j < 32u; j++) {
-            dqkv[at + j] = B0(f32(dqkv[at + j]) + mul * ss[src + j]);
+            var prior = 0.0;
+            if (!OVERWRITE) {
+                prior = f32(dqkv[at + j]);
+            }
+            dqkv[at + j] = B0(prior + mul * ss[src + j]);
         }
     }
 }

@@ -415,6 +415,18 @@ fn coop_attention_matches_reference_forward_and_backward() {
                 let atol = if out_dtype == DType::F16 { 2e-2 } else { 1e-2 };
                 assert_close(&format!("{what} dqkv ({kernel:?})"), &gdq.read(&ctx), &want_d, 1e-2, atol);
             }
+            // into a new gradient: dqkv overwritten, not read (poisoned)
+            assert!(kernels::attention::overwrites(&ctx.kernels, DType::F16, d));
+            let gd = Guarded::of(&ctx, out_dtype, dout.len(), Some(&dout));
+            let gdq = Guarded::of(&ctx, out_dtype, qkv.len(), Some(&vec![f32::NAN; qkv.len()]));
+            let delta = Guarded::new(&ctx, b * h * t, None);
+            let (v_dq, v_delta, v_q, v_out, v_d, v_lse) =
+                (gdq.view(), delta.view(), gqkv.view(), out.view(), gd.view(), lse.view());
+            kernels::attention::backward_into_new(&ctx.kernels, &v_dq, &v_delta, &v_q, &v_out, &v_d, &v_lse, dims)
+                .unwrap();
+            let want_new = r::attention_backward(&q64, &to64(&dout), b, t, c, h);
+            let atol = if out_dtype == DType::F16 { 2e-2 } else { 1e-2 };
+            assert_close(&format!("{what} new dqkv"), &gdq.read(&ctx), &want_new, 1e-2, atol);
         }
     }
 }
@@ -440,6 +452,11 @@ fn coop_attention_refuses_what_it_cannot_run() {
     let v = g.view();
     let err = backward_with(&ctx.kernels, Kernel::Coop, &v, &v, &v, &v, &v, &v, dims(64));
     assert!(err.unwrap_err().to_string().contains("Coop"));
+    // only the coop kernels overwrite a new dqkv; the others add to it, and refuse to overwrite
+    let overwrites = kernels::attention::overwrites(&ctx.kernels, DType::F32, 64);
+    assert!(!overwrites, "f32 qkv never takes the coop kernels");
+    let err = kernels::attention::backward_into_new(&ctx.kernels, &v, &v, &v, &v, &v, &v, dims(64));
+    assert!(err.unwrap_err().to_string().contains("cannot overwrite"));
     // the automatic forward on f16 qkv gives the reference result whichever kernel it takes
     if !ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
         eprintln!("skipped the f16 half: {} has no shader-f16", ctx.gpu.describe());

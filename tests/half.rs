@@ -142,7 +142,8 @@ fn gelu_layernorm_and_sums_match_reference_in_f16() {
         kernels::activation::forward(&ctx.kernels, Activation::Gelu, &out.view(), &gx.view(), n).unwrap();
         assert_close(&format!("gelu f16 {n}"), &out.read(&ctx), &r::gelu_forward(&to64(&x)), F16_RTOL, 1e-4);
         let dx = Guarded::new_f16(&ctx, n, Some(&vec![0.5; n]));
-        kernels::activation::backward(&ctx.kernels, Activation::Gelu, &dx.view(), &gx.view(), &gd.view(), n).unwrap();
+        kernels::activation::backward(&ctx.kernels, Activation::Gelu, &dx.view(), &gx.view(), &gd.view(), n, true)
+            .unwrap();
         let want: Vec<f64> = r::gelu_backward(&to64(&x), &to64(&dout)).iter().map(|g| g + 0.5).collect();
         assert_close(&format!("gelu backward f16 {n}"), &dx.read(&ctx), &want, F16_RTOL, 1e-3);
     }

@@ -7,7 +7,8 @@ use crate::pager::View;
 gpu_params! {
     pub(super) struct Params {
         n: u32,
-        _pad0: u32,
+        /// backward: 1 adds to dx, 0 overwrites it
+        accumulate: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -35,8 +36,17 @@ pub fn forward(k: &Kernels, f: Activation, out: &View, x: &View, n: usize) -> Re
     k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_1d(n as u64))
 }
 
-/// `dx += dout * f'(x)`, all (n).
-pub fn backward(k: &Kernels, f: Activation, dx: &View, x: &View, dout: &View, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, ..Default::default() };
+/// `dx += dout * f'(x)`, all (n); `dx = ...` where `accumulate` is false (dx is not read: a new
+/// gradient needs no zero fill).
+pub fn backward(
+    k: &Kernels,
+    f: Activation,
+    dx: &View,
+    x: &View,
+    dout: &View,
+    n: usize,
+    accumulate: bool,
+) -> Result<()> {
+    let p = Params { n: n as u32, accumulate: accumulate as u32, ..Default::default() };
     k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_1d(n as u64))
 }

@@ -247,6 +247,47 @@ pub fn backward_with(
     lse: &View,
     dims: Dims,
 ) -> Result<()> {
+    backward_on(k, kernel, true, dqkv, delta, qkv, out, dout, lse, dims)
+}
+
+/// Whether [`backward_into_new`] runs for these operands: where [`backward`] takes the coop
+/// kernels, which write each element of dqkv once.
+pub fn overwrites(k: &Kernels, qkv: DType, d: usize) -> bool {
+    kernel_for(k, qkv, d, true) == Kernel::Coop
+}
+
+/// [`backward`] writing dqkv instead of adding to it (dqkv is not read: a new gradient needs no
+/// zero fill); where [`overwrites`] says so only.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_into_new(
+    k: &Kernels,
+    dqkv: &View,
+    delta: &View,
+    qkv: &View,
+    out: &View,
+    dout: &View,
+    lse: &View,
+    dims: Dims,
+) -> Result<()> {
+    backward_on(k, kernel_for(k, qkv.dtype, dims.d, true), false, dqkv, delta, qkv, out, dout, lse, dims)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_on(
+    k: &Kernels,
+    kernel: Kernel,
+    accumulate: bool,
+    dqkv: &View,
+    delta: &View,
+    qkv: &View,
+    out: &View,
+    dout: &View,
+    lse: &View,
+    dims: Dims,
+) -> Result<()> {
+    if !accumulate && kernel != Kernel::Coop {
+        return Err(Error::invalid("attention backward", format!("{kernel:?} adds to dqkv: it cannot overwrite it")));
+    }
     let p = dims.params()?;
     dims.check(k, kernel)?;
     if let Kernel::Blocked { tile } = kernel {
@@ -262,10 +303,11 @@ pub fn backward_with(
         Kernel::Coop if qkv.dtype != DType::F16 => {
             return Err(Error::invalid("attention backward", format!("{kernel:?} reads f16 qkv, not {:?}", qkv.dtype)));
         }
+        // FLAGS & 1: overwrite dqkv
         Kernel::Coop => (
             ATTENTION_COOP_BACKWARD,
             ["coop_backward_q", "coop_backward_kv"],
-            Variant { dim: d, ..Default::default() },
+            Variant { dim: d, flags: !accumulate as u32, ..Default::default() },
             COOP_ROWS,
         ),
         // its tile rows are whole vec4s: rows for a head size rounded up to 4 fit the same memory

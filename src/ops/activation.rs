@@ -54,9 +54,11 @@ impl Backward for ActivationBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        if let Some(dx) = grads.of(ctx, &self.x)? {
+        if let Some((dx, beta)) = grads.of_written(ctx, &self.x)? {
             let _op = ctx.op();
-            k::backward(&ctx.kernels, self.f, &ctx.modify(&dx)?, &ctx.read(&self.x)?, &ctx.read(&dout)?, dx.len())?;
+            let accumulate = beta != 0.0;
+            let dxv = if accumulate { ctx.modify(&dx)? } else { ctx.write(&dx)? };
+            k::backward(&ctx.kernels, self.f, &dxv, &ctx.read(&self.x)?, &ctx.read(&dout)?, dx.len(), accumulate)?;
         }
         Ok(())
     }

@@ -46,21 +46,26 @@ impl Backward for AttentionBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        let Some(dqkv) = grads.of(ctx, &self.qkv)? else {
+        // a new dqkv is written, not cleared and added to, where the kernel can
+        let gradient = if k::overwrites(&ctx.kernels, self.qkv.dtype(), self.dims.d) {
+            grads.of_written(ctx, &self.qkv)?
+        } else {
+            grads.of(ctx, &self.qkv)?.map(|g| (g, 1.0))
+        };
+        let Some((dqkv, beta)) = gradient else {
             return Ok(());
         };
         let Dims { b, t, h, .. } = self.dims;
         let delta = ctx.empty("attn delta", &[b, h, t], DType::F32, false)?;
         let _op = ctx.op();
-        k::backward(
-            &ctx.kernels,
-            &ctx.modify(&dqkv)?,
-            &ctx.write(&delta)?,
-            &ctx.read(&self.qkv)?,
-            &ctx.read(&self.out)?,
-            &ctx.read(&dout)?,
-            &ctx.read(&self.lse)?,
-            self.dims,
-        )
+        let dqkv = if beta == 0.0 { ctx.write(&dqkv)? } else { ctx.modify(&dqkv)? };
+        let views =
+            (ctx.write(&delta)?, ctx.read(&self.qkv)?, ctx.read(&self.out)?, ctx.read(&dout)?, ctx.read(&self.lse)?);
+        let (delta, qkv, out, dout, lse) = (&views.0, &views.1, &views.2, &views.3, &views.4);
+        if beta == 0.0 {
+            k::backward_into_new(&ctx.kernels, &dqkv, delta, qkv, out, dout, lse, self.dims)
+        } else {
+            k::backward(&ctx.kernels, &dqkv, delta, qkv, out, dout, lse, self.dims)
+        }
     }
 }

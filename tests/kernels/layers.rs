@@ -101,9 +101,15 @@ fn activations_match_reference() {
 
             let gd = Guarded::new(&ctx, n, Some(&dout));
             let dx = Guarded::new(&ctx, n, Some(&dx0));
-            kernels::activation::backward(&ctx.kernels, f, &dx.view(), &gx.view(), &gd.view(), n).unwrap();
-            let want: Vec<f64> = bwd(&to64(&x), &to64(&dout)).iter().zip(&dx0).map(|(g, d)| g + *d as f64).collect();
+            kernels::activation::backward(&ctx.kernels, f, &dx.view(), &gx.view(), &gd.view(), n, true).unwrap();
+            let grad = bwd(&to64(&x), &to64(&dout));
+            let want: Vec<f64> = grad.iter().zip(&dx0).map(|(g, d)| g + *d as f64).collect();
             assert_close(&format!("{f:?} backward {n}"), &dx.read(&ctx), &want, 1e-5, 1e-6);
+            // overwriting a new gradient: dx is not read (poisoned)
+            let dx = Guarded::new(&ctx, n, Some(&vec![f32::NAN; n]));
+            kernels::activation::backward(&ctx.kernels, f, &dx.view(), &gx.view(), &gd.view(), n, false).unwrap();
+            // (absolute error as in the accumulating check, whose sums are about 1 in size)
+            assert_close(&format!("{f:?} backward {n}, overwriting"), &dx.read(&ctx), &grad, 1e-5, 1e-5);
         }
     }
 }
