@@ -228,7 +228,8 @@ impl Backward for HeadLossBackward {
         let Some(dloss) = grads.get(&self.out) else {
             return Ok(());
         };
-        let dx = grads.of(ctx, &self.x)?;
+        // the chunks' products write disjoint rows of dx: a new dx is written, not cleared
+        let dx = grads.of_written(ctx, &self.x)?;
         let dwte = grads.of(ctx, &self.wte)?;
         let (rows, c, v) = (self.x.rows(), self.x.last_dim(), self.wte.shape()[0]);
         // dlogits rows padded with zeros to a multiple of 8 where both products run on
@@ -271,12 +272,14 @@ impl Backward for HeadLossBackward {
                 k::backward_write(&ctx.kernels, &d, &l, &t, &lse, &dl, r, self.inv_count, stride)?;
             }
             drop(logits);
-            if let Some(dx) = &dx {
+            if let Some((dx, beta)) = &dx {
                 let _op = ctx.op();
-                let g = Gemm { beta: 1.0, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
+                let g = Gemm { beta: *beta, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
+                // (only the first chunk of a new dx may take it as unwritten)
+                let dxv = if *beta == 0.0 && r0 == 0 { ctx.write(dx)? } else { ctx.modify(dx)? };
                 mm::matmul(
                     &ctx.kernels,
-                    &ctx.modify(dx)?,
+                    &dxv,
                     &ctx.read(&dlogits)?,
                     &ctx.read(&self.wte)?,
                     None,

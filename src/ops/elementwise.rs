@@ -38,12 +38,22 @@ impl Backward for AddBackward {
             return Ok(());
         };
         for input in [&self.a, &self.b] {
-            if let Some(g) = grads.of(ctx, input)? {
-                let _op = ctx.op();
-                k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, 1.0, g.len())?;
-            }
+            add_gradient(ctx, grads, input, &dout, 1.0)?;
         }
         Ok(())
+    }
+}
+
+/// The gradient of `x` += `alpha·dout`; a new gradient is written, not cleared and added to.
+fn add_gradient(ctx: &Context, grads: &mut Grads, x: &Tensor, dout: &Tensor, alpha: f32) -> Result<()> {
+    let Some((g, beta)) = grads.of_written(ctx, x)? else {
+        return Ok(());
+    };
+    let _op = ctx.op();
+    if beta == 0.0 {
+        k::scale_forward(&ctx.kernels, &ctx.write(&g)?, &ctx.read(dout)?, alpha, g.len())
+    } else {
+        k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(dout)?, alpha, g.len())
     }
 }
 
@@ -75,10 +85,7 @@ impl Backward for ScaleBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        if let Some(g) = grads.of(ctx, &self.x)? {
-            let _op = ctx.op();
-            k::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&dout)?, self.alpha, g.len())?;
-        }
+        add_gradient(ctx, grads, &self.x, &dout, self.alpha)?;
         Ok(())
     }
 }
