@@ -200,7 +200,8 @@ fn lane_to_ps(v: array<f32, 32>, sg: u32, lane: u32) {
     }
 }
 
-// dqkv row `row`, part `part`, += (or, OVERWRITE, =) mul · this lane's 32 scratch values (head columns 32·(lane / 16)..).
+// dqkv row `row`, part `part`, += (or, OVERWRITE, =) mul · this lane's 32 scratch values (head
+// columns 32·(lane / 16)..).
 fn add_to_dqkv(prm: Params, bh: u32, row: u32, part: u32, mul: f32, sg: u32, lane: u32) {
     if (row < prm.t) {
         let at = qkv_row(prm, bh, row, part) + (lane / 16u) * 32u;

@@ -250,6 +250,9 @@ pub fn backward_with(
     backward_on(k, kernel, true, dqkv, delta, qkv, out, dout, lse, dims)
 }
 
+/// [`backward`]'s and [`backward_into_new`]'s signature.
+pub type BackwardFn = fn(&Kernels, &View, &View, &View, &View, &View, &View, Dims) -> Result<()>;
+
 /// Whether [`backward_into_new`] runs for these operands: where [`backward`] takes the coop
 /// kernels, which write each element of dqkv once.
 pub fn overwrites(k: &Kernels, qkv: DType, d: usize) -> bool {

@@ -58,14 +58,13 @@ impl Backward for AttentionBackward {
         let Dims { b, t, h, .. } = self.dims;
         let delta = ctx.empty("attn delta", &[b, h, t], DType::F32, false)?;
         let _op = ctx.op();
-        let dqkv = if beta == 0.0 { ctx.write(&dqkv)? } else { ctx.modify(&dqkv)? };
-        let views =
-            (ctx.write(&delta)?, ctx.read(&self.qkv)?, ctx.read(&self.out)?, ctx.read(&dout)?, ctx.read(&self.lse)?);
-        let (delta, qkv, out, dout, lse) = (&views.0, &views.1, &views.2, &views.3, &views.4);
-        if beta == 0.0 {
-            k::backward_into_new(&ctx.kernels, &dqkv, delta, qkv, out, dout, lse, self.dims)
+        let (dqkv, run) = if beta == 0.0 {
+            (ctx.write(&dqkv)?, k::backward_into_new as k::BackwardFn)
         } else {
-            k::backward(&ctx.kernels, &dqkv, delta, qkv, out, dout, lse, self.dims)
-        }
+            (ctx.modify(&dqkv)?, k::backward as k::BackwardFn)
+        };
+        let (delta, qkv) = (ctx.write(&delta)?, ctx.read(&self.qkv)?);
+        let (out, dout, lse) = (ctx.read(&self.out)?, ctx.read(&dout)?, ctx.read(&self.lse)?);
+        run(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, self.dims)
     }
 }
