@@ -130,9 +130,10 @@ fn coop_dtypes(a: DType, b: DType) -> bool {
 }
 
 /// Whether a product of A and B in these element types runs on cooperative matrices, which read
-/// A's rows 8 halves at a time where they are padded to a multiple of 8 ([`Gemm::a_stride`]):
-/// e.g. GPT-2's dlogits, whose 50257-long rows are otherwise read a half at a time (H200:
-/// 4096x768x50257 NN 37.5 TFLOP/s against 79.8 at K = 50264; 50257x768x4096 TN 49.3 against 116.6).
+/// an operand's rows 8 halves at a time where they are padded to a multiple of 8
+/// ([`Gemm::a_stride`], [`Gemm::b_stride`]): e.g. GPT-2's dlogits and the head's transposed
+/// weight, whose 50257-long rows are otherwise read a half at a time (H200: 4096x768x50257 NN
+/// 37.5 TFLOP/s against 79.8 at K = 50264; 50257x768x4096 TN 49.3 against 116.6).
 pub fn coop_pads_rows(k: &Kernels, a: DType, b: DType) -> bool {
     k.tuning.coop_f16 && k.tuning.matmul != MatmulVariant::Direct && coop_dtypes(a, b)
 }
