@@ -405,3 +405,34 @@ fn head_loss_chunks_fit_the_storage_binding_limit() {
     let dx = pollster::block_on(ctx.to_f32(&grads.get(&xt).unwrap())).unwrap();
     assert_close("head dx row 0 over the binding limit", &dx[..c], &dx0, 1e-3, 1e-6);
 }
+
+#[test]
+fn gradients_are_written_where_new_and_added_to_where_not() {
+    // x reaches the output through a product with itself (its dA written new, its dB added to),
+    // a residual add and a product (the add's gradient first, then the product's dA added), and
+    // GELU beside a residual (GELU's dx added to what the add wrote): every op that writes a new
+    // input gradient meets one that already holds values, in both orders.
+    let ctx = ctx();
+    let mut rng = Rng::new(29);
+    let n = 5;
+    check(
+        &ctx,
+        "written and added gradients",
+        &[(randn(&mut rng, n * n, 1.0), vec![n, n]), (randn(&mut rng, n * n, 1.0), vec![n, n])],
+        |ctx, v| {
+            let (x, w) = (&v[0], &v[1]);
+            let p = ops::matmul(ctx, x, x, MatmulOpts { trans_b: true, ..Default::default() }).unwrap();
+            let q = ops::add(ctx, x, &ops::matmul(ctx, x, w, MatmulOpts::default()).unwrap()).unwrap();
+            let r = ops::add(ctx, &ops::gelu(ctx, x).unwrap(), x).unwrap();
+            ops::add(ctx, &ops::add(ctx, &p, &q).unwrap(), &r).unwrap()
+        },
+        Box::new(move |v| {
+            let (x, w) = (&v[0], &v[1]);
+            let p = r::matmul_forward(x, x, None, 1, n, n, n, false, true, false, 1.0);
+            let xw = r::matmul_forward(x, w, None, 1, n, n, n, false, false, false, 1.0);
+            let g = r::gelu_forward(x);
+            (0..n * n).map(|i| p[i] + x[i] + xw[i] + g[i] + x[i]).collect()
+        }),
+        1e-4,
+    );
+}
