@@ -54,7 +54,7 @@ fn kernels(c: &mut Criterion) {
     });
     group.throughput(Throughput::Elements(causal_flop * 5 / 2));
     group.bench_function(format!("attention backward {b}x{t}x{h}x{d}, FLOP"), |bch| {
-        bch.iter(|| run(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims)))
+        bch.iter(|| run(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true)))
     });
 
     let (rows, cols) = if on_cpu { (256, 768) } else { (8192, 768) };

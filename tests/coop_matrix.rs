@@ -408,8 +408,19 @@ fn coop_attention_matches_reference_forward_and_backward() {
                 let gdq = Guarded::of(&ctx, out_dtype, qkv.len(), Some(&dqkv0));
                 let delta = Guarded::new(&ctx, b * h * t, None);
                 let v = |g: &Guarded| g.view();
-                backward_with(&ctx.kernels, kernel, &v(&gdq), &v(&delta), &v(q), &v(&out), &v(&gd), &v(&lse), dims)
-                    .unwrap();
+                backward_with(
+                    &ctx.kernels,
+                    kernel,
+                    &v(&gdq),
+                    &v(&delta),
+                    &v(q),
+                    &v(&out),
+                    &v(&gd),
+                    &v(&lse),
+                    dims,
+                    true,
+                )
+                .unwrap();
                 // (an f16 out carries its rounding into delta = Σ dout·out, and from there into
                 // every score gradient of its row: measured worst 1.1e-2 on the H200)
                 let atol = if out_dtype == DType::F16 { 2e-2 } else { 1e-2 };
@@ -422,7 +433,7 @@ fn coop_attention_matches_reference_forward_and_backward() {
             let delta = Guarded::new(&ctx, b * h * t, None);
             let (v_dq, v_delta, v_q, v_out, v_d, v_lse) =
                 (gdq.view(), delta.view(), gqkv.view(), out.view(), gd.view(), lse.view());
-            kernels::attention::backward_into_new(&ctx.kernels, &v_dq, &v_delta, &v_q, &v_out, &v_d, &v_lse, dims)
+            kernels::attention::backward(&ctx.kernels, &v_dq, &v_delta, &v_q, &v_out, &v_d, &v_lse, dims, false)
                 .unwrap();
             let want_new = r::attention_backward(&q64, &to64(&dout), b, t, c, h);
             let atol = if out_dtype == DType::F16 { 2e-2 } else { 1e-2 };
@@ -450,12 +461,12 @@ fn coop_attention_refuses_what_it_cannot_run() {
         assert!(run(dims(64)).unwrap_err().to_string().contains("cooperative matrices"));
     }
     let v = g.view();
-    let err = backward_with(&ctx.kernels, Kernel::Coop, &v, &v, &v, &v, &v, &v, dims(64));
+    let err = backward_with(&ctx.kernels, Kernel::Coop, &v, &v, &v, &v, &v, &v, dims(64), true);
     assert!(err.unwrap_err().to_string().contains("Coop"));
     // only the coop kernels overwrite a new dqkv; the others add to it, and refuse to overwrite
     let overwrites = kernels::attention::overwrites(&ctx.kernels, DType::F32, 64);
     assert!(!overwrites, "f32 qkv never takes the coop kernels");
-    let err = kernels::attention::backward_into_new(&ctx.kernels, &v, &v, &v, &v, &v, &v, dims(64));
+    let err = kernels::attention::backward(&ctx.kernels, &v, &v, &v, &v, &v, &v, dims(64), false);
     assert!(err.unwrap_err().to_string().contains("cannot overwrite"));
     // the automatic forward on f16 qkv gives the reference result whichever kernel it takes
     if !ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {

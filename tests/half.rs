@@ -215,6 +215,7 @@ fn attention_in_f16_matches_reference_and_the_f32_backward() {
                     &gd.view(),
                     &lse.view(),
                     dims,
+                    true,
                 )
                 .unwrap();
                 dqkv.push(gdq.read(&ctx));

@@ -72,7 +72,7 @@ pub fn attention(ctx: &Context, dtype: DType, iters: usize, repeats: usize) -> R
         Ok(best)
     };
     let fwd = time(&|| attention::forward(&ctx.kernels, &out, &lse, &qkv, dims))?;
-    let bwd = time(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims))?;
+    let bwd = time(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true))?;
     Ok((flop / fwd / 1e12, 2.5 * flop / bwd / 1e12))
 }
 

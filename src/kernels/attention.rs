@@ -219,7 +219,9 @@ pub fn forward_with(k: &Kernels, kernel: Kernel, out: &View, lse: &View, qkv: &V
 }
 
 /// dqkv (B,T,3C) += the gradient through attention, given the saved `out` and `lse` and the
-/// output gradient `dout`; `delta` (B,H,T) is scratch the two passes share.
+/// output gradient `dout`; `delta` (B,H,T) is scratch the two passes share. Where `accumulate`
+/// is false dqkv is overwritten instead, and not read (a new gradient needs no zero fill): only
+/// where [`overwrites`] says the kernel can.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     k: &Kernels,
@@ -230,8 +232,15 @@ pub fn backward(
     dout: &View,
     lse: &View,
     dims: Dims,
+    accumulate: bool,
 ) -> Result<()> {
-    backward_with(k, kernel_for(k, qkv.dtype, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims)
+    backward_with(k, kernel_for(k, qkv.dtype, dims.d, true), dqkv, delta, qkv, out, dout, lse, dims, accumulate)
+}
+
+/// Whether [`backward`] can overwrite dqkv for these operands: where it takes the coop kernels,
+/// which write each element of dqkv once (the others add to it from several workgroups).
+pub fn overwrites(k: &Kernels, qkv: DType, d: usize) -> bool {
+    kernel_for(k, qkv, d, true) == Kernel::Coop
 }
 
 /// [`backward`] on an explicit kernel (tests check each one).
@@ -246,47 +255,7 @@ pub fn backward_with(
     dout: &View,
     lse: &View,
     dims: Dims,
-) -> Result<()> {
-    backward_on(k, kernel, true, dqkv, delta, qkv, out, dout, lse, dims)
-}
-
-/// [`backward`]'s and [`backward_into_new`]'s signature.
-pub type BackwardFn = fn(&Kernels, &View, &View, &View, &View, &View, &View, Dims) -> Result<()>;
-
-/// Whether [`backward_into_new`] runs for these operands: where [`backward`] takes the coop
-/// kernels, which write each element of dqkv once.
-pub fn overwrites(k: &Kernels, qkv: DType, d: usize) -> bool {
-    kernel_for(k, qkv, d, true) == Kernel::Coop
-}
-
-/// [`backward`] writing dqkv instead of adding to it (dqkv is not read: a new gradient needs no
-/// zero fill); where [`overwrites`] says so only.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_into_new(
-    k: &Kernels,
-    dqkv: &View,
-    delta: &View,
-    qkv: &View,
-    out: &View,
-    dout: &View,
-    lse: &View,
-    dims: Dims,
-) -> Result<()> {
-    backward_on(k, kernel_for(k, qkv.dtype, dims.d, true), false, dqkv, delta, qkv, out, dout, lse, dims)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn backward_on(
-    k: &Kernels,
-    kernel: Kernel,
     accumulate: bool,
-    dqkv: &View,
-    delta: &View,
-    qkv: &View,
-    out: &View,
-    dout: &View,
-    lse: &View,
-    dims: Dims,
 ) -> Result<()> {
     if !accumulate && kernel != Kernel::Coop {
         return Err(Error::invalid("attention backward", format!("{kernel:?} adds to dqkv: it cannot overwrite it")));

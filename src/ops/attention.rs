@@ -58,13 +58,10 @@ impl Backward for AttentionBackward {
         let Dims { b, t, h, .. } = self.dims;
         let delta = ctx.empty("attn delta", &[b, h, t], DType::F32, false)?;
         let _op = ctx.op();
-        let (dqkv, run) = if beta == 0.0 {
-            (ctx.write(&dqkv)?, k::backward_into_new as k::BackwardFn)
-        } else {
-            (ctx.modify(&dqkv)?, k::backward as k::BackwardFn)
-        };
+        let accumulate = beta != 0.0;
+        let dqkv = if accumulate { ctx.modify(&dqkv)? } else { ctx.write(&dqkv)? };
         let (delta, qkv) = (ctx.write(&delta)?, ctx.read(&self.qkv)?);
         let (out, dout, lse) = (ctx.read(&self.out)?, ctx.read(&dout)?, ctx.read(&self.lse)?);
-        run(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, self.dims)
+        k::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, self.dims, accumulate)
     }
 }

@@ -130,6 +130,7 @@ fn every_attention_kernel_matches_the_reference_forward_and_backward() {
                 &v(&gd),
                 &v(&lse),
                 dims,
+                true,
             );
             // the blocked backward has one tile; others are refused
             if let kernels::attention::Kernel::Blocked { tile } = kernel {
