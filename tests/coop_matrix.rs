@@ -6,7 +6,8 @@
 //!
 //! Lavapipe, llvmpipe and browsers have no cooperative matrices: there the kernel tests print
 //! `skipped` and pass, unless `PAGETRAIN_REQUIRE_COOP=1` (set it on a GPU that has them, e.g.
-//! NVIDIA on Vulkan) makes that a failure; the fallback test runs everywhere.
+//! NVIDIA on Vulkan) makes that a failure; the fallback test runs everywhere, and the f16 head's
+//! wherever shader-f16 is (`PAGETRAIN_REQUIRE_F16=1` in CI).
 
 mod common;
 
@@ -485,10 +486,11 @@ fn coop_attention_refuses_what_it_cannot_run() {
 
 #[test]
 fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() {
-    // f16 x on cooperative matrices: the head multiplies x by an f16 copy of wte stored (C,V),
+    // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
     // rows padded past V = 1001 (ops::cross_entropy's HeadWeight), in the forward and, where the
-    // logits are not kept (1 MiB budget: chunks of 32 rows), again in backward. Against the f64
-    // reference on f16-rounded x and wte: the loss, and dx, which reads the softmax of those logits.
+    // logits are not kept (1 MiB budget: chunks of 32 rows), again in backward; elsewhere it reads
+    // wte itself (the f16 suites' adapters, lavapipe in CI). Against the f64 reference on
+    // f16-rounded x and wte: the loss, and dx, which reads the softmax of those logits.
     let mut rng = Rng::new(67);
     let (n, c, v) = (70, 64, 1001);
     let x = round_f16(&randn(&mut rng, n * c, 1.0));
@@ -508,10 +510,9 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
         }
     }
     for budget in [None, Some(1u64 << 20)] {
-        let opts = pagetrain::pager::PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() };
-        let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
-        let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
-        if !has_coop(&ctx) {
+        let ctx =
+            common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() });
+        if !common::has_f16(&ctx) {
             return;
         }
         assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v), budget.is_none());

@@ -318,9 +318,8 @@ fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     // With the device's budget the head keeps its logits for backward; an 8 KiB budget makes them
     // in chunks of 5 and 4 rows and again in backward.
     for budget in [None, Some(8u64 << 10)] {
-        let opts = pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() };
-        let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
-        let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+        let ctx =
+            common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
         assert_eq!(ops::head_keeps_logits(&ctx, n, v), budget.is_none(), "budget {budget:?}");
         let tg = targets.clone();
         check(
@@ -373,9 +372,7 @@ fn head_loss_chunks_fit_the_storage_binding_limit() {
     // 2048 rows of 20000 logits (164 MB) exceed a 128 MiB storage binding (lavapipe, WebGPU's
     // default): the head must make them in chunks that fit, and, at a 2 GiB budget, keep every
     // chunk for backward.
-    let opts = pagetrain::pager::PagerOptions { budget: Some(2 << 30), ..Default::default() };
-    let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).unwrap();
-    let ctx = Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), &opts);
+    let ctx = common::paged_ctx(&pagetrain::pager::PagerOptions { budget: Some(2 << 30), ..Default::default() });
     let mut rng = Rng::new(18);
     let (n, c, v) = (2048, 4, 20000);
     let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));

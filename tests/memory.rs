@@ -10,7 +10,7 @@ use std::process::Command;
 use common::assert_close;
 use common::child::Run;
 use pagetrain::device::Gpu;
-use pagetrain::pager::{MemStore, PagerOptions};
+use pagetrain::pager::PagerOptions;
 use pagetrain::train::{Dataset, OptimizerOn, TrainConfig, Trainer};
 use pagetrain::Context;
 
@@ -22,12 +22,7 @@ fn tmpdir(name: &str) -> PathBuf {
 }
 
 fn context(budget: Option<u64>) -> Context {
-    let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter");
-    Context::with_store(
-        gpu,
-        Box::new(MemStore::new()),
-        &PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() },
-    )
+    common::paged_ctx(&PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() })
 }
 
 fn cfg(out: &Path) -> TrainConfig {
@@ -98,9 +93,12 @@ fn a_quarter_budget_gives_the_resident_losses_on_every_upload_path() {
     let (full, _) = losses(&ctx, cfg(&out), steps);
     let budget = ctx.pager.live_bytes().1 / 4;
     for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
-        let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("a GPU adapter");
-        let opts = PagerOptions { budget: Some(budget), slot_bytes: 64 << 10, upload: path, ..Default::default() };
-        let paged = Context::with_store(gpu, Box::new(MemStore::new()), &opts);
+        let paged = common::paged_ctx(&PagerOptions {
+            budget: Some(budget),
+            slot_bytes: 64 << 10,
+            upload: path,
+            ..Default::default()
+        });
         let offered = match path {
             UploadPath::Pinned => paged.gpu.info.backend == wgpu::Backend::Vulkan,
             UploadPath::ZeroCopy => paged.gpu.unified_memory(),

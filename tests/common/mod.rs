@@ -32,6 +32,14 @@ pub fn ctx() -> Context {
     pollster::block_on(Context::new(&ContextOptions::default())).expect("a GPU adapter (lavapipe in CI)")
 }
 
+/// A context on the default adapter whose pager keeps host bytes in memory, under `opts` (a
+/// budget, staging slots small enough for tiny models).
+pub fn paged_ctx(opts: &pagetrain::pager::PagerOptions) -> Context {
+    let gpu =
+        pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).expect("a GPU adapter (lavapipe in CI)");
+    Context::with_store(gpu, Box::new(pagetrain::pager::MemStore::new()), opts)
+}
+
 pub fn randn(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
     (0..n).map(|_| rng.normal() * std).collect()
 }
