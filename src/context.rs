@@ -211,6 +211,12 @@ impl Context {
         self.view(t, Access::ReadWrite)
     }
 
+    /// [`Context::modify`] where the kernel adds to `t`, else [`Context::write`] (a new output or
+    /// gradient, written whole: nothing of it is uploaded or cleared first).
+    pub fn write_or_modify(&self, t: &Tensor, accumulate: bool) -> Result<View> {
+        self.view(t, if accumulate { Access::ReadWrite } else { Access::Write })
+    }
+
     fn view(&self, t: &Tensor, access: Access) -> Result<View> {
         Ok(View { dtype: t.dtype(), ..self.pager.access(t.id(), access)? })
     }

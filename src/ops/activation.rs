@@ -57,7 +57,7 @@ impl Backward for ActivationBackward {
         if let Some((dx, beta)) = grads.of_written(ctx, &self.x)? {
             let _op = ctx.op();
             let accumulate = beta != 0.0;
-            let dxv = if accumulate { ctx.modify(&dx)? } else { ctx.write(&dx)? };
+            let dxv = ctx.write_or_modify(&dx, accumulate)?;
             k::backward(&ctx.kernels, self.f, &dxv, &ctx.read(&self.x)?, &ctx.read(&dout)?, dx.len(), accumulate)?;
         }
         Ok(())

@@ -59,7 +59,7 @@ impl Backward for AttentionBackward {
         let delta = ctx.empty("attn delta", &[b, h, t], DType::F32, false)?;
         let _op = ctx.op();
         let accumulate = beta != 0.0;
-        let dqkv = if accumulate { ctx.modify(&dqkv)? } else { ctx.write(&dqkv)? };
+        let dqkv = ctx.write_or_modify(&dqkv, accumulate)?;
         let (delta, qkv) = (ctx.write(&delta)?, ctx.read(&self.qkv)?);
         let (out, dout, lse) = (ctx.read(&self.out)?, ctx.read(&dout)?, ctx.read(&self.lse)?);
         k::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, self.dims, accumulate)

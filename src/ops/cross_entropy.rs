@@ -276,7 +276,7 @@ impl Backward for HeadLossBackward {
                 let _op = ctx.op();
                 let g = Gemm { beta: *beta, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
                 // (only the first chunk of a new dx may take it as unwritten)
-                let dxv = if *beta == 0.0 && r0 == 0 { ctx.write(dx)? } else { ctx.modify(dx)? };
+                let dxv = ctx.write_or_modify(dx, *beta != 0.0 || r0 != 0)?;
                 mm::matmul(&ctx.kernels, &dxv, &ctx.read(&dlogits)?, &ctx.read(&self.wte)?, None, &ctx.dummy()?, g)?;
             }
             if let Some(dwte) = &dwte {

@@ -180,7 +180,7 @@ impl Backward for MatmulBackward {
         // (dA is written whole: a new gradient is overwritten, not cleared and added to)
         if let Some((da, beta)) = grads.of_written(ctx, &self.a)? {
             let _op = ctx.op();
-            let dav = if beta == 0.0 { ctx.write(&da)? } else { ctx.modify(&da)? };
+            let dav = ctx.write_or_modify(&da, beta != 0.0)?;
             let (dcv, bv, dummy) = (ctx.read(&dc)?, ctx.read(&self.b)?, ctx.dummy()?);
             let base = Gemm { beta, ..base };
             if !ta {

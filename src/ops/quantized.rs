@@ -53,7 +53,7 @@ fn product(ctx: &Context, out: &Tensor, x: &Tensor, w: &QWeight, bias: Option<&T
     let (q, scales) = (ctx.read(&w.q)?, ctx.read(&w.scales)?);
     let qb = QuantB { q: &q, scales: &scales, row_len: w.cols };
     let bias = bias.map(|b| ctx.read(b)).transpose()?;
-    let cv = if g.beta == 0.0 { ctx.write(out)? } else { ctx.modify(out)? };
+    let cv = ctx.write_or_modify(out, g.beta != 0.0)?;
     let variant = mm::pick(ctx.kernels.tuning.matmul, &g);
     mm::matmul_q8(&ctx.kernels, variant, &cv, &ctx.read(x)?, qb, bias.as_ref(), &ctx.dummy()?, g)
 }
