@@ -67,6 +67,9 @@ pub struct Grads {
     /// See [`Grads::watch`]; with the persistent gradients the running op asked for.
     watcher: Option<Rc<dyn GradientAdded>>,
     touched: Vec<Tensor>,
+    /// Gradient tensors handed on as they are ([`Grads::pass_on`]), which may be the gradient of
+    /// several tensors at once: an op adding to one copies it first.
+    passed: HashSet<TensorId>,
 }
 
 impl Grads {
@@ -103,17 +106,25 @@ impl Grads {
         self.map.get(&t.id()).cloned()
     }
 
-    /// The gradient of `t` (of `t`'s element type), created as zeros on first use. `None` when `t`
-    /// needs no gradient.
+    /// The gradient of `t` (of `t`'s element type), created as zeros on first use, for an op to
+    /// add to. `None` when `t` needs no gradient.
     pub fn of(&mut self, ctx: &Context, t: &Tensor) -> Result<Option<Tensor>> {
         if !t.requires_grad() {
             return Ok(None);
         }
-        if let Some(g) = self.map.get(&t.id()) {
+        if let Some(g) = self.map.get(&t.id()).cloned() {
+            if self.passed.contains(&g.id()) && self.map.values().filter(|h| h.id() == g.id()).count() > 1 {
+                // the gradient of another tensor too: this one adds to a copy of its own
+                let own = ctx.empty("grad", t.shape(), t.dtype(), false)?;
+                let _op = ctx.op();
+                elementwise::scale_forward(&ctx.kernels, &ctx.write(&own)?, &ctx.read(&g)?, 1.0, g.len())?;
+                self.map.insert(t.id(), own.clone());
+                return Ok(Some(own));
+            }
             if self.watcher.is_some() && self.persistent.contains(&t.id()) {
                 self.touched.push(g.clone());
             }
-            return Ok(Some(g.clone()));
+            return Ok(Some(g));
         }
         let g = ctx.zeros_of("grad", t.shape(), t.dtype(), false)?;
         self.map.insert(t.id(), g.clone());
@@ -132,9 +143,30 @@ impl Grads {
         Ok(Some((g, 0.0)))
     }
 
+    /// Makes `dout` itself the gradient of `t`, with no copy, for an op whose gradient for `t` is
+    /// its output's unchanged (a residual add). Only where `t` has no gradient yet and takes
+    /// `dout`'s type and shape; false otherwise, and the op adds `dout` to [`Grads::of`] itself.
+    pub fn pass_on(&mut self, t: &Tensor, dout: &Tensor) -> bool {
+        if !t.requires_grad()
+            || self.map.contains_key(&t.id())
+            || t.dtype() != dout.dtype()
+            || t.shape() != dout.shape()
+        {
+            return false;
+        }
+        self.passed.insert(dout.id());
+        self.map.insert(t.id(), dout.clone());
+        true
+    }
+
     fn release(&mut self, id: TensorId) {
-        if !self.persistent.contains(&id) {
-            self.map.remove(&id);
+        if self.persistent.contains(&id) {
+            return;
+        }
+        if let Some(g) = self.map.remove(&id) {
+            if self.passed.contains(&g.id()) && !self.map.values().any(|h| h.id() == g.id()) {
+                self.passed.remove(&g.id());
+            }
         }
     }
 }

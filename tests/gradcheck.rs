@@ -433,3 +433,34 @@ fn gradients_are_written_where_new_and_added_to_where_not() {
         1e-4,
     );
 }
+
+#[test]
+fn gradients_passed_on_unchanged_are_copied_before_they_are_added_to() {
+    // An add (and a scale by 1) hands its output's gradient to its inputs as it is, no copy, so
+    // one tensor is the gradient of several: here each of them gets more gradient later (a and b
+    // used twice, x + x the same tensor on both sides), which must go to a copy of its own.
+    let ctx = ctx();
+    let mut rng = Rng::new(31);
+    let n = 6;
+    check(
+        &ctx,
+        "passed-on gradients",
+        &[(randn(&mut rng, n * n, 1.0), vec![n, n]), (randn(&mut rng, n * n, 1.0), vec![n, n])],
+        |ctx, v| {
+            let (x, w) = (&v[0], &v[1]);
+            let a = ops::gelu(ctx, x).unwrap();
+            let b = ops::matmul(ctx, x, w, MatmulOpts::default()).unwrap();
+            let y = ops::add(ctx, &a, &b).unwrap();
+            let z = ops::add(ctx, &y, &ops::add(ctx, &a, &b).unwrap()).unwrap();
+            let d = ops::scale(ctx, &ops::add(ctx, x, x).unwrap(), 1.0).unwrap();
+            ops::add(ctx, &z, &d).unwrap()
+        },
+        Box::new(move |v| {
+            let (x, w) = (&v[0], &v[1]);
+            let xw = r::matmul_forward(x, w, None, 1, n, n, n, false, false, false, 1.0);
+            let g = r::gelu_forward(x);
+            (0..n * n).map(|i| 2.0 * (g[i] + xw[i]) + 2.0 * x[i]).collect()
+        }),
+        1e-4,
+    );
+}

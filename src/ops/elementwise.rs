@@ -38,7 +38,9 @@ impl Backward for AddBackward {
             return Ok(());
         };
         for input in [&self.a, &self.b] {
-            add_gradient(ctx, grads, input, &dout, 1.0)?;
+            if !grads.pass_on(input, &dout) {
+                add_gradient(ctx, grads, input, &dout, 1.0)?;
+            }
         }
         Ok(())
     }
@@ -85,7 +87,9 @@ impl Backward for ScaleBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        add_gradient(ctx, grads, &self.x, &dout, self.alpha)?;
+        if self.alpha != 1.0 || !grads.pass_on(&self.x, &dout) {
+            add_gradient(ctx, grads, &self.x, &dout, self.alpha)?;
+        }
         Ok(())
     }
 }
