@@ -3,7 +3,7 @@
 //   gelu_backward: dx += dout * gelu'(x)                                      dx (n)   x (n)  dout (n)
 //   relu_forward:  out = max(x, 0)                                            out (n)  x (n)
 //   relu_backward: dx += dout * (x > 0)                                       dx (n)   x (n)  dout (n)
-// Backward accumulates into dx, or overwrites it (unread) where accumulate = 0. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. One thread per element, 256 per workgroup, 2-D folded grid.
+// Backward accumulates into dx, or overwrites it (unread) where accumulate = 0. Any binding may be f16 (B0 out/dx, B1 x, B2 dout); math is f32. PER_THREAD elements a thread (common.wgsl `strided`), 256 threads a workgroup, 2-D folded grid (kernels::grid_strided).
 // CPU references: tests/common/reference.rs `gelu_forward`, `gelu_backward`, `relu_forward`, `relu_backward`.
 
 @group(0) @binding(0) var<storage, read_write> out: array<B0>;
@@ -29,41 +29,74 @@ fn safe_tanh(u: f32) -> f32 {
     return tanh(clamp(u, -15.0, 15.0));
 }
 
+fn gelu(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + safe_tanh(GELU_SCALE * (v + 0.044715 * v * v * v)));
+}
+
+fn gelu_grad(v: f32) -> f32 {
+    let t = safe_tanh(GELU_SCALE * (v + 0.044715 * v * v * v));
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+// (each thread's loads all go first, then its stores: see `strided`)
 @compute @workgroup_size(256)
-fn gelu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < p.n) {
-        let v = f32(x[i]);
-        let u = GELU_SCALE * (v + 0.044715 * v * v * v);
-        out[i] = B0(0.5 * v * (1.0 + safe_tanh(u)));
+fn gelu_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    var v: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p.n) {
+            v[k] = f32(x[i]);
+        }
+    }
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p.n) {
+            out[i] = B0(gelu(v[k]));
+        }
     }
 }
 
 @compute @workgroup_size(256)
-fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < pb.n) {
-        let v = f32(x[i]);
-        let u = GELU_SCALE * (v + 0.044715 * v * v * v);
-        let t = safe_tanh(u);
-        let sech2 = 1.0 - t * t;
-        let grad = 0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
-        out[i] = B0(prior(i) + f32(dout[i]) * grad);
+fn gelu_backward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    var v: array<f32, PER_THREAD>;
+    var g: array<f32, PER_THREAD>;
+    var d: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < pb.n) {
+            v[k] = f32(x[i]);
+            g[k] = f32(dout[i]);
+            d[k] = prior(i);
+        }
+    }
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < pb.n) {
+            out[i] = B0(d[k] + g[k] * gelu_grad(v[k]));
+        }
     }
 }
 
 @compute @workgroup_size(256)
-fn relu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < p.n) {
-        out[i] = B0(max(f32(x[i]), 0.0));
+fn relu_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p.n) {
+            out[i] = B0(max(f32(x[i]), 0.0));
+        }
     }
 }
 
 @compute @workgroup_size(256)
-fn relu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < pb.n) {
-        out[i] = B0(prior(i) + select(0.0, f32(dout[i]), f32(x[i]) > 0.0));
+fn relu_backward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < pb.n) {
+            out[i] = B0(prior(i) + select(0.0, f32(dout[i]), f32(x[i]) > 0.0));
+        }
     }
 }

@@ -1,12 +1,23 @@
 // common: helpers every kernel family shares; prepended to each family's source when its module
 // is created (WGSL has no includes), and by the naga validation test.
 //   flat(gid, nwg):     the flat thread index of a 2-D folded grid of 256-thread workgroups
+//   strided(wid, nwg, lid, k): element k < PER_THREAD of a thread that takes PER_THREAD
 //   block_sum(v, lid):  sum of `v` over a 256-thread workgroup (every thread gets it)
 //   block_max(v, lid):  maximum of `v` over a 256-thread workgroup
 // The block reductions use workgroup barriers: call them from uniform control flow.
 
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 256u;
+}
+
+// Elements a thread of a memory-bound elementwise kernel takes (kernels::PER_THREAD), 256
+// apart: each of a workgroup's PER_THREAD loads is one coalesced run of 256, and loading them
+// all before using any keeps PER_THREAD loads in flight a thread (one a thread left an H200's
+// memory 4x short of its bandwidth: GELU on GPT-2's 8192x3072 f16, 92 us).
+const PER_THREAD: u32 = 8u;
+
+fn strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * 256u * PER_THREAD + k * 256u + lid;
 }
 
 var<workgroup> red: array<f32, 256>;

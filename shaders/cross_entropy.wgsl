@@ -7,7 +7,8 @@
 //                           (never read: a fresh buffer needs no clearing, and ignored rows get 0);
 //                           dlogits rows `stride` long (0: V), 0 past V (tensor-core products read
 //                           rows a multiple of 8 long: ops/cross_entropy.rs)
-//                           logits (N,V)  targets (N)  lse (N)  dloss (1)   one thread per element
+//                           logits (N,V)  targets (N)  lse (N)  dloss (1)   PER_THREAD elements a
+//                           thread (kernels::grid_strided)
 // cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
 // CPU references: tests/common/reference.rs `cross_entropy_forward`, `cross_entropy_backward`.
@@ -62,30 +63,42 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     }
 }
 
-@compute @workgroup_size(256)
-fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 256u;
-    let stride = select(pb.stride, pb.v, pb.stride == 0u);
-    if (i >= pb.rows * stride) {
-        return;
-    }
+// Element i of dlogits (row i / stride) before what it holds is added: 0 past V and in ignored rows.
+fn dlogit(i: u32, stride: u32) -> f32 {
     let row = i / stride;
     let j = i % stride;
-    if (j >= pb.v) {
-        losses[i] = B0(0.0);
-        return;
-    }
     let t = tg[pb.row0 + row];
-    var g = 0.0;
-    if (t != pb.ignore) {
-        let prob = exp(lg[row * pb.v + j] - lse_in[pb.row0 + row]);
-        let onehot = select(0.0, 1.0, j == t);
-        g = dloss[0] * pb.inv_count * (prob - onehot);
+    if (j >= pb.v || t == pb.ignore) {
+        return 0.0;
     }
-    if (pb.accumulate == 1u) {
-        g += f32(losses[i]);
+    let prob = exp(lg[row * pb.v + j] - lse_in[pb.row0 + row]);
+    let onehot = select(0.0, 1.0, j == t);
+    return dloss[0] * pb.inv_count * (prob - onehot);
+}
+
+// (PER_THREAD elements a thread, loads first: common.wgsl `strided`)
+@compute @workgroup_size(256)
+fn cross_entropy_backward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let stride = select(pb.stride, pb.v, pb.stride == 0u);
+    let n = pb.rows * stride;
+    var g: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < n) {
+            g[k] = dlogit(i, stride);
+            // (padding past V is 0 whatever it held)
+            if (pb.accumulate == 1u && i % stride < pb.v) {
+                g[k] += f32(losses[i]);
+            }
+        }
     }
-    losses[i] = B0(g);
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < n) {
+            losses[i] = B0(g[k]);
+        }
+    }
 }
 
 @compute @workgroup_size(256)

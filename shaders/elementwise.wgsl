@@ -9,7 +9,8 @@
 //   convert_scaled: out = a * grad_half_scale(b[slot]) in out's type   out (n)  a (n)  b (> slot)
 //                 (a gradient on its way to the host optimizer in f16, b its sum of squares)
 // Every binding may be f16 (B0 out, B1 a, B2 b); arithmetic is f32.
-// One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256).
+// One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256);
+// add_forward, axpy and scale_forward take PER_THREAD elements a thread (kernels::grid_strided).
 // CPU references: tests/common/reference.rs `add_forward`, `axpy`, `scale_forward`;
 // `fill_normal`: pagetrain::rng::counter_normal.
 
@@ -22,19 +23,41 @@
 @group(0) @binding(2) var<uniform> p2: Params;
 @group(0) @binding(1) var<uniform> p1: Params;
 
+// (add_forward, axpy, scale_forward: PER_THREAD elements a thread, loads first; common.wgsl
+// `strided` says why)
 @compute @workgroup_size(256)
-fn add_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < p.n) {
-        out[i] = B0(f32(a[i]) + f32(b[i]));
+fn add_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    var v: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p.n) {
+            v[k] = f32(a[i]) + f32(b[i]);
+        }
+    }
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p.n) {
+            out[i] = B0(v[k]);
+        }
     }
 }
 
 @compute @workgroup_size(256)
-fn axpy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < p2.n) {
-        out[i] = B0(f32(out[i]) + p2.alpha * f32(a[i]));
+fn axpy(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    var v: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p2.n) {
+            v[k] = f32(out[i]) + p2.alpha * f32(a[i]);
+        }
+    }
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p2.n) {
+            out[i] = B0(v[k]);
+        }
     }
 }
 
@@ -47,10 +70,20 @@ fn axpy_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 }
 
 @compute @workgroup_size(256)
-fn scale_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat(gid, nwg);
-    if (i < p2.n) {
-        out[i] = B0(p2.alpha * f32(a[i]));
+fn scale_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    var v: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p2.n) {
+            v[k] = p2.alpha * f32(a[i]);
+        }
+    }
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < p2.n) {
+            out[i] = B0(v[k]);
+        }
     }
 }
 

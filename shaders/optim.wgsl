@@ -1,5 +1,6 @@
 // optim: fused optimizer updates and global grad-norm clipping.
-//   adamw_update: AdamW with decoupled weight decay and bias correction, one thread per parameter.
+//   adamw_update: AdamW with decoupled weight decay and bias correction, PER_THREAD parameters a
+//                 thread (kernels::grid_strided).
 //                 param (n)  m (n)  v (n)  grad (n)  clip (2): clip[0] multiplies the gradient
 //                 g = grad * clip[0] * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //                 param -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * param)
@@ -33,32 +34,54 @@
 @group(0) @binding(1) var<storage, read> sumsq: array<f32>;
 @group(0) @binding(2) var<uniform> pc: Params;
 
-// Updates element i of param, m and v; returns the new param value.
-fn adamw_at(i: u32, prm: Params) -> f32 {
-    let g = grad[i] * clip[0] * prm.grad_scale;
-    let mi = prm.beta1 * m[i] + (1.0 - prm.beta1) * g;
-    let vi = prm.beta2 * v[i] + (1.0 - prm.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    let update = (mi / prm.bc1) / (sqrt(vi / prm.bc2) + prm.eps);
-    let x = param[i] - prm.lr * (update + prm.weight_decay * param[i]);
-    param[i] = x;
-    return x;
-}
-
-@compute @workgroup_size(256)
-fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 256u;
-    if (i < p.n) {
-        adamw_at(i, p);
+// Updates the PER_THREAD elements of param, m and v this thread takes (common.wgsl `strided`),
+// every load first; returns their new param values (those at or past n unset).
+fn adamw_strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, prm: Params) -> array<f32, PER_THREAD> {
+    var gs: array<f32, PER_THREAD>;
+    var ms: array<f32, PER_THREAD>;
+    var vs: array<f32, PER_THREAD>;
+    var xs: array<f32, PER_THREAD>;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < prm.n) {
+            gs[k] = grad[i];
+            ms[k] = m[i];
+            vs[k] = v[i];
+            xs[k] = param[i];
+        }
     }
+    let scale = clip[0] * prm.grad_scale;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < prm.n) {
+            let g = gs[k] * scale;
+            let mi = prm.beta1 * ms[k] + (1.0 - prm.beta1) * g;
+            let vi = prm.beta2 * vs[k] + (1.0 - prm.beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            let update = (mi / prm.bc1) / (sqrt(vi / prm.bc2) + prm.eps);
+            xs[k] = xs[k] - prm.lr * (update + prm.weight_decay * xs[k]);
+            param[i] = xs[k];
+        }
+    }
+    return xs;
 }
 
 @compute @workgroup_size(256)
-fn adamw_update_half(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 256u;
-    if (i < ph.n) {
-        half_copy[i] = B5(adamw_at(i, ph));
+fn adamw_update(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    adamw_strided(wid, nwg, lid, p);
+}
+
+@compute @workgroup_size(256)
+fn adamw_update_half(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>) {
+    let xs = adamw_strided(wid, nwg, lid, ph);
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = strided(wid, nwg, lid, k);
+        if (i < ph.n) {
+            half_copy[i] = B5(xs[k]);
+        }
     }
 }
 

@@ -4,10 +4,13 @@
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
 //                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1); with squares = 1 it
 //                    sums squares, so a short x is reduced in this one stage
-//   sum_rows:        out (C) += sum over rows of x (R,C)   one thread per column
-//   sum_row_blocks:  out (blocks,C) = sums over blocks of block_rows rows of x (R,C): stage one of
-//                    a column sum that fills the GPU (sum_rows over its output is stage two)
-//                    dispatch (ceil(C/256), blocks, 1)
+//   sum_rows:        out (C) += sum over rows of x (R,C)   a thread per PER_THREAD columns, for
+//                    many columns (split-K's partial products)   dispatch kernels::grid_strided(C)
+//   column_sums:     out (C) += sum over rows of x (R,C)   a workgroup per 64 columns, for few
+//                    columns (biases, LayerNorm's parameters)   dispatch (ceil(C/64), 1, 1)
+//   column_block_sums: out (blocks,C) = sums over blocks of block_rows rows of x (R,C): stage
+//                    one of a column sum that fills the GPU (column_sums over its output is stage
+//                    two)   dispatch (ceil(C/64), blocks, 1)
 // x may be f16 (B1); sums and outputs are f32.
 // CPU references: tests/common/reference.rs `sum_forward`, `sum_rows`.
 
@@ -16,17 +19,34 @@
 // Params: reduce::Params in src/kernels/reduce.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(2) var<uniform> p: Params;
 
+// x[i] or x[i]^2 (squares = 1), in f32.
+fn term(i: u32) -> f32 {
+    let v = f32(x[i]);
+    return select(v, v * v, p.squares == 1u);
+}
+
+// Sum of terms i0, i0 + stride, ... below n: four loads in flight a thread, not one (each
+// load's latency, not the memory's bandwidth, bounded a grid-stride walk).
+fn strided_sum(i0: u32, stride: u32) -> f32 {
+    var s = 0.0;
+    var i = i0;
+    while (i + 3u * stride < p.n) {
+        let t = vec4(term(i), term(i + stride), term(i + 2u * stride), term(i + 3u * stride));
+        s += (t.x + t.y) + (t.z + t.w);
+        i += 4u * stride;
+    }
+    while (i < p.n) {
+        s += term(i);
+        i += stride;
+    }
+    return s;
+}
+
 @compute @workgroup_size(256)
 fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
     let lid = lid3.x;
-    var s = 0.0;
-    let stride = nwg.x * 256u;
-    for (var i = wid.x * 256u + lid; i < p.n; i += stride) {
-        let v = f32(x[i]);
-        s += select(v, v * v, p.squares == 1u);
-    }
-    let total = block_sum(s, lid);
+    let total = block_sum(strided_sum(wid.x * 256u + lid, nwg.x * 256u), lid);
     if (lid == 0u) {
         out[wid.x] = total;
     }
@@ -35,12 +55,7 @@ fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workg
 @compute @workgroup_size(256)
 fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
-    var s = 0.0;
-    for (var i = lid; i < p.n; i += 256u) {
-        let v = f32(x[i]);
-        s += select(v, v * v, p.squares == 1u);
-    }
-    let total = block_sum(s, lid) * p.scale;
+    let total = block_sum(strided_sum(lid, 256u), lid) * p.scale;
     if (lid == 0u) {
         if (p.accumulate == 1u) {
             out[p.slot] += total;
@@ -50,32 +65,86 @@ fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
     }
 }
 
+// (PER_THREAD columns a thread, common.wgsl `strided`: each row's loads all in flight at once)
 @compute @workgroup_size(256)
-fn sum_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.x;
-    if (col >= p.cols) {
-        return;
-    }
+fn sum_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>) {
     let rows = p.n / p.cols;
-    var s = 0.0;
+    var s: array<f32, PER_THREAD>;
     for (var r = 0u; r < rows; r++) {
-        s += f32(x[r * p.cols + col]);
+        for (var k = 0u; k < PER_THREAD; k++) {
+            let col = strided(wid, nwg, lid, k);
+            if (col < p.cols) {
+                s[k] += f32(x[r * p.cols + col]);
+            }
+        }
     }
-    out[col] += s;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let col = strided(wid, nwg, lid, k);
+        if (col < p.cols) {
+            out[col] += s[k];
+        }
+    }
+}
+
+// Rows a column-sum workgroup walks side by side: thread (lane l, quad q) of 256 sums columns
+// 4q..4q+3 of the group's 64 over rows l, l + 16, ... (H200, GPT-2 small f16 step: a thread per
+// column walking its rows took 3.8 ms a step for the bias and LayerNorm gradients).
+const SUM_LANES: u32 = 16u;
+var<workgroup> lane_sums: array<vec4<f32>, 256>;
+
+// Sums of rows r0..r1 of the workgroup's 64 columns, valid in threads 0..15 (columns 4·lid..),
+// the lanes' partial sums added in a fixed order (deterministic).
+fn block_column_sums(lid: u32, group: u32, r0: u32, r1: u32) -> vec4<f32> {
+    let c = group * 64u + 4u * (lid % 16u);
+    var s = vec4<f32>(0.0);
+    // four rows a step, their loads first (all in flight at once)
+    for (var r = r0 + lid / 16u; r < r1; r += 4u * SUM_LANES) {
+        var v: array<vec4<f32>, 4>;
+        for (var j = 0u; j < 4u; j++) {
+            let at = (r + j * SUM_LANES) * p.cols + c;
+            for (var i = 0u; i < 4u; i++) {
+                if (r + j * SUM_LANES < r1 && c + i < p.cols) {
+                    v[j][i] = f32(x[at + i]);
+                }
+            }
+        }
+        s += (v[0] + v[1]) + (v[2] + v[3]);
+    }
+    lane_sums[lid] = s;
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    if (lid < 16u) {
+        for (var l = 0u; l < SUM_LANES; l++) {
+            t += lane_sums[l * 16u + lid];
+        }
+    }
+    return t;
 }
 
 @compute @workgroup_size(256)
-fn sum_row_blocks(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.x;
-    if (col >= p.cols) {
-        return;
+fn column_sums(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = block_column_sums(lid, wid.x, 0u, p.n / p.cols);
+    let c = wid.x * 64u + 4u * lid;
+    if (lid < 16u) {
+        for (var i = 0u; i < 4u; i++) {
+            if (c + i < p.cols) {
+                out[c + i] += t[i];
+            }
+        }
     }
-    let rows = p.n / p.cols;
-    let r0 = gid.y * p.block_rows;
-    let r1 = min(r0 + p.block_rows, rows);
-    var s = 0.0;
-    for (var r = r0; r < r1; r++) {
-        s += f32(x[r * p.cols + col]);
+}
+
+@compute @workgroup_size(256)
+fn column_block_sums(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r0 = wid.y * p.block_rows;
+    let t = block_column_sums(lid, wid.x, r0, min(r0 + p.block_rows, p.n / p.cols));
+    let c = wid.x * 64u + 4u * lid;
+    if (lid < 16u) {
+        for (var i = 0u; i < 4u; i++) {
+            if (c + i < p.cols) {
+                out[wid.y * p.cols + c + i] = t[i];
+            }
+        }
     }
-    out[gid.y * p.cols + col] = s;
 }

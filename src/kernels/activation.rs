@@ -1,6 +1,6 @@
 //! Launchers for `shaders/activation.wgsl`: GELU (tanh) and ReLU.
 
-use super::{grid_1d, Kernels, ACTIVATION};
+use super::{grid_strided, Kernels, ACTIVATION};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -33,7 +33,7 @@ impl Activation {
 /// `out = f(x)`, both (n).
 pub fn forward(k: &Kernels, f: Activation, out: &View, x: &View, n: usize) -> Result<()> {
     let p = Params { n: n as u32, ..Default::default() };
-    k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_1d(n as u64))
+    k.dispatch(ACTIVATION, f.entries().0, &[out, x], &p, grid_strided(n as u64))
 }
 
 /// `dx += dout * f'(x)`, all (n); `dx = ...` where `accumulate` is false (dx is not read: a new
@@ -48,5 +48,5 @@ pub fn backward(
     accumulate: bool,
 ) -> Result<()> {
     let p = Params { n: n as u32, accumulate: accumulate as u32, ..Default::default() };
-    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_1d(n as u64))
+    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_strided(n as u64))
 }

@@ -1,7 +1,7 @@
 //! Launchers for `shaders/elementwise.wgsl`: add, axpy, scale, fill, normal draws, cast; f32 or
 //! f16 views.
 
-use super::{grid_1d, Kernels, ELEMENTWISE};
+use super::{grid_1d, grid_strided, Kernels, ELEMENTWISE};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -26,12 +26,12 @@ fn params(n: usize, alpha: f32) -> Params {
 
 /// `out = a + b`, all (n).
 pub fn add_forward(k: &Kernels, out: &View, a: &View, b: &View, n: usize) -> Result<()> {
-    k.dispatch(ELEMENTWISE, "add_forward", &[out, a, b], &params(n, 0.0), grid_1d(n as u64))
+    k.dispatch(ELEMENTWISE, "add_forward", &[out, a, b], &params(n, 0.0), grid_strided(n as u64))
 }
 
 /// `y += alpha * x`, both (n).
 pub fn axpy(k: &Kernels, y: &View, x: &View, alpha: f32, n: usize) -> Result<()> {
-    k.dispatch(ELEMENTWISE, "axpy", &[y, x], &params(n, alpha), grid_1d(n as u64))
+    k.dispatch(ELEMENTWISE, "axpy", &[y, x], &params(n, alpha), grid_strided(n as u64))
 }
 
 /// `y += alpha * s[0]`: y (n), s (1).
@@ -41,7 +41,7 @@ pub fn axpy_scalar(k: &Kernels, y: &View, s: &View, alpha: f32, n: usize) -> Res
 
 /// `out = alpha * x`, both (n).
 pub fn scale_forward(k: &Kernels, out: &View, x: &View, alpha: f32, n: usize) -> Result<()> {
-    k.dispatch(ELEMENTWISE, "scale_forward", &[out, x], &params(n, alpha), grid_1d(n as u64))
+    k.dispatch(ELEMENTWISE, "scale_forward", &[out, x], &params(n, alpha), grid_strided(n as u64))
 }
 
 /// `out = value`, (n).

@@ -196,6 +196,15 @@ pub const WG: u32 = 256;
 /// Most workgroups in one dispatch dimension (WebGPU's guaranteed minimum).
 pub const MAX_GROUPS: u32 = 65535;
 
+/// Elements a thread of the memory-bound elementwise kernels takes (`PER_THREAD` in
+/// shaders/common.wgsl, whose `strided` says why).
+pub const PER_THREAD: u64 = 8;
+
+/// Workgroup grid for `n` elements, [`PER_THREAD`] a thread (common.wgsl `strided`).
+pub fn grid_strided(n: u64) -> [u32; 3] {
+    grid_1d(n.div_ceil(PER_THREAD))
+}
+
 /// Workgroup grid for `threads` threads of `WG` each, folded into 2-D past 65535 groups. Shaders
 /// recover the flat index as `gid.x + gid.y * nwg.x * WG`, then guard against the tail.
 pub fn grid_1d(threads: u64) -> [u32; 3] {

@@ -1,6 +1,6 @@
 //! Launchers for `shaders/reduce.wgsl`: deterministic two-stage sums and column sums.
 
-use super::{grid_1d, Kernels, REDUCE};
+use super::{grid_strided, Kernels, REDUCE};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -66,19 +66,24 @@ pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: S
 /// Fewest rows a column sum splits into blocks.
 pub const TWO_STAGE_ROWS: usize = 1024;
 
-/// Row blocks of a column sum over (rows, cols) done in two stages: a thread per column walking
-/// every row leaves a GPU idle when there are few columns (768 threads for GPT-2's biases), so
-/// blocks of rows are summed side by side first (~512 workgroups in all), then the block sums.
-/// 1: one stage, also under TWO_STAGE_ROWS rows, where the walk is short and a second dispatch
-/// costs more (and sums keep the rounding they had: tests/memory.rs compares micro-batched
-/// losses with whole-batch ones to 1e-6). Blocks and their order depend on the shape only, so
-/// results are deterministic.
+/// Columns one workgroup of `column_sums` and `column_block_sums` covers.
+const GROUP_COLUMNS: usize = 64;
+
+/// From this many columns a thread per column (`sum_rows`) fills the GPU by itself: split-K's
+/// partial products (m·n columns, a few rows).
+const WIDE_COLUMNS: usize = 16384;
+
+/// Row blocks of a column sum over (rows, cols) done in two stages: with few columns (768 for
+/// GPT-2's biases) one stage leaves a GPU idle, so blocks of rows are summed side by side first
+/// (~2048 workgroups in all), then the block sums. 1: one stage, also under TWO_STAGE_ROWS rows,
+/// where the walk is short and a second dispatch costs more. Blocks and their order depend on
+/// the shape only, so results are deterministic.
 pub fn column_blocks(rows: usize, cols: usize) -> usize {
-    let col_groups = cols.div_ceil(256).max(1);
-    if col_groups >= 256 || rows < TWO_STAGE_ROWS {
+    let col_groups = cols.div_ceil(GROUP_COLUMNS).max(1);
+    if cols >= WIDE_COLUMNS || rows < TWO_STAGE_ROWS {
         return 1;
     }
-    let block_rows = rows.div_ceil((512 / col_groups).clamp(1, rows.div_ceil(32)));
+    let block_rows = rows.div_ceil((2048 / col_groups).clamp(1, rows.div_ceil(32)));
     rows.div_ceil(block_rows)
 }
 
@@ -88,18 +93,21 @@ pub fn column_block_rows(rows: usize, cols: usize) -> usize {
 }
 
 /// out (C) += column sums of x (R,C). With `partials` (scratch of `column_blocks(R, C)·C`
-/// floats) in two stages when [`column_blocks`] says so, else one thread per column.
+/// floats) in two stages when [`column_blocks`] says so.
 pub fn sum_rows(k: &Kernels, out: &View, x: &View, partials: Option<&View>, rows: usize, cols: usize) -> Result<()> {
-    let blocks = column_blocks(rows, cols);
     let p = Params { n: (rows * cols) as u32, cols: cols as u32, ..Default::default() };
+    if cols >= WIDE_COLUMNS {
+        return k.dispatch(REDUCE, "sum_rows", &[out, x], &p, grid_strided(cols as u64));
+    }
+    let groups = cols.div_ceil(GROUP_COLUMNS) as u32;
+    let blocks = column_blocks(rows, cols);
     match partials {
         Some(parts) if blocks > 1 => {
             let stage1 = Params { block_rows: column_block_rows(rows, cols) as u32, ..p };
-            let grid = [cols.div_ceil(256) as u32, blocks as u32, 1];
-            k.dispatch(REDUCE, "sum_row_blocks", &[parts, x], &stage1, grid)?;
+            k.dispatch(REDUCE, "column_block_sums", &[parts, x], &stage1, [groups, blocks as u32, 1])?;
             let stage2 = Params { n: (blocks * cols) as u32, ..p };
-            k.dispatch(REDUCE, "sum_rows", &[out, parts], &stage2, grid_1d(cols as u64))
+            k.dispatch(REDUCE, "column_sums", &[out, parts], &stage2, [groups, 1, 1])
         }
-        _ => k.dispatch(REDUCE, "sum_rows", &[out, x], &p, grid_1d(cols as u64)),
+        _ => k.dispatch(REDUCE, "column_sums", &[out, x], &p, [groups, 1, 1]),
     }
 }

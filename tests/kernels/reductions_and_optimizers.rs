@@ -21,13 +21,17 @@ fn reductions_match_reference() {
         let want = [1.0, 2.0 + 0.5 * r::sum_forward(&x64, false), r::sum_forward(&x64, true)];
         assert_close(&format!("sum {n}"), &out.read(&ctx), &want, 1e-4, 1e-4 * (n as f64).sqrt());
     }
-    for &(rows, cols) in &[(1, 1), (17, 3), (1000, 65), (3, 1000), (1024, 1), (4097, 3), (2049, 300)] {
+    // (a workgroup per 64 columns, 4 a thread: ragged quads and groups; from 16384 columns a
+    // thread per column: split-K's few rows of m·n)
+    for &(rows, cols) in
+        &[(1, 1), (17, 3), (1000, 65), (3, 1000), (1024, 1), (4097, 3), (2049, 300), (1100, 771), (3, 20001)]
+    {
         let x = randn(&mut rng, rows * cols, 1.0);
         let gx = Guarded::new(&ctx, x.len(), Some(&x));
         let want: Vec<f64> = r::sum_rows(&to64(&x), rows, cols).iter().map(|v| v + 1.0).collect();
-        // one thread per column, and blocks of rows first where the shape calls for it
+        // one stage, and blocks of rows first where the shape calls for it
         let blocks = kernels::reduce::column_blocks(rows, cols);
-        assert_eq!(blocks > 1, rows >= 1024, "{rows}x{cols}: {blocks} blocks");
+        assert_eq!(blocks > 1, rows >= 1024 && cols < 16384, "{rows}x{cols}: {blocks} blocks");
         let parts = Guarded::new(&ctx, blocks * cols, None);
         for partials in [None, Some(parts.view())] {
             let out = Guarded::new(&ctx, cols, Some(&vec![1.0; cols]));
@@ -44,7 +48,8 @@ fn reductions_match_reference() {
 fn optimizers_match_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(10);
-    for &n in AWKWARD {
+    // (past 2048: more than one workgroup of AdamW's 8 parameters a thread)
+    for &n in AWKWARD.iter().chain(&[2049, 70_001]) {
         let AdamWInputs { p, g, m, v, gp, gg, gm, gv, clip } = AdamWInputs::draw(&ctx, &mut rng, n);
         let s = kernels::optim::AdamWStep {
             lr: 0.01,
