@@ -1,6 +1,6 @@
 //! Launchers for `shaders/reduce.wgsl`: deterministic two-stage sums and column sums.
 
-use super::{grid_strided, Kernels, REDUCE};
+use super::{grid_1d, Kernels, REDUCE};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -97,7 +97,7 @@ pub fn column_block_rows(rows: usize, cols: usize) -> usize {
 pub fn sum_rows(k: &Kernels, out: &View, x: &View, partials: Option<&View>, rows: usize, cols: usize) -> Result<()> {
     let p = Params { n: (rows * cols) as u32, cols: cols as u32, ..Default::default() };
     if cols >= WIDE_COLUMNS {
-        return k.dispatch(REDUCE, "sum_rows", &[out, x], &p, grid_strided(cols as u64));
+        return k.dispatch(REDUCE, "sum_rows", &[out, x], &p, grid_1d(cols as u64));
     }
     let groups = cols.div_ceil(GROUP_COLUMNS) as u32;
     let blocks = column_blocks(rows, cols);
