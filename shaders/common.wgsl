@@ -10,11 +10,11 @@ fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 256u;
 }
 
-// Elements a thread of a memory-bound elementwise kernel takes (kernels::PER_THREAD), 256
-// apart: each of a workgroup's PER_THREAD loads is one coalesced run of 256, and loading them
-// all before using any keeps PER_THREAD loads in flight a thread (one a thread left an H200's
-// memory 4x short of its bandwidth: GELU on GPT-2's 8192x3072 f16, 92 us).
-const PER_THREAD: u32 = 8u;
+// Elements a thread of a memory-bound elementwise kernel takes (PER_THREAD: kernels::PER_THREAD,
+// which kernels::specialize puts before every source), 256 apart: each of a workgroup's
+// PER_THREAD loads is one coalesced run of 256, and loading them all before using any keeps
+// PER_THREAD loads in flight a thread (one a thread left an H200's memory 4x short of its
+// bandwidth: GELU on GPT-2's 8192x3072 f16, 92 us).
 
 fn strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32) -> u32 {
     return (wid.x + wid.y * nwg.x) * 256u * PER_THREAD + k * 256u + lid;

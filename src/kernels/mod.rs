@@ -159,6 +159,7 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
     src.push_str(&format!("const TILE_ROWS: u32 = {}u;\n", variant.tile.max(1)));
     src.push_str(&format!("const FLAGS: u32 = {}u;\n", variant.flags));
+    src.push_str(&format!("const PER_THREAD: u32 = {PER_THREAD}u;\n"));
     src.push_str(shader.params);
     src.push_str(shader.source);
     src
@@ -196,8 +197,8 @@ pub const WG: u32 = 256;
 /// Most workgroups in one dispatch dimension (WebGPU's guaranteed minimum).
 pub const MAX_GROUPS: u32 = 65535;
 
-/// Elements a thread of the memory-bound elementwise kernels takes (`PER_THREAD` in
-/// shaders/common.wgsl, whose `strided` says why).
+/// Elements a thread of the memory-bound elementwise kernels takes (`PER_THREAD` in every
+/// shader, from [`specialize`]; shaders/common.wgsl's `strided` says why).
 pub const PER_THREAD: u64 = 8;
 
 /// Workgroup grid for `n` elements, [`PER_THREAD`] a thread (common.wgsl `strided`).
