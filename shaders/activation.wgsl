@@ -29,12 +29,17 @@ fn safe_tanh(u: f32) -> f32 {
     return tanh(clamp(u, -15.0, 15.0));
 }
 
+// tanh(sqrt(2/pi) (v + 0.044715 v^3)), which GELU and its derivative share.
+fn gelu_tanh(v: f32) -> f32 {
+    return safe_tanh(GELU_SCALE * (v + 0.044715 * v * v * v));
+}
+
 fn gelu(v: f32) -> f32 {
-    return 0.5 * v * (1.0 + safe_tanh(GELU_SCALE * (v + 0.044715 * v * v * v)));
+    return 0.5 * v * (1.0 + gelu_tanh(v));
 }
 
 fn gelu_grad(v: f32) -> f32 {
-    let t = safe_tanh(GELU_SCALE * (v + 0.044715 * v * v * v));
+    let t = gelu_tanh(v);
     return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_SCALE * (1.0 + 3.0 * 0.044715 * v * v);
 }
 

@@ -63,10 +63,8 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     }
 }
 
-// Element i of dlogits (row i / stride) before what it holds is added: 0 past V and in ignored rows.
-fn dlogit(i: u32, stride: u32) -> f32 {
-    let row = i / stride;
-    let j = i % stride;
+// dlogits[row, j] before what it holds is added: 0 past V and in ignored rows.
+fn dlogit(row: u32, j: u32) -> f32 {
     let t = tg[pb.row0 + row];
     if (j >= pb.v || t == pb.ignore) {
         return 0.0;
@@ -86,9 +84,10 @@ fn cross_entropy_backward(@builtin(local_invocation_index) lid: u32, @builtin(wo
     for (var k = 0u; k < PER_THREAD; k++) {
         let i = strided(wid, nwg, lid, k);
         if (i < n) {
-            g[k] = dlogit(i, stride);
+            let j = i % stride;
+            g[k] = dlogit(i / stride, j);
             // (padding past V is 0 whatever it held)
-            if (pb.accumulate == 1u && i % stride < pb.v) {
+            if (pb.accumulate == 1u && j < pb.v) {
                 g[k] += f32(losses[i]);
             }
         }

@@ -38,16 +38,18 @@ impl Backward for AddBackward {
             return Ok(());
         };
         for input in [&self.a, &self.b] {
-            if !grads.pass_on(input, &dout) {
-                add_gradient(ctx, grads, input, &dout, 1.0)?;
-            }
+            add_gradient(ctx, grads, input, &dout, 1.0)?;
         }
         Ok(())
     }
 }
 
-/// The gradient of `x` += `alpha·dout`; a new gradient is written, not cleared and added to.
+/// The gradient of `x` += `alpha·dout`: a new one is `dout` itself where alpha is 1 and the types
+/// match ([`Grads::pass_on`]), else written, not cleared and added to.
 fn add_gradient(ctx: &Context, grads: &mut Grads, x: &Tensor, dout: &Tensor, alpha: f32) -> Result<()> {
+    if alpha == 1.0 && grads.pass_on(x, dout) {
+        return Ok(());
+    }
     let Some((g, beta)) = grads.of_written(ctx, x)? else {
         return Ok(());
     };
@@ -87,9 +89,7 @@ impl Backward for ScaleBackward {
         let Some(dout) = grads.get(&self.out) else {
             return Ok(());
         };
-        if self.alpha != 1.0 || !grads.pass_on(&self.x, &dout) {
-            add_gradient(ctx, grads, &self.x, &dout, self.alpha)?;
-        }
+        add_gradient(ctx, grads, &self.x, &dout, self.alpha)?;
         Ok(())
     }
 }
