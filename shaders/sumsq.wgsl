@@ -4,6 +4,9 @@
 //                workgroup g (i = g * 256 + lid, stepping nwg.x * 256), for j < tensors
 //                out (>= base + tensors * blocks)  x0 .. x6 (n[j] each; bind any buffer past
 //                `tensors`)   dispatch (blocks, tensors, 1)
+//   sumsq_slots: out[slot[j]] = sum of x_j[i]^2 over all i < n[j], workgroup j alone: short
+//                tensors in one stage (the gradient norm's sums of biases and gains during
+//                backward: a dispatch per 7 instead of one each)   dispatch (tensors, 1, 1)
 // Deterministic: the slices and the workgroup sums depend on the shapes only.
 // CPU reference: tests/kernels.rs `sumsq_multi_matches_reference`.
 
@@ -45,5 +48,30 @@ fn sumsq_multi(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup
     let total = block_sum(s, lid);
     if (lid == 0u) {
         out[p.base + j * nwg.x + wid.x] = total;
+    }
+}
+
+@compute @workgroup_size(256)
+fn sumsq_slots(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let j = wid.x;
+    let n = p.n[j / 4u][j % 4u];
+    // Four loads in flight a thread: one workgroup walks the whole tensor, so each load's
+    // latency would bound it.
+    var s = 0.0;
+    var i = lid;
+    while (i + 768u < n) {
+        let v = vec4(load(j, i), load(j, i + 256u), load(j, i + 512u), load(j, i + 768u));
+        s += dot(v, v);
+        i += 1024u;
+    }
+    while (i < n) {
+        let v = load(j, i);
+        s += v * v;
+        i += 256u;
+    }
+    let total = block_sum(s, lid);
+    if (lid == 0u) {
+        out[p.slot[j / 4u][j % 4u]] = total;
     }
 }

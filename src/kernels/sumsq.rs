@@ -1,6 +1,7 @@
 //! Launcher for `shaders/sumsq.wgsl`: sums of squares of up to [`TENSORS`] tensors per dispatch
 //! (the gradient norm's first stage).
 
+use super::reduce::ONE_STAGE;
 use super::{Kernels, SUMSQ};
 use crate::error::{Error, Result};
 use crate::pager::View;
@@ -10,6 +11,8 @@ gpu_params! {
     pub(super) struct Params {
         /// n[j / 4][j % 4]: elements of tensor j
         n: [u32; 8] as "array<vec4<u32>, 2>",
+        /// slot[j / 4][j % 4]: where `sumsq_slots` writes tensor j's sum
+        slot: [u32; 8] as "array<vec4<u32>, 2>",
         base: u32,
         _pad0: u32,
         _pad1: u32,
@@ -59,20 +62,46 @@ pub fn partials_for(lens: &[usize], groups: &[std::ops::Range<usize>]) -> usize 
 /// [`TENSORS`], f32, with their element counts); blocks = [`blocks_for`] of the largest.
 /// Returns the partial sums written (`xs.len() · blocks`).
 pub fn sumsq_multi(k: &Kernels, out: &View, xs: &[(&View, usize)], base: usize) -> Result<usize> {
-    if xs.is_empty() || xs.len() > TENSORS {
-        return Err(Error::invalid("sumsq_multi", format!("takes 1 to {TENSORS} tensors, got {}", xs.len())));
-    }
-    if let Some((v, _)) = xs.iter().find(|(v, _)| v.dtype != DType::F32) {
-        return Err(Error::invalid("sumsq_multi", format!("reads f32 tensors, got {:?}", v.dtype)));
-    }
+    check(xs)?;
     let blocks = blocks_for(xs.iter().map(|x| x.1).max().unwrap_or(0));
     let mut p = Params { base: base as u32, ..Default::default() };
     for (j, (_, n)) in xs.iter().enumerate() {
         p.n[j] = *n as u32;
     }
-    // Bindings past the tensors given repeat the first (read by no workgroup).
-    let mut buffers: Vec<&View> = vec![out];
-    buffers.extend((0..TENSORS).map(|j| xs.get(j).unwrap_or(&xs[0]).0));
-    k.dispatch(SUMSQ, "sumsq_multi", &buffers, &p, [blocks as u32, xs.len() as u32, 1])?;
+    k.dispatch(SUMSQ, "sumsq_multi", &bindings(out, xs), &p, [blocks as u32, xs.len() as u32, 1])?;
     Ok(xs.len() * blocks)
+}
+
+/// out[slot] = Σ x² for each (x, n, slot) of `xs` (at most [`TENSORS`], f32, n ≤
+/// [`ONE_STAGE`]: one workgroup walks each).
+pub fn sumsq_slots(k: &Kernels, out: &View, xs: &[(&View, usize, usize)]) -> Result<()> {
+    let plain: Vec<(&View, usize)> = xs.iter().map(|&(v, n, _)| (v, n)).collect();
+    check(&plain)?;
+    if let Some((_, n, _)) = xs.iter().find(|x| x.1 > ONE_STAGE) {
+        return Err(Error::invalid("sumsq_slots", format!("takes tensors of at most {ONE_STAGE} elements, got {n}")));
+    }
+    let mut p = Params::default();
+    for (j, &(_, n, slot)) in xs.iter().enumerate() {
+        (p.n[j], p.slot[j]) = (n as u32, slot as u32);
+    }
+    k.dispatch(SUMSQ, "sumsq_slots", &bindings(out, &plain), &p, [xs.len() as u32, 1, 1])
+}
+
+/// 1 to [`TENSORS`] f32 tensors, or an error naming what is wrong.
+fn check(xs: &[(&View, usize)]) -> Result<()> {
+    if xs.is_empty() || xs.len() > TENSORS {
+        return Err(Error::invalid("sumsq", format!("takes 1 to {TENSORS} tensors, got {}", xs.len())));
+    }
+    if let Some((v, _)) = xs.iter().find(|(v, _)| v.dtype != DType::F32) {
+        return Err(Error::invalid("sumsq", format!("reads f32 tensors, got {:?}", v.dtype)));
+    }
+    Ok(())
+}
+
+/// The output, then the tensors; bindings past the tensors given repeat the first (read by no
+/// workgroup).
+fn bindings<'a>(out: &'a View, xs: &[(&'a View, usize)]) -> Vec<&'a View> {
+    let mut buffers = vec![out];
+    buffers.extend((0..TENSORS).map(|j| xs.get(j).unwrap_or(&xs[0]).0));
+    buffers
 }

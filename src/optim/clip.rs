@@ -30,8 +30,13 @@ pub struct EarlyNorms {
     slots: Tensor,
     /// Slot of each parameter's gradient, by the gradient's tensor id.
     index: HashMap<TensorId, usize>,
-    /// Per slot: holds the sum of the gradient as it is now (taken since `begin`).
+    /// Per slot: holds the sum of the gradient as it is now (taken since `begin`, or pending).
     fresh: RefCell<Vec<bool>>,
+    /// Short f32 gradients (biases, gains) whose sums are still to be taken, with their slots:
+    /// taken [`sumsq::TENSORS`] at a time (`sumsq_slots`), not a dispatch each. Empty where the
+    /// adapter has too few storage bindings.
+    pending: RefCell<Vec<(usize, Tensor)>>,
+    batched: bool,
 }
 
 impl EarlyNorms {
@@ -39,6 +44,22 @@ impl EarlyNorms {
     /// backward that takes them.
     pub fn begin(&self) {
         self.fresh.borrow_mut().iter_mut().for_each(|f| *f = false);
+        self.pending.borrow_mut().clear();
+    }
+
+    /// Takes the pending sums. A gradient added to again while pending is summed once, as it
+    /// is now; which gradients share a dispatch depends only on the order of additions, so a
+    /// paged step computes what a resident one does.
+    fn flush(&self, ctx: &Context) -> Result<()> {
+        let pending = std::mem::take(&mut *self.pending.borrow_mut());
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let _op = ctx.op();
+        let out = ctx.modify(&self.slots)?;
+        let grads = pending.iter().map(|(_, g)| ctx.read(g)).collect::<Result<Vec<_>>>()?;
+        let xs: Vec<_> = grads.iter().zip(&pending).map(|(v, (slot, g))| (v, g.len(), *slot)).collect();
+        sumsq::sumsq_slots(&ctx.kernels, &out, &xs)
     }
 
     /// Whether the slots are these `params`' gradients, in this order.
@@ -51,8 +72,20 @@ impl EarlyNorms {
 impl GradientAdded for EarlyNorms {
     fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
         let Some(&slot) = self.index.get(&grad.id()) else { return Ok(()) };
-        sum_of_squares(ctx, &self.slots, slot, grad)?;
         self.fresh.borrow_mut()[slot] = true;
+        if !(self.batched && grad.dtype() == DType::F32 && grad.len() <= reduce::ONE_STAGE) {
+            return sum_of_squares(ctx, &self.slots, slot, grad);
+        }
+        let full = {
+            let mut pending = self.pending.borrow_mut();
+            if !pending.iter().any(|(s, _)| *s == slot) {
+                pending.push((slot, grad.clone()));
+            }
+            pending.len() == sumsq::TENSORS
+        };
+        if full {
+            self.flush(ctx)?;
+        }
         Ok(())
     }
 }
@@ -69,10 +102,13 @@ pub(super) fn sum_of_squares(ctx: &Context, out: &Tensor, slot: usize, x: &Tenso
 impl GradClip {
     pub fn new(ctx: &Context, params: &[&Param]) -> Result<Self> {
         let n = params.len().max(1);
+        let batched = ctx.gpu.limits.max_storage_buffers_per_shader_stage >= sumsq::STORAGE_BINDINGS;
         let early = EarlyNorms {
             slots: ctx.empty("grad sumsq early", &[n], DType::F32, false)?,
             index: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
             fresh: RefCell::new(vec![false; params.len()]),
+            pending: RefCell::new(Vec::new()),
+            batched,
         };
         Ok(GradClip {
             clip: ctx.empty("grad clip", &[2], DType::F32, false)?,
@@ -93,13 +129,14 @@ impl GradClip {
     pub fn compute(&self, ctx: &Context, params: &[&Param], max_norm: f32, grad_scale: f32) -> Result<()> {
         let fresh = std::mem::replace(&mut *self.early.fresh.borrow_mut(), vec![false; self.early.index.len()]);
         if fresh.iter().any(|&f| f) && self.early.covers(params) {
+            self.early.flush(ctx)?;
             for (i, p) in params.iter().enumerate().filter(|(i, _)| !fresh[*i]) {
                 sum_of_squares(ctx, &self.early.slots, i, &p.grad)?;
             }
             return self.scale(ctx, &self.early.slots, params.len(), max_norm, grad_scale);
         }
-        let multi = ctx.gpu.limits.max_storage_buffers_per_shader_stage >= sumsq::STORAGE_BINDINGS
-            && params.iter().all(|p| p.grad.dtype() == DType::F32);
+        self.early.pending.borrow_mut().clear();
+        let multi = self.early.batched && params.iter().all(|p| p.grad.dtype() == DType::F32);
         let count = if multi {
             let lens: Vec<usize> = params.iter().map(|p| p.grad.len()).collect();
             // A quarter of the budget at most, so the gradients of a group fit beside the rest.

@@ -129,6 +129,40 @@ fn sumsq_multi_matches_reference() {
 }
 
 #[test]
+fn sumsq_slots_matches_reference() {
+    use kernels::sumsq::{sumsq_slots, TENSORS};
+    let ctx = ctx();
+    let mut rng = Rng::new(32);
+    // Lengths around the four loads a thread takes (1024 a workgroup) and up to one stage's end;
+    // slots out of order, some left alone.
+    let lens = [1usize, 767, 1023, 1025, 3000, 16384, 300];
+    let slots = [9usize, 2, 7, 0, 4, 11, 5];
+    for count in [1, 3, TENSORS] {
+        let xs: Vec<Vec<f32>> = lens[..count].iter().map(|&n| randn(&mut rng, n, 1.0)).collect();
+        let guarded: Vec<Guarded> = xs.iter().map(|x| Guarded::new(&ctx, x.len(), Some(x))).collect();
+        let views: Vec<_> = guarded.iter().map(|g| g.view()).collect();
+        let args: Vec<_> = (0..count).map(|j| (&views[j], lens[j], slots[j])).collect();
+        let init: Vec<f32> = (0..12).map(|i| i as f32 + 0.5).collect();
+        let mut want: Vec<f64> = init.iter().map(|&v| v as f64).collect();
+        let mut poisoned = init.clone();
+        for j in 0..count {
+            poisoned[slots[j]] = f32::NAN;
+            want[slots[j]] = xs[j].iter().map(|v| (*v as f64).powi(2)).sum();
+        }
+        let out = Guarded::new(&ctx, poisoned.len(), Some(&poisoned));
+        sumsq_slots(&ctx.kernels, &out.view(), &args).unwrap();
+        assert_close(&format!("sumsq_slots of {count}"), &out.read(&ctx), &want, 1e-5, 1e-5);
+    }
+    let long = Guarded::new(&ctx, 16385, Some(&randn(&mut rng, 16385, 1.0)));
+    let v = long.view();
+    let err = sumsq_slots(&ctx.kernels, &v, &[(&v, 16385, 0)]).unwrap_err();
+    assert!(err.to_string().contains("at most 16384"), "{err}");
+    let too_many: Vec<_> = (0..TENSORS + 1).map(|j| (&v, 4, j)).collect();
+    let err = sumsq_slots(&ctx.kernels, &v, &too_many).unwrap_err();
+    assert!(err.to_string().contains("1 to 7"), "{err}");
+}
+
+#[test]
 fn sumsq_groups_respect_count_and_bytes() {
     use kernels::sumsq::{groups, partials_for, TENSORS};
     let lens = vec![10usize; 16];
