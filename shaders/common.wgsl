@@ -2,6 +2,7 @@
 // is created (WGSL has no includes), and by the naga validation test.
 //   flat(gid, nwg):     the flat thread index of a 2-D folded grid of 256-thread workgroups
 //   strided(wid, nwg, lid, k): element k < PER_THREAD of a thread that takes PER_THREAD
+//   strided_by(wid, nwg, lid, k, per): element k < per of a thread that takes `per`
 //   block_sum(v, lid):  sum of `v` over a 256-thread workgroup (every thread gets it)
 //   block_max(v, lid):  maximum of `v` over a 256-thread workgroup
 // The block reductions use workgroup barriers: call them from uniform control flow.
@@ -17,7 +18,12 @@ fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // bandwidth: GELU on GPT-2's 8192x3072 f16, 92 us).
 
 fn strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32) -> u32 {
-    return (wid.x + wid.y * nwg.x) * 256u * PER_THREAD + k * 256u + lid;
+    return strided_by(wid, nwg, lid, k, PER_THREAD);
+}
+
+// `strided` for kernels that take `per` elements a thread (PER_THREAD_FEW: kernels::grid_strided_by).
+fn strided_by(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k: u32, per: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * 256u * per + k * 256u + lid;
 }
 
 var<workgroup> red: array<f32, 256>;

@@ -7,8 +7,8 @@
 //                           (never read: a fresh buffer needs no clearing, and ignored rows get 0);
 //                           dlogits rows `stride` long (0: V), 0 past V (tensor-core products read
 //                           rows a multiple of 8 long: ops/cross_entropy.rs)
-//                           logits (N,V)  targets (N)  lse (N)  dloss (1)   PER_THREAD elements a
-//                           thread (kernels::grid_strided)
+//                           logits (N,V)  targets (N)  lse (N)  dloss (1)   a workgroup per
+//                           256 * PER_THREAD columns of a row (2-D folded grid)
 // cross_entropy_forward_rows: the same for V <= 128, one thread per row.
 // The softmax is recomputed from lse in backward instead of storing (N,V) probabilities.
 // CPU references: tests/common/reference.rs `cross_entropy_forward`, `cross_entropy_backward`.
@@ -41,16 +41,21 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     }
     let lid = lid3.x;
     let base = row * p.v;
+    // One read of the row: each thread keeps its running maximum and its sum of exp(x - max),
+    // rescaled when the maximum grows (the row is 4 bytes a class, 200 KB for GPT-2's).
     var m = -3.402823e38;
+    var s = 0.0;
     for (var j = lid; j < p.v; j += 256u) {
-        m = max(m, logits[base + j]);
+        let x = logits[base + j];
+        if (x > m) {
+            s = s * exp(m - x) + 1.0;
+            m = x;
+        } else {
+            s += exp(x - m);
+        }
     }
     let row_max = block_max(m, lid);
-    var acc = 0.0;
-    for (var j = lid; j < p.v; j += 256u) {
-        acc += exp(logits[base + j] - row_max);
-    }
-    let total = block_sum(acc, lid);
+    let total = block_sum(s * exp(m - row_max), lid);
     if (lid == 0u) {
         let lse = row_max + log(total);
         lse_out[p.row0 + row] = lse;
@@ -63,39 +68,44 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     }
 }
 
-// dlogits[row, j] before what it holds is added: 0 past V and in ignored rows.
-fn dlogit(row: u32, j: u32) -> f32 {
-    let t = tg[pb.row0 + row];
-    if (j >= pb.v || t == pb.ignore) {
-        return 0.0;
-    }
-    let prob = exp(lg[row * pb.v + j] - lse_in[pb.row0 + row]);
-    let onehot = select(0.0, 1.0, j == t);
-    return dloss[0] * pb.inv_count * (prob - onehot);
-}
-
-// (PER_THREAD elements a thread, loads first: common.wgsl `strided`)
+// A workgroup takes 256 * PER_THREAD columns of one row (its chunk), so the row's target, lse
+// and scale are read once a thread, and no element's row is found by a division.
 @compute @workgroup_size(256)
 fn cross_entropy_backward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>) {
     let stride = select(pb.stride, pb.v, pb.stride == 0u);
-    let n = pb.rows * stride;
-    var g: array<f32, PER_THREAD>;
+    let chunks = (stride + 256u * PER_THREAD - 1u) / (256u * PER_THREAD);
+    let w = wid.x + wid.y * nwg.x;
+    let row = w / chunks;
+    if (row >= pb.rows) {
+        return;
+    }
+    let col0 = (w % chunks) * 256u * PER_THREAD + lid;
+    let t = tg[pb.row0 + row];
+    let lse = lse_in[pb.row0 + row];
+    let scale = dloss[0] * pb.inv_count;
+    // (the row's logits are all loaded before any is used: common.wgsl `strided` says why)
+    var x: array<f32, PER_THREAD>;
     for (var k = 0u; k < PER_THREAD; k++) {
-        let i = strided(wid, nwg, lid, k);
-        if (i < n) {
-            let j = i % stride;
-            g[k] = dlogit(i / stride, j);
-            // (padding past V is 0 whatever it held)
-            if (pb.accumulate == 1u && j < pb.v) {
-                g[k] += f32(losses[i]);
-            }
+        let j = col0 + k * 256u;
+        if (j < pb.v) {
+            x[k] = lg[row * pb.v + j];
         }
     }
     for (var k = 0u; k < PER_THREAD; k++) {
-        let i = strided(wid, nwg, lid, k);
-        if (i < n) {
-            losses[i] = B0(g[k]);
+        let j = col0 + k * 256u;
+        // 0 past V (padding, whatever it held) and in ignored rows
+        var d = 0.0;
+        if (j < pb.v) {
+            if (t != pb.ignore) {
+                d = scale * (exp(x[k] - lse) - select(0.0, 1.0, j == t));
+            }
+            if (pb.accumulate == 1u) {
+                d += f32(losses[row * stride + j]);
+            }
+        }
+        if (j < stride) {
+            losses[row * stride + j] = B0(d);
         }
     }
 }

@@ -1,6 +1,6 @@
 // optim: fused optimizer updates and global grad-norm clipping.
-//   adamw_update: AdamW with decoupled weight decay and bias correction, PER_THREAD parameters a
-//                 thread (kernels::grid_strided).
+//   adamw_update: AdamW with decoupled weight decay and bias correction, PER_THREAD_FEW
+//                 parameters a thread (kernels::grid_strided_by).
 //                 param (n)  m (n)  v (n)  grad (n)  clip (2): clip[0] multiplies the gradient
 //                 g = grad * clip[0] * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //                 param -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * param)
@@ -34,15 +34,15 @@
 @group(0) @binding(1) var<storage, read> sumsq: array<f32>;
 @group(0) @binding(2) var<uniform> pc: Params;
 
-// Updates the PER_THREAD elements of param, m and v this thread takes (common.wgsl `strided`),
+// Updates the PER_THREAD_FEW elements of param, m and v this thread takes (common.wgsl `strided_by`),
 // every load first; returns their new param values (those at or past n unset).
-fn adamw_strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, prm: Params) -> array<f32, PER_THREAD> {
-    var gs: array<f32, PER_THREAD>;
-    var ms: array<f32, PER_THREAD>;
-    var vs: array<f32, PER_THREAD>;
-    var xs: array<f32, PER_THREAD>;
-    for (var k = 0u; k < PER_THREAD; k++) {
-        let i = strided(wid, nwg, lid, k);
+fn adamw_strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, prm: Params) -> array<f32, PER_THREAD_FEW> {
+    var gs: array<f32, PER_THREAD_FEW>;
+    var ms: array<f32, PER_THREAD_FEW>;
+    var vs: array<f32, PER_THREAD_FEW>;
+    var xs: array<f32, PER_THREAD_FEW>;
+    for (var k = 0u; k < PER_THREAD_FEW; k++) {
+        let i = strided_by(wid, nwg, lid, k, PER_THREAD_FEW);
         if (i < prm.n) {
             gs[k] = grad[i];
             ms[k] = m[i];
@@ -51,8 +51,8 @@ fn adamw_strided(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, prm: Params) -> array
         }
     }
     let scale = clip[0] * prm.grad_scale;
-    for (var k = 0u; k < PER_THREAD; k++) {
-        let i = strided(wid, nwg, lid, k);
+    for (var k = 0u; k < PER_THREAD_FEW; k++) {
+        let i = strided_by(wid, nwg, lid, k, PER_THREAD_FEW);
         if (i < prm.n) {
             let g = gs[k] * scale;
             let mi = prm.beta1 * ms[k] + (1.0 - prm.beta1) * g;
@@ -77,8 +77,8 @@ fn adamw_update(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 fn adamw_update_half(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>) {
     let xs = adamw_strided(wid, nwg, lid, ph);
-    for (var k = 0u; k < PER_THREAD; k++) {
-        let i = strided(wid, nwg, lid, k);
+    for (var k = 0u; k < PER_THREAD_FEW; k++) {
+        let i = strided_by(wid, nwg, lid, k, PER_THREAD_FEW);
         if (i < ph.n) {
             half_copy[i] = B5(xs[k]);
         }

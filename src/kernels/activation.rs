@@ -1,6 +1,6 @@
 //! Launchers for `shaders/activation.wgsl`: GELU (tanh) and ReLU.
 
-use super::{grid_strided, Kernels, ACTIVATION};
+use super::{grid_strided, grid_strided_by, Kernels, ACTIVATION, PER_THREAD_FEW};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -48,5 +48,5 @@ pub fn backward(
     accumulate: bool,
 ) -> Result<()> {
     let p = Params { n: n as u32, accumulate: accumulate as u32, ..Default::default() };
-    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_strided(n as u64))
+    k.dispatch(ACTIVATION, f.entries().1, &[dx, x, dout], &p, grid_strided_by(n as u64, PER_THREAD_FEW))
 }

@@ -1,6 +1,6 @@
 //! Launchers for `shaders/cross_entropy.wgsl`: fused softmax cross-entropy.
 
-use super::{grid_strided, row_launch, Kernels, CROSS_ENTROPY};
+use super::{grid_1d, row_launch, Kernels, CROSS_ENTROPY, PER_THREAD, WG};
 use crate::error::{Error, Result};
 use crate::pager::View;
 
@@ -93,5 +93,7 @@ fn dispatch_backward(
     stride: usize,
 ) -> Result<()> {
     let p = Params { accumulate: accumulate as u32, stride: stride as u32, ..params(r, inv_count) };
-    k.dispatch(CROSS_ENTROPY, "cross_entropy_backward", &views, &p, grid_strided((r.rows * stride) as u64))
+    let chunks = stride.div_ceil(WG as usize * PER_THREAD as usize);
+    let grid = grid_1d((r.rows * chunks) as u64 * WG as u64);
+    k.dispatch(CROSS_ENTROPY, "cross_entropy_backward", &views, &p, grid)
 }

@@ -1,6 +1,6 @@
 //! Launchers for `shaders/optim.wgsl`: fused AdamW, SGD with momentum, grad-norm clip factor.
 
-use super::{grid_1d, grid_strided, Kernels, OPTIM};
+use super::{grid_1d, grid_strided_by, Kernels, OPTIM, PER_THREAD_FEW};
 use crate::error::Result;
 use crate::pager::View;
 
@@ -61,8 +61,16 @@ pub fn adamw(
         ..Default::default()
     };
     match half {
-        Some(h) => k.dispatch(OPTIM, "adamw_update_half", &[param, m, v, grad, clip, h], &p, grid_strided(n as u64)),
-        None => k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_strided(n as u64)),
+        Some(h) => k.dispatch(
+            OPTIM,
+            "adamw_update_half",
+            &[param, m, v, grad, clip, h],
+            &p,
+            grid_strided_by(n as u64, PER_THREAD_FEW),
+        ),
+        None => {
+            k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_strided_by(n as u64, PER_THREAD_FEW))
+        }
     }
 }
 
