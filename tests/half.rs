@@ -147,9 +147,9 @@ fn gelu_layernorm_and_sums_match_reference_in_f16() {
         let want: Vec<f64> = r::gelu_backward(&to64(&x), &to64(&dout)).iter().map(|g| g + 0.5).collect();
         assert_close(&format!("gelu backward f16 {n}"), &dx.read(&ctx), &want, F16_RTOL, 1e-3);
     }
-    // short rows (thread per row) and wide rows (workgroup per row)
+    // short rows (thread per row), rows held in registers and wide rows (workgroup per row)
     // (1100, 3): parameter and bias sums in two stages
-    for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000), (1100, 3)] {
+    for &(rows, c) in &[(3, 17), (2, 65), (5, 129), (3, 1000), (1100, 3), (5, 768), (2, 2100)] {
         let (dout, gd) = common::check_layernorm(&ctx, &mut rng, DType::F16, rows, c);
 
         // bias gradients and loss sums read f16 and add in f32

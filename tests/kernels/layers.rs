@@ -121,8 +121,12 @@ fn activations_match_reference() {
 fn layernorm_matches_reference() {
     let ctx = ctx();
     let mut rng = Rng::new(4);
-    // (1100, 3) and (2049, 300) take the two-stage parameter sums
-    for &(rows, c) in &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1100, 3), (2049, 300)] {
+    // (1100, 3) and (2049, 300) take the two-stage parameter sums; up to 128 columns a thread
+    // per row, up to 2048 four rows a workgroup held in registers (rows not a multiple of four),
+    // past that a workgroup per row
+    for &(rows, c) in
+        &[(1, 1), (3, 17), (17, 64), (2, 65), (5, 129), (3, 1000), (1100, 3), (2049, 300), (6, 2048), (3, 2100)]
+    {
         common::check_layernorm(&ctx, &mut rng, pagetrain::DType::F32, rows, c);
     }
 }
