@@ -4,6 +4,8 @@
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
 //                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1); with squares = 1 it
 //                    sums squares, so a short x is reduced in this one stage
+//   region_sums:     out[j] = sum(x[j*n .. j*n + n])   out (regions)  x (regions * n)
+//                    dispatch (regions, 1, 1) (the gradient norm's per-parameter partial sums)
 //   sum_rows:        out (C) += sum over rows of x (R,C)   a thread per column, for many columns
 //                    (split-K's partial products)   dispatch grid_1d(C)
 //   column_sums:     out (C) += sum over rows of x (R,C)   a workgroup per 64 columns, for few
@@ -62,6 +64,20 @@ fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
         } else {
             out[p.slot] = total;
         }
+    }
+}
+
+@compute @workgroup_size(256)
+fn region_sums(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let base = wid.x * p.n;
+    var s = 0.0;
+    for (var i = lid; i < p.n; i += 256u) {
+        s += f32(x[base + i]);
+    }
+    let total = block_sum(s, lid);
+    if (lid == 0u) {
+        out[wid.x] = total;
     }
 }
 

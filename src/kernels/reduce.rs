@@ -1,7 +1,7 @@
 //! Launchers for `shaders/reduce.wgsl`: deterministic two-stage sums and column sums.
 
-use super::{grid_1d, Kernels, REDUCE};
-use crate::error::Result;
+use super::{grid_1d, Kernels, MAX_GROUPS, REDUCE};
+use crate::error::{Error, Result};
 use crate::pager::View;
 
 gpu_params! {
@@ -50,9 +50,7 @@ pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: S
         };
         return k.dispatch(REDUCE, "reduce_final", &[out, x], &p, [1, 1, 1]);
     }
-    let groups = n.div_ceil(256 * 4).clamp(1, MAX_PARTIALS);
-    let stage1 = Params { n: n as u32, squares: spec.squares as u32, scale: 1.0, ..Default::default() };
-    k.dispatch(REDUCE, "reduce_partials", &[partials, x], &stage1, [groups as u32, 1, 1])?;
+    let groups = partial_sums(k, partials, x, n, spec.squares)?;
     let stage2 = Params {
         n: groups as u32,
         slot: spec.slot as u32,
@@ -61,6 +59,29 @@ pub fn sum(k: &Kernels, out: &View, x: &View, partials: &View, n: usize, spec: S
         ..Default::default()
     };
     k.dispatch(REDUCE, "reduce_final", &[out, partials], &stage2, [1, 1, 1])
+}
+
+/// Partial sums stage one of [`sum`] writes for `n` elements: ⌈n / 1024⌉, 1 to MAX_PARTIALS.
+pub fn partial_groups(n: usize) -> usize {
+    n.div_ceil(256 * 4).clamp(1, MAX_PARTIALS)
+}
+
+/// Stage one of [`sum`] alone: out[g] = Σ x (or x²) over workgroup g's grid-stride slice, for
+/// g < [`partial_groups`]`(n)`; returns that count.
+pub fn partial_sums(k: &Kernels, out: &View, x: &View, n: usize, squares: bool) -> Result<usize> {
+    let groups = partial_groups(n);
+    let p = Params { n: n as u32, squares: squares as u32, scale: 1.0, ..Default::default() };
+    k.dispatch(REDUCE, "reduce_partials", &[out, x], &p, [groups as u32, 1, 1])?;
+    Ok(groups)
+}
+
+/// out[j] = Σ x[j·len .. (j + 1)·len] for j < regions: a workgroup a region.
+pub fn region_sums(k: &Kernels, out: &View, x: &View, regions: usize, len: usize) -> Result<()> {
+    if regions > MAX_GROUPS as usize {
+        return Err(Error::invalid("region_sums", format!("{regions} regions is more than one dispatch covers")));
+    }
+    let p = Params { n: len as u32, ..Default::default() };
+    k.dispatch(REDUCE, "region_sums", &[out, x], &p, [regions as u32, 1, 1])
 }
 
 /// Fewest rows a column sum splits into blocks.

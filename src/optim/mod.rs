@@ -2,6 +2,7 @@
 
 mod adamw;
 mod clip;
+mod early_norms;
 mod half_grads;
 mod host_adamw;
 mod host_kernels;
@@ -9,7 +10,8 @@ mod sgd;
 mod update_ahead;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{EarlyNorms, GradClip};
+pub use clip::GradClip;
+pub use early_norms::EarlyNorms;
 pub use half_grads::{grad_half_scale, HalfGrads};
 pub use host_adamw::HostAdamW;
 pub(crate) use host_adamw::{update_slice, F32sMut};

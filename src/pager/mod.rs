@@ -65,6 +65,15 @@ pub struct View {
     pub dtype: DType,
 }
 
+impl View {
+    /// Elements `start..start + count` of this view (the start's byte offset must suit the
+    /// adapter's storage binding alignment, 256 bytes at most).
+    pub fn elements(&self, start: usize, count: usize) -> View {
+        let size = self.dtype.size() as u64;
+        View { offset: self.offset + start as u64 * size, size: count as u64 * size, ..self.clone() }
+    }
+}
+
 /// How a kernel uses a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {

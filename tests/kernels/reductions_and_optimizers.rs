@@ -23,9 +23,18 @@ fn reductions_match_reference() {
     }
     // (a workgroup per 64 columns, 4 a thread: ragged quads and groups; from 16384 columns a
     // thread per column: split-K's few rows of m·n)
-    for &(rows, cols) in
-        &[(1, 1), (17, 3), (1000, 65), (3, 1000), (1024, 1), (4097, 3), (2049, 300), (1100, 771), (3, 20001)]
-    {
+    for &(rows, cols) in &[
+        (1, 1),
+        (17, 3),
+        (1000, 65),
+        (3, 1000),
+        (1024, 1),
+        (4097, 3),
+        (2049, 300),
+        (1100, 771),
+        (3, 20001),
+        (9, 16500),
+    ] {
         let x = randn(&mut rng, rows * cols, 1.0);
         let gx = Guarded::new(&ctx, x.len(), Some(&x));
         let want: Vec<f64> = r::sum_rows(&to64(&x), rows, cols).iter().map(|v| v + 1.0).collect();
@@ -160,6 +169,29 @@ fn sumsq_slots_matches_reference() {
     let too_many: Vec<_> = (0..TENSORS + 1).map(|j| (&v, 4, j)).collect();
     let err = sumsq_slots(&ctx.kernels, &v, &too_many).unwrap_err();
     assert!(err.to_string().contains("1 to 7"), "{err}");
+}
+
+#[test]
+fn partial_sums_into_regions_then_region_sums_match_reference() {
+    use kernels::reduce::{partial_sums, region_sums, MAX_PARTIALS};
+    let ctx = ctx();
+    let mut rng = Rng::new(34);
+    // Three regions of MAX_PARTIALS floats, zero where no partial sum lands; the middle one is
+    // written through a view that starts inside the buffer (4 KiB in: binding-aligned).
+    let lens = [5000usize, 1_500_000, 3];
+    let regions = Guarded::new(&ctx, 3 * MAX_PARTIALS, Some(&vec![0.0; 3 * MAX_PARTIALS]));
+    let mut want = Vec::new();
+    for (j, &n) in lens.iter().enumerate() {
+        let x = randn(&mut rng, n, 1.0);
+        let gx = Guarded::new(&ctx, n, Some(&x));
+        let region = regions.view().elements(j * MAX_PARTIALS, MAX_PARTIALS);
+        let groups = partial_sums(&ctx.kernels, &region, &gx.view(), n, true).unwrap();
+        assert_eq!(groups, n.div_ceil(1024).min(MAX_PARTIALS));
+        want.push(r::sum_forward(&to64(&x), true));
+    }
+    let out = Guarded::new(&ctx, 3, None);
+    region_sums(&ctx.kernels, &out.view(), &regions.view(), 3, MAX_PARTIALS).unwrap();
+    assert_close("region sums of squares", &out.read(&ctx), &want, 1e-5, 1e-5);
 }
 
 #[test]
