@@ -64,12 +64,17 @@ fn row_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
     return total;
 }
 
+// The row thread `lid` of workgroup `wid` takes (past the last row in a ragged last workgroup).
+fn held_row(lid: u32, wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return (wid.x + wid.y * nwg.x) * GROUP_ROWS + lid / ROW_THREADS;
+}
+
 @compute @workgroup_size(256)
 fn layernorm_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>) {
     let lid = lid3.x;
     let lane = lid % ROW_THREADS;
-    let row = (wid.x + wid.y * nwg.x) * GROUP_ROWS + lid / ROW_THREADS;
+    let row = held_row(lid, wid, nwg);
     // (no early return past the last row: the row sums' barriers need every thread)
     let live = row < p.rows;
     let base = row * p.c;
@@ -108,7 +113,7 @@ fn layernorm_backward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(wo
                       @builtin(num_workgroups) nwg: vec3<u32>) {
     let lid = lid3.x;
     let lane = lid % ROW_THREADS;
-    let row = (wid.x + wid.y * nwg.x) * GROUP_ROWS + lid / ROW_THREADS;
+    let row = held_row(lid, wid, nwg);
     let live = row < p.rows;
     let base = row * p.c;
     let at = min(row, p.rows - 1u);
