@@ -4,7 +4,8 @@
 //   reduce_final:    out[slot] = scale * sum(partials[0..count]) (+ out[slot] when accumulate = 1)
 //                    out (>= slot+1)  partials (count)   dispatch (1, 1, 1); with squares = 1 it
 //                    sums squares, so a short x is reduced in this one stage
-//   region_sums:     out[j] = sum(x[j*n .. j*n + n])   out (regions)  x (regions * n)
+//   region_sums:     out[j] = sum(x[j*n .. j*n + n]) (of squares when squares = 1)
+//                    out (regions)  x (regions * n)
 //                    dispatch (regions, 1, 1) (the gradient norm's per-parameter partial sums)
 //   sum_rows:        out (C) += sum over rows of x (R,C)   a thread per column, for many columns
 //                    (split-K's partial products)   dispatch grid_1d(C)
@@ -27,17 +28,17 @@ fn term(i: u32) -> f32 {
     return select(v, v * v, p.squares == 1u);
 }
 
-// Sum of terms i0, i0 + stride, ... below n: four loads in flight a thread, not one (each
+// Sum of terms i0, i0 + stride, ... below `end`: four loads in flight a thread, not one (each
 // load's latency, not the memory's bandwidth, bounded a grid-stride walk).
-fn strided_sum(i0: u32, stride: u32) -> f32 {
+fn strided_sum(i0: u32, end: u32, stride: u32) -> f32 {
     var s = 0.0;
     var i = i0;
-    while (i + 3u * stride < p.n) {
+    while (i + 3u * stride < end) {
         let t = vec4(term(i), term(i + stride), term(i + 2u * stride), term(i + 3u * stride));
         s += (t.x + t.y) + (t.z + t.w);
         i += 4u * stride;
     }
-    while (i < p.n) {
+    while (i < end) {
         s += term(i);
         i += stride;
     }
@@ -48,7 +49,7 @@ fn strided_sum(i0: u32, stride: u32) -> f32 {
 fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
     let lid = lid3.x;
-    let total = block_sum(strided_sum(wid.x * 256u + lid, nwg.x * 256u), lid);
+    let total = block_sum(strided_sum(wid.x * 256u + lid, p.n, nwg.x * 256u), lid);
     if (lid == 0u) {
         out[wid.x] = total;
     }
@@ -57,7 +58,7 @@ fn reduce_partials(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workg
 @compute @workgroup_size(256)
 fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
-    let total = block_sum(strided_sum(lid, 256u), lid) * p.scale;
+    let total = block_sum(strided_sum(lid, p.n, 256u), lid) * p.scale;
     if (lid == 0u) {
         if (p.accumulate == 1u) {
             out[p.slot] += total;
@@ -71,11 +72,7 @@ fn reduce_final(@builtin(local_invocation_id) lid3: vec3<u32>) {
 fn region_sums(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let base = wid.x * p.n;
-    var s = 0.0;
-    for (var i = lid; i < p.n; i += 256u) {
-        s += f32(x[base + i]);
-    }
-    let total = block_sum(s, lid);
+    let total = block_sum(strided_sum(base + lid, base + p.n, 256u), lid);
     if (lid == 0u) {
         out[wid.x] = total;
     }

@@ -60,17 +60,10 @@ pub fn adamw(
         grad_scale: s.grad_scale,
         ..Default::default()
     };
+    let grid = grid_strided_by(n as u64, PER_THREAD_FEW);
     match half {
-        Some(h) => k.dispatch(
-            OPTIM,
-            "adamw_update_half",
-            &[param, m, v, grad, clip, h],
-            &p,
-            grid_strided_by(n as u64, PER_THREAD_FEW),
-        ),
-        None => {
-            k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid_strided_by(n as u64, PER_THREAD_FEW))
-        }
+        Some(h) => k.dispatch(OPTIM, "adamw_update_half", &[param, m, v, grad, clip, h], &p, grid),
+        None => k.dispatch(OPTIM, "adamw_update", &[param, m, v, grad, clip], &p, grid),
     }
 }
 

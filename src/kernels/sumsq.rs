@@ -24,8 +24,14 @@ gpu_params! {
 /// limit of 8 per stage).
 pub const TENSORS: usize = 7;
 
-/// Storage buffers per stage a `sumsq_multi` dispatch needs.
+/// Storage buffers per stage a `sumsq_multi` or `sumsq_slots` dispatch needs.
 pub const STORAGE_BINDINGS: u32 = TENSORS as u32 + 1;
+
+/// Whether an adapter with `limits` binds enough storage buffers for these kernels (else sums
+/// of squares take a dispatch or two per tensor through `reduce::sum`).
+pub fn available(limits: &wgpu::Limits) -> bool {
+    limits.max_storage_buffers_per_shader_stage >= STORAGE_BINDINGS
+}
 
 /// Workgroups per tensor for a group whose largest tensor has `max_n` elements: about 4096
 /// elements each, at most 256 (so a big gradient still fills the GPU).

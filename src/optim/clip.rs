@@ -53,7 +53,7 @@ impl GradClip {
         if let Some(sums) = self.early.finish(ctx, params)? {
             return self.scale(ctx, sums, params.len(), max_norm, grad_scale);
         }
-        let multi = self.early.batched() && params.iter().all(|p| p.grad.dtype() == DType::F32);
+        let multi = sumsq::available(&ctx.gpu.limits) && params.iter().all(|p| p.grad.dtype() == DType::F32);
         let count = if multi {
             let lens: Vec<usize> = params.iter().map(|p| p.grad.len()).collect();
             // A quarter of the budget at most, so the gradients of a group fit beside the rest.

@@ -46,13 +46,8 @@ impl EarlyNorms {
             index: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
             fresh: RefCell::new(vec![false; params.len()]),
             pending: RefCell::new(Vec::new()),
-            batched: ctx.gpu.limits.max_storage_buffers_per_shader_stage >= sumsq::STORAGE_BINDINGS,
+            batched: sumsq::available(&ctx.gpu.limits),
         })
-    }
-
-    /// Whether sums of several tensors can share a dispatch on this adapter.
-    pub(super) fn batched(&self) -> bool {
-        self.batched
     }
 
     /// Forgets the sums taken so far (the gradients may have changed since): call before the
