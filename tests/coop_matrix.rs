@@ -110,6 +110,8 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
         (65, 200, 1000),
         (136, 264, 72),
         (256, 128, 64),
+        // tiles wholly inside both operands beside tiles that are not, in one dispatch
+        (264, 136, 128),
         (300, 72, 24),
         (511, 129, 33),
     ];

@@ -93,6 +93,9 @@ impl Gemm {
 
 const TILE: usize = 64;
 const LARGE_TILE: usize = 128;
+/// `matmul_coop`'s square tile of C and the depth of its K slices (CT and CK in the shader).
+const COOP_TILE: usize = 128;
+const COOP_DEPTH: usize = 64;
 /// Columns of a narrow `matmul_large` tile (rows stay [`LARGE_TILE`]).
 const NARROW_TILE: usize = 96;
 /// Workgroups of `matmul_large` one wave of a GPU holds: the H200's 132 SMs × 2 (wgpu reports
@@ -428,8 +431,14 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         && g.n.is_multiple_of(4)
         && g.offsets[2].is_multiple_of(4)
         && c.offset.is_multiple_of(16);
-    let flags =
-        large_flags(&g, p.has_bias != 0, false) | (vec_a as u32) << 4 | (vec_b as u32) << 5 | (direct_c as u32) << 6;
+    // every tile of the dispatch inside both operands: the shader tests no bounds
+    let inside =
+        vec_a && vec_b && [g.m, g.n].iter().all(|d| d.is_multiple_of(COOP_TILE)) && g.k.is_multiple_of(COOP_DEPTH);
+    let flags = large_flags(&g, p.has_bias != 0, false)
+        | (vec_a as u32) << 4
+        | (vec_b as u32) << 5
+        | (direct_c as u32) << 6
+        | (inside as u32) << 7;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
     let write_dummy = k.write_dummy();
     let c32 = if direct_c { c } else { &write_dummy };
@@ -502,4 +511,17 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> (Vec<u32>, Vec<f32>
 /// The f32 values int8 weights stand for (what the kernel computes with).
 pub fn dequantize_rows(words: &[u32], scales: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols).map(|e| ((words[e / 4] >> ((e % 4) * 8)) as u8 as i8) as f32 * scales[e / cols]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_cooperative_shader_tiles_as_the_launcher_counts() {
+        let src = include_str!("../../shaders/matmul_coop.wgsl");
+        for line in
+            [format!("const CT: u32 = {}u;", super::COOP_TILE), format!("const CK: u32 = {}u;", super::COOP_DEPTH)]
+        {
+            assert!(src.contains(&line), "matmul_coop.wgsl lacks `{line}`");
+        }
+    }
 }
