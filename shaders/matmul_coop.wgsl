@@ -197,7 +197,8 @@ fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32
     subgroupBarrier();
     let col = lane % 16u;
     let gn = gn0 + col;
-    if (gn < p.n) {
+    // (INSIDE: every element of the tile is in C)
+    if (INSIDE || gn < p.n) {
         var add = 0.0;
         if (BIAS) {
             add = bias[gn];
@@ -205,7 +206,7 @@ fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32
         for (var j = 0u; j < 8u; j++) {
             let row = (lane / 16u) * 8u + j;
             let gm = gm0 + row;
-            if (gm < p.m) {
+            if (INSIDE || gm < p.m) {
                 let idx = c_base + gm * p.n + gn;
                 var v = p.alpha * Cs[scratch + row * 16u + col] + add;
                 if (ACCUMULATE) {

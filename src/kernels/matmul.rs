@@ -432,8 +432,7 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         && g.offsets[2].is_multiple_of(4)
         && c.offset.is_multiple_of(16);
     // every tile of the dispatch inside both operands: the shader tests no bounds
-    let inside =
-        vec_a && vec_b && [g.m, g.n].iter().all(|d| d.is_multiple_of(COOP_TILE)) && g.k.is_multiple_of(COOP_DEPTH);
+    let inside = vec_a && vec_b && coop_tiles_whole(&g);
     let flags = large_flags(&g, p.has_bias != 0, false)
         | (vec_a as u32) << 4
         | (vec_b as u32) << 5
@@ -444,6 +443,12 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
     k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
+}
+
+/// Whether `matmul_coop`'s tiles and K slices cover `g` exactly (M and N multiples of 128, K of
+/// 64): with operands read 8 halves at a time, its fetches then test no bounds.
+pub fn coop_tiles_whole(g: &Gemm) -> bool {
+    [g.m, g.n].iter().all(|d| d.is_multiple_of(COOP_TILE)) && g.k.is_multiple_of(COOP_DEPTH)
 }
 
 /// Whether `matmul_direct_shared` can run: subgroups of 8 or 16 lanes (each then lies within
