@@ -7,9 +7,11 @@
 // Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time
 // when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's stored rows are a multiple of 8 long (or
 // padded to one with finite values: `row_stride`) and start 8-aligned; otherwise each half is read
-// alone (any shape), and a4/b4 go unused. FLAGS & 128: both are read so and every tile of the
-// dispatch lies inside both (M and N multiples of 128, K of 64): no chunk is tested against the
-// bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same test as a uniform branch ran 82).
+// alone (any shape), and a4/b4 go unused. FLAGS & 128: both are read so and every chunk the
+// tiles fetch lies inside the operands' buffers, zero where a slice runs past K (the launcher
+// checks): no fetch is tested against the bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same
+// test as a uniform branch ran 82). FLAGS & 256: M and N are multiples of 128, so the epilogue
+// tests none either.
 // Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
 // 64x32 of it as 4x2 accumulators of 16x16. K advances 64 at a time through one workgroup
 // buffer of f16 tiles per operand that keeps the global layout (so each operand is read coalesced
@@ -42,7 +44,7 @@
 
 const CT: u32 = 128u;
 const CK: u32 = 64u;
-const GROUP: u32 = 8u;
+const GROUP: u32 = 16u;
 // Halves of padding after each stored row: 16-byte fragment rows then fall in distinct banks.
 const PAD: u32 = 8u;
 // The buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
@@ -61,7 +63,8 @@ const ACCUMULATE: bool = (FLAGS & 8u) != 0u;
 const VEC_A: bool = (FLAGS & 16u) != 0u;
 const VEC_B: bool = (FLAGS & 32u) != 0u;
 const DIRECT_C: bool = (FLAGS & 64u) != 0u;
-const INSIDE: bool = (FLAGS & 128u) != 0u;
+const LOADS_INSIDE: bool = (FLAGS & 128u) != 0u;
+const TILES_WHOLE: bool = (FLAGS & 256u) != 0u;
 
 // [stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
@@ -100,20 +103,13 @@ fn row_stride(is_a: bool) -> u32 {
 // 4 halves of an operand from element `at` (in row `gr`, column `gc` of the stored layout), zero
 // outside the matrix.
 fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
-    if (INSIDE) {
-        if (is_a) {
-            return vec4<f16>(a4[at / 4u]);
-        }
-        return vec4<f16>(b4[at / 4u]);
-    }
     let dims = operand_dims(is_a);
-    if (gr >= dims.x) {
-        return vec4<f16>(0.0);
-    }
     if ((is_a && VEC_A) || (!is_a && VEC_B)) {
         // rows a multiple of 8 long: a chunk is wholly inside or outside the row
-        if (gc >= dims.y) {
-            return vec4<f16>(0.0);
+        if (!LOADS_INSIDE) {
+            if (gr >= dims.x || gc >= dims.y) {
+                return vec4<f16>(0.0);
+            }
         }
         if (is_a) {
             return vec4<f16>(a4[at / 4u]);
@@ -121,6 +117,9 @@ fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
         return vec4<f16>(b4[at / 4u]);
     }
     var h = vec4<f16>(0.0);
+    if (gr >= dims.x) {
+        return h;
+    }
     for (var i = 0u; i < 4u; i++) {
         if (gc + i < dims.y) {
             if (is_a) {
@@ -198,8 +197,8 @@ fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32
     subgroupBarrier();
     let col = lane % 16u;
     let gn = gn0 + col;
-    // (INSIDE: every element of the tile is in C)
-    if (INSIDE || gn < p.n) {
+    // (TILES_WHOLE: every element of the tile is in C)
+    if (TILES_WHOLE || gn < p.n) {
         var add = 0.0;
         if (BIAS) {
             add = bias[gn];
@@ -207,7 +206,7 @@ fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32
         for (var j = 0u; j < 8u; j++) {
             let row = (lane / 16u) * 8u + j;
             let gm = gm0 + row;
-            if (INSIDE || gm < p.m) {
+            if (TILES_WHOLE || gm < p.m) {
                 let idx = c_base + gm * p.n + gn;
                 var v = p.alpha * Cs[scratch + row * 16u + col] + add;
                 if (ACCUMULATE) {
@@ -227,7 +226,7 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let lane = tid % 32u;
     // Tiles in groups of GROUP rows, column by column within a group: the workgroups running at
     // once share more rows of A and columns of B than in row order (L2 reuse; H200, GPT-2 small
-    // f16 step 66.7 -> 66.0 ms).
+    // f16 step 66.7 -> 66.0 ms in groups of 8, 65.2 -> 64.9 for 16 against 8).
     let id = wid.y * nwg.x + wid.x;
     let per_group = GROUP * nwg.x;
     let first = (id / per_group) * GROUP;

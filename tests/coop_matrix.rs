@@ -255,6 +255,62 @@ fn coop_matmul_reads_operands_with_padded_rows() {
 }
 
 #[test]
+fn coop_matmul_reads_rows_padded_to_whole_tiles_without_bounds_tests() {
+    // Rows padded to whole tiles (matmul::coop_padded_len, as GPT-2's head pads its 50257-long
+    // rows) and buffers holding rows past M or N: every chunk the tiles fetch lies inside, so the
+    // launcher compiles the fetches without bounds tests. Only padding past K takes part in the
+    // sums and must be zeros; everything past M or N is NaN here, and must not reach C.
+    use kernels::matmul::{coop_loads_inside, coop_padded_len};
+    let ctx = ctx();
+    let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
+    let mut rng = Rng::new(71);
+    // Stores `x` (rows of `len`) in rows of coop_padded_len(len), padded with `fill`, and with
+    // NaN rows added up to `rows`.
+    let store = |x: &[f32], len: usize, fill: f32, rows: usize| -> (Vec<f32>, usize) {
+        let stride = coop_padded_len(len);
+        let mut stored = vec![f32::NAN; rows * stride];
+        for (dst, src) in stored.chunks_mut(stride).zip(x.chunks(len)) {
+            dst[..len].copy_from_slice(src);
+            dst[len..].iter_mut().for_each(|v| *v = fill);
+        }
+        (stored, if stride == len { 0 } else { stride })
+    };
+    for &(m, n, k, trans_a, trans_b, what) in &[
+        (256, 1001, 128, false, false, "B (K,N) padded with NaN: the head's logits"),
+        (200, 128, 1001, false, true, "A and B padded past K, NaN rows past M: the head's dx"),
+        (1001, 128, 256, true, false, "A (K,M) padded with NaN: the head's dwte"),
+    ] {
+        let a = round_f16(&randn(&mut rng, m * k, 1.0));
+        let b = round_f16(&randn(&mut rng, k * n, 1.0));
+        // (stored rows of length, fill, rows the buffer holds)
+        let a_is = if trans_a { (m, f32::NAN, k) } else { (k, 0.0, m.next_multiple_of(128)) };
+        let b_is = if trans_b { (k, 0.0, n.next_multiple_of(128)) } else { (n, f32::NAN, k) };
+        let (stored_a, a_stride) = store(&a, a_is.0, a_is.1, a_is.2);
+        let (stored_b, b_stride) = store(&b, b_is.0, b_is.1, b_is.2);
+        let (ga, gb, gc) = (
+            Guarded::of(&ctx, DType::F16, stored_a.len(), Some(&stored_a)),
+            Guarded::of(&ctx, DType::F16, stored_b.len(), Some(&stored_b)),
+            Guarded::new(&ctx, m * n, Some(&vec![f32::NAN; m * n])),
+        );
+        let g = Gemm { trans_a, trans_b, a_stride, b_stride, ..Gemm::new(m, n, k) };
+        let (c, av, bv) = (gc.view(), ga.view(), gb.view());
+        assert!(coop_loads_inside(&g, &av, &bv), "{what}: {g:?} should fetch without bounds tests");
+        // a K past what the padding covers, or A's buffer an element short of the last tile
+        let deeper = Gemm { k: coop_padded_len(k) + 1, ..g };
+        let short = ga.view().elements(0, stored_a.len() - 1);
+        assert!(!coop_loads_inside(&deeper, &av, &bv), "{what}: K past the padding");
+        assert!(!coop_loads_inside(&g, &short, &bv), "{what}: A's buffer an element short");
+        if !has_coop(&ctx) {
+            continue;
+        }
+        kernels::matmul::matmul_variant(&ctx.kernels, MatmulVariant::Coop, &c, &av, &bv, None, &dummy.view(), g)
+            .unwrap();
+        let want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, trans_a, trans_b, false, 1.0);
+        assert_close(what, &gc.read(&ctx), &want, 1e-4, 1e-4 * (k as f64).sqrt());
+    }
+}
+
+#[test]
 fn f16_products_use_cooperative_matrices_exactly_where_the_adapter_has_them() {
     // Runs everywhere: the automatic choice follows the adapter, and the kernel forced on an
     // adapter without cooperative matrices (or on f32 operands) is an error, not a wrong result.
@@ -491,44 +547,54 @@ fn coop_attention_refuses_what_it_cannot_run() {
 #[test]
 fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() {
     // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
-    // rows padded past V = 1001 (ops::cross_entropy's HeadWeight), in the forward and, where the
-    // logits are not kept (1 MiB budget: chunks of 32 rows), again in backward; elsewhere it reads
-    // wte itself (the f16 suites' adapters, lavapipe in CI). Against the f64 reference on
-    // f16-rounded x and wte: the loss, and dx, which reads the softmax of those logits.
+    // rows padded with zeros past V = 1001 to whole tiles (ops::cross_entropy's HeadWeight), in
+    // the forward and, where the logits are not kept (1 MiB budget: chunks of 32 rows), again in
+    // backward, whose dx reads that copy transposed; elsewhere it reads wte itself (the f16
+    // suites' adapters, lavapipe in CI). 256 rows of 128 make every fetch of all three products
+    // lie inside the padded operands (matmul_coop without bounds tests). Against the f64
+    // reference on f16-rounded x and wte: the loss, dx, and dwte.
     let mut rng = Rng::new(67);
-    let (n, c, v) = (70, 64, 1001);
-    let x = round_f16(&randn(&mut rng, n * c, 1.0));
-    let w = randn(&mut rng, v * c, 0.5);
-    let w16 = round_f16(&w);
-    let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
-    let (mut want_loss, mut want_dx) = (0.0, vec![0.0; n * c]);
-    for r in 0..n {
-        let logits: Vec<f64> =
-            (0..v).map(|j| (0..c).map(|k| x[r * c + k] as f64 * w16[j * c + k] as f64).sum()).collect();
-        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = logits.iter().map(|l| (l - m).exp()).sum();
-        want_loss += (m + sum.ln() - logits[targets[r] as usize]) / n as f64;
-        for (j, l) in logits.iter().enumerate() {
-            let g = ((l - m).exp() / sum - (j == targets[r] as usize) as u8 as f64) / n as f64;
-            (0..c).for_each(|k| want_dx[r * c + k] += g * w[j * c + k] as f64);
+    for (n, c, v) in [(70, 64, 1001), (256, 128, 1001)] {
+        let x = round_f16(&randn(&mut rng, n * c, 1.0));
+        let w = randn(&mut rng, v * c, 0.5);
+        let w16 = round_f16(&w);
+        let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
+        let (mut want_loss, mut want_dx, mut want_dw) = (0.0, vec![0.0; n * c], vec![0.0; v * c]);
+        for r in 0..n {
+            let logits: Vec<f64> =
+                (0..v).map(|j| (0..c).map(|k| x[r * c + k] as f64 * w16[j * c + k] as f64).sum()).collect();
+            let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+            want_loss += (m + sum.ln() - logits[targets[r] as usize]) / n as f64;
+            for (j, l) in logits.iter().enumerate() {
+                let g = ((l - m).exp() / sum - (j == targets[r] as usize) as u8 as f64) / n as f64;
+                (0..c).for_each(|k| want_dx[r * c + k] += g * w[j * c + k] as f64);
+                (0..c).for_each(|k| want_dw[j * c + k] += g * x[r * c + k] as f64);
+            }
         }
-    }
-    for budget in [None, Some(1u64 << 20)] {
-        let ctx =
-            common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 64 << 10, ..Default::default() });
-        if !common::has_f16(&ctx) {
-            return;
+        for budget in [None, Some(1u64 << 20)] {
+            let ctx = common::paged_ctx(&pagetrain::pager::PagerOptions {
+                budget,
+                slot_bytes: 64 << 10,
+                ..Default::default()
+            });
+            if !common::has_f16(&ctx) {
+                return;
+            }
+            assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v), budget.is_none());
+            let x32 = ctx.from_f32("x", &[n, c], &x, true).unwrap();
+            let xt = pagetrain::ops::cast(&ctx, &x32, DType::F16).unwrap();
+            let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
+            let loss = pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
+            let mut grads = pagetrain::autograd::Grads::new();
+            ctx.backward(&loss, &mut grads, 1.0).unwrap();
+            let what = |of: &str| format!("f16 head {of}, {n}x{c}, V {v}, budget {budget:?}");
+            let got = pollster::block_on(ctx.to_f32(&loss)).unwrap();
+            assert_close(&what("loss"), &got, &[want_loss], 1e-4, 1e-4);
+            let dx = pollster::block_on(ctx.to_f32(&grads.get(&x32).unwrap())).unwrap();
+            assert_close(&what("dx"), &dx, &want_dx, 2e-3, 2e-3);
+            let dw = pollster::block_on(ctx.to_f32(&grads.get(&wt).unwrap())).unwrap();
+            assert_close(&what("dwte"), &dw, &want_dw, 2e-3, 2e-3);
         }
-        assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v), budget.is_none());
-        let x32 = ctx.from_f32("x", &[n, c], &x, true).unwrap();
-        let xt = pagetrain::ops::cast(&ctx, &x32, DType::F16).unwrap();
-        let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
-        let loss = pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
-        let mut grads = pagetrain::autograd::Grads::new();
-        ctx.backward(&loss, &mut grads, 1.0).unwrap();
-        let got = pollster::block_on(ctx.to_f32(&loss)).unwrap();
-        assert_close(&format!("f16 head loss, budget {budget:?}"), &got, &[want_loss], 1e-4, 1e-4);
-        let dx = pollster::block_on(ctx.to_f32(&grads.get(&x32).unwrap())).unwrap();
-        assert_close(&format!("f16 head dx, budget {budget:?}"), &dx, &want_dx, 2e-3, 2e-3);
     }
 }

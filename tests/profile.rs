@@ -1,4 +1,5 @@
-//! `PAGETRAIN_PROFILE=1` must not change what the kernels compute. Where the adapter writes
+//! `PAGETRAIN_PROFILE=1` (here `=shapes`, which also names products by shape) must not change
+//! what the kernels compute. Where the adapter writes
 //! timestamps inside compute passes, the profile reads them back (a submission and a wait) each
 //! time its query set fills, in the middle of whatever the step is recording; a first version
 //! did that between a dispatch's uniforms being stored and the dispatch being recorded, so that
@@ -24,7 +25,7 @@ const SLOT: usize = 64;
 
 #[test]
 fn profiled_dispatches_each_run_with_their_own_parameters() {
-    std::env::set_var("PAGETRAIN_PROFILE", "1");
+    std::env::set_var("PAGETRAIN_PROFILE", "shapes");
     let ctx = ctx();
     let (method, _) = ctx.kernels.profile_method().expect("PAGETRAIN_PROFILE=1 switches the profile on");
     if method != "timestamps" {
@@ -55,7 +56,23 @@ fn profiled_dispatches_each_run_with_their_own_parameters() {
             }
         }
     }
+    // a product of the adapter's variant, named by its shape (=shapes)
+    let (m, n, k) = (33, 17, 9);
+    let (a, b, c) = (
+        Guarded::new(&ctx, m * k, Some(&vec![0.5; m * k])),
+        Guarded::new(&ctx, k * n, Some(&vec![0.25; k * n])),
+        Guarded::new(&ctx, m * n, None),
+    );
+    let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
+    let g = pagetrain::kernels::matmul::Gemm::new(m, n, k);
+    pagetrain::kernels::matmul::matmul(&ctx.kernels, &c.view(), &a.view(), &b.view(), None, &dummy.view(), g).unwrap();
+    assert!(c.read(&ctx).iter().all(|&v| v == 0.5 * 0.25 * k as f32), "the profiled product");
     let profile = ctx.kernels.profile();
     let fills = profile.iter().find(|(entry, ..)| *entry == "fill").map_or(0, |e| e.1);
     assert_eq!(fills, DISPATCHES as u64, "the profile counted {fills} fill dispatches: {profile:?}");
+    let products: Vec<_> = profile.iter().filter(|(entry, ..)| entry.starts_with("matmul")).collect();
+    assert!(
+        products.len() == 1 && products[0].0.contains("33x17x9 nn x1") && products[0].1 == 1,
+        "one product named by its shape: {products:?}"
+    );
 }

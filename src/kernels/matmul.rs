@@ -65,11 +65,12 @@ pub struct Gemm {
     /// Element offsets where A, B and C start in their buffers (row chunks of larger tensors).
     pub offsets: [usize; 3],
     /// Elements from one stored row of A to the next, past its length (0: packed rows). The
-    /// padding must hold finite values (zeros): `matmul_coop` reads rows padded to a multiple of
-    /// 8 a chunk at a time. Cooperative-matrix products only (see [`coop_pads_rows`]).
+    /// padding must hold zeros: `matmul_coop` reads rows padded to a multiple of 8 a chunk at a
+    /// time, and past K without bounds tests where they are padded to [`coop_padded_len`].
+    /// Cooperative-matrix products only (see [`coop_pads_rows`]).
     pub a_stride: usize,
     /// The same for B. Where B is stored (K,N), its padding only meets columns of C past N, which
-    /// are never written; stored (N,K), it must be finite as A's.
+    /// are never written; stored (N,K), it must be zeros as A's.
     pub b_stride: usize,
 }
 
@@ -337,7 +338,8 @@ fn launch(
         MatmulVariant::Narrow => return launch_large(k, [c, a, b, bias, bq, scales], &p, g, groups, true),
         MatmulVariant::Coop => return launch_coop(k, [c, a, b, bias, dummy], &p, g, groups),
     };
-    k.dispatch_variant(MATMUL, entry, Variant::default(), &[c, a, b, bias, bq, scales], &p, groups)
+    let views = [c, a, b, bias, bq, scales];
+    k.dispatch_detailed(MATMUL, entry, Variant::default(), &views, &p, groups, || shape(&g, 0))
 }
 
 /// `matmul_direct` (CPU adapters), its operand reads compiled in (see [`direct_flags`]); the
@@ -361,7 +363,7 @@ fn launch_direct(
     } else {
         (MATMUL_DIRECT, "matmul_direct")
     };
-    k.dispatch_variant(shader, entry, variant, &views, p, groups)
+    k.dispatch_detailed(shader, entry, variant, &views, p, groups, || shape(&g, flags))
 }
 
 /// `matmul_large`, its layout, epilogue and tile width (`narrow`: 96 columns) compiled in (see
@@ -398,7 +400,8 @@ fn launch_large(
     let stand_in = k.write_dummy();
     let (a4, b4) = (if vec_a { a } else { &stand_in }, if vec_b { b } else { &stand_in });
     let variant = Variant { flags, ..Default::default() };
-    k.dispatch_variant(MATMUL_LARGE, "matmul_large", variant, &[c, a, b, bias, bq, scales, a4, b4], p, groups)
+    let views = [c, a, b, bias, bq, scales, a4, b4];
+    k.dispatch_detailed(MATMUL_LARGE, "matmul_large", variant, &views, p, groups, || shape(&g, flags))
 }
 
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
@@ -431,24 +434,64 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         && g.n.is_multiple_of(4)
         && g.offsets[2].is_multiple_of(4)
         && c.offset.is_multiple_of(16);
-    // every tile of the dispatch inside both operands: the shader tests no bounds
-    let inside = vec_a && vec_b && coop_tiles_whole(&g);
+    // fetches and stores that need no bounds tests, each compiled without them
+    let loads_inside = vec_a && vec_b && coop_loads_inside(&g, a, b);
+    let tiles_whole = g.m.is_multiple_of(COOP_TILE) && g.n.is_multiple_of(COOP_TILE);
     let flags = large_flags(&g, p.has_bias != 0, false)
         | (vec_a as u32) << 4
         | (vec_b as u32) << 5
         | (direct_c as u32) << 6
-        | (inside as u32) << 7;
+        | (loads_inside as u32) << 7
+        | (tiles_whole as u32) << 8;
     let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
     let write_dummy = k.write_dummy();
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
-    k.dispatch_variant(MATMUL_COOP, "matmul_coop", variant, &[c, a, b, bias, a4, b4, c32], p, groups)
+    let views = [c, a, b, bias, a4, b4, c32];
+    k.dispatch_detailed(MATMUL_COOP, "matmul_coop", variant, &views, p, groups, || shape(&g, flags))
+}
+
+/// How `PAGETRAIN_PROFILE=shapes` names a product: M×N×K, layout, batch and compiled flags.
+fn shape(g: &Gemm, flags: u32) -> String {
+    let t = |trans| if trans { 't' } else { 'n' };
+    format!("{}x{}x{} {}{} x{} flags {flags}", g.m, g.n, g.k, t(g.trans_a), t(g.trans_b), g.batch)
 }
 
 /// Whether `matmul_coop`'s tiles and K slices cover `g` exactly (M and N multiples of 128, K of
-/// 64): with operands read 8 halves at a time, its fetches then test no bounds.
+/// 64): its fetches then test no bounds wherever the operands are packed.
 pub fn coop_tiles_whole(g: &Gemm) -> bool {
     [g.m, g.n].iter().all(|d| d.is_multiple_of(COOP_TILE)) && g.k.is_multiple_of(COOP_DEPTH)
+}
+
+/// `len` rounded up to what `matmul_coop` fetches of it: rows padded to this (with zeros,
+/// [`Gemm::a_stride`]) hold every chunk its tiles and K slices read, so it tests no bounds
+/// where the other dimensions are covered too (GPT-2's 50257-long dlogits and head weight rows).
+pub fn coop_padded_len(len: usize) -> usize {
+    len.next_multiple_of(COOP_TILE)
+}
+
+/// Whether every chunk `matmul_coop`'s tiles fetch for `g` lies inside its operand's view, and
+/// is zero wherever a K slice runs past K: then no fetch needs a bounds test. Past K that takes
+/// rows padded to [`coop_padded_len`] (whose padding is zeros by [`Gemm::a_stride`]'s contract)
+/// where depth is an operand's contiguous dimension, and K a multiple of the slice otherwise (the
+/// rows after a matrix may hold anything). Rows or columns past M or N may hold anything in the
+/// view: they only meet outputs that are never stored.
+pub fn coop_loads_inside(g: &Gemm, a: &View, b: &View) -> bool {
+    if g.m == 0 || g.n == 0 || g.k == 0 {
+        return false;
+    }
+    let a_dims = (g.trans_a, g.m, g.a_stride, g.offsets[0]);
+    let b_dims = (!g.trans_b, g.n, g.b_stride, g.offsets[1]);
+    [(a, a_dims), (b, b_dims)].into_iter().all(|(view, (depth_rows, width, stride, offset))| {
+        let (width_p, depth_p) = (width.next_multiple_of(COOP_TILE), g.k.next_multiple_of(COOP_DEPTH));
+        // stored (rows, row length) as the tiles reach them, and the stored row's stride
+        let (rows, row_len, contiguous) = if depth_rows { (depth_p, width_p, width) } else { (width_p, depth_p, g.k) };
+        let stride = if stride == 0 { contiguous } else { stride };
+        let matrix = if depth_rows { g.k } else { width } * stride;
+        let last_row_end = g.batch.saturating_sub(1) * matrix + (rows - 1) * stride + row_len;
+        let elements = (view.size / view.dtype.size() as u64) as usize;
+        (!depth_rows || g.k == depth_p) && row_len <= stride && offset + last_row_end <= elements
+    })
 }
 
 /// Whether `matmul_direct_shared` can run: subgroups of 8 or 16 lanes (each then lies within

@@ -297,7 +297,10 @@ impl Kernels {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         recorder.set_clearer(Rc::new(fill::Filler::new(&gpu.device, &gpu.limits)));
-        let profile = std::env::var("PAGETRAIN_PROFILE").is_ok_and(|v| v != "0").then(|| profile::Profile::new(&gpu));
+        let profile = std::env::var("PAGETRAIN_PROFILE")
+            .ok()
+            .filter(|v| v != "0")
+            .map(|v| profile::Profile::new(&gpu, v == "shapes"));
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
@@ -408,6 +411,22 @@ impl Kernels {
         params: &P,
         groups: [u32; 3],
     ) -> Result<()> {
+        self.dispatch_detailed(shader, entry, variant, buffers, params, groups, String::new)
+    }
+
+    /// [`Kernels::dispatch_variant`], profiled under `PAGETRAIN_PROFILE=shapes` as
+    /// `entry detail()` (the products' shapes) instead of its entry alone.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dispatch_detailed<P: bytemuck::Pod>(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        variant: Variant,
+        buffers: &[&View],
+        params: &P,
+        groups: [u32; 3],
+        detail: impl FnOnce() -> String,
+    ) -> Result<()> {
         let f16_bindings = buffers
             .iter()
             .enumerate()
@@ -420,7 +439,13 @@ impl Kernels {
                 format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
             ));
         }
-        let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, entry));
+        let label = self.profile.as_ref().map(|p| {
+            p.label(entry, || match detail() {
+                d if d.is_empty() => entry.to_string(),
+                d => format!("{entry} {d}"),
+            })
+        });
+        let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, label.unwrap_or(entry)));
         let bind_group = self.bindings.group(&layout, buffers);
         let wait_for_pipeline = !pipeline.is_ready();
         self.recorder.dispatch_with_uniforms(bytemuck::bytes_of(params), wait_for_pipeline, move |pass, offset| {
@@ -443,7 +468,7 @@ impl Kernels {
                 self.recorder.flush();
                 let start = std::time::Instant::now();
                 self.gpu.wait_idle()?;
-                profile.add_waited(entry, start.elapsed().as_secs_f64());
+                profile.add_waited(label.unwrap_or(entry), start.elapsed().as_secs_f64());
             }
             _ => self.recorder.maybe_submit(),
         }

@@ -6,6 +6,8 @@
 //!
 //! Timestamps bracket a dispatch from the end of the work before it to the end of its own;
 //! dispatches the driver overlaps count their shared time in each.
+//!
+//! `PAGETRAIN_PROFILE=shapes` also splits the products by shape, layout and compiled flags.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -19,6 +21,9 @@ const PAIRS: u32 = 2048;
 pub(super) struct Profile {
     /// Per entry: dispatches, seconds.
     totals: RefCell<HashMap<&'static str, (u64, f64)>>,
+    /// `PAGETRAIN_PROFILE=shapes`: labels made per dispatch, kept once each (a step has a few
+    /// dozen distinct products).
+    shapes: Option<RefCell<std::collections::HashSet<&'static str>>>,
     timer: Option<Timer>,
 }
 
@@ -39,7 +44,7 @@ struct Timer {
 pub(super) type Stamps = Option<(wgpu::QuerySet, u32)>;
 
 impl Profile {
-    pub(super) fn new(gpu: &Gpu) -> Self {
+    pub(super) fn new(gpu: &Gpu, shapes: bool) -> Self {
         let timer = gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES).then(|| {
             let bytes = PAIRS as u64 * 2 * 8;
             let buffer = |label, usage| {
@@ -63,7 +68,21 @@ impl Profile {
                 lost: Cell::new(0),
             }
         });
-        Profile { totals: RefCell::new(HashMap::new()), timer }
+        let shapes = shapes.then(Default::default);
+        Profile { totals: RefCell::new(HashMap::new()), shapes, timer }
+    }
+
+    /// `entry`, or under `PAGETRAIN_PROFILE=shapes` the label `detail` makes (kept once).
+    pub(super) fn label(&self, entry: &'static str, detail: impl FnOnce() -> String) -> &'static str {
+        let Some(shapes) = &self.shapes else { return entry };
+        let label = detail();
+        let mut shapes = shapes.borrow_mut();
+        if let Some(kept) = shapes.get(label.as_str()) {
+            return kept;
+        }
+        let kept: &'static str = Box::leak(label.into_boxed_str());
+        shapes.insert(kept);
+        kept
     }
 
     /// Whether dispatches are timed by timestamps (else each is waited for).

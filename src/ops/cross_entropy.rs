@@ -116,9 +116,11 @@ pub fn head_keeps_logits(ctx: &Context, rows: usize, v: usize) -> bool {
     rows as u64 * v as u64 * 4 <= ctx.pager.budget() / 8
 }
 
-/// What the head's product reads for wteᵀ: wte itself, read transposed, or under mixed
-/// precision on cooperative matrices a copy stored (C,V) in f16, rows padded to a multiple of 8,
-/// so the product runs NN on f16 operands (H200, GPT-2 small: 7.1 ms a step NT on the f32 wte).
+/// What the head's products read for wte: wte itself, or under mixed precision on cooperative
+/// matrices a copy stored (C,V) in f16, rows padded with zeros to whole tiles
+/// ([`mm::coop_padded_len`]): the logits' product runs NN on f16 operands (H200, GPT-2 small: 7.1
+/// ms a step NT on the f32 wte), and with dlogits padded alike both backward products fetch
+/// without bounds tests.
 enum HeadWeight {
     Wte(Tensor),
     /// (C, V padded): its rows' length is the product's B stride.
@@ -131,7 +133,7 @@ impl HeadWeight {
         if x.dtype() != DType::F16 || !mm::coop_pads_rows(&ctx.kernels, DType::F16, DType::F16) {
             return Ok(HeadWeight::Wte(wte.clone()));
         }
-        let stride = v.next_multiple_of(8);
+        let stride = mm::coop_padded_len(v);
         let t = ctx.empty("lm_head weight transposed", &[c, stride], DType::F16, false)?;
         let _op = ctx.op();
         crate::kernels::transpose::transpose_padded(&ctx.kernels, &ctx.write(&t)?, &ctx.read(wte)?, v, c, stride)?;
@@ -198,7 +200,8 @@ pub fn lm_head_loss(
     let out = mean_loss(ctx, &losses, inv_count, wants_grad)?;
     if out.requires_grad() {
         let (x, wte, kept) = (x.clone(), wte.clone(), RefCell::new(kept));
-        let node = HeadLossBackward { x, wte, targets, lse, out: out.clone(), ignore, inv_count, per, kept };
+        let weight = RefCell::new(Some(weight));
+        let node = HeadLossBackward { x, wte, targets, lse, out: out.clone(), ignore, inv_count, per, kept, weight };
         ctx.record(&[&out], node);
     }
     Ok(out)
@@ -216,6 +219,8 @@ struct HeadLossBackward {
     /// The forward's logits, a tensor per chunk, where it kept them (taken by backward, which
     /// frees each after use); empty where backward makes them again.
     kept: RefCell<Vec<Tensor>>,
+    /// The forward's [`HeadWeight`] (taken by backward).
+    weight: RefCell<Option<HeadWeight>>,
 }
 
 impl Backward for HeadLossBackward {
@@ -233,14 +238,17 @@ impl Backward for HeadLossBackward {
         let dx = grads.of_written(ctx, &self.x)?;
         let dwte = grads.of(ctx, &self.wte)?;
         let (rows, c, v) = (self.x.rows(), self.x.last_dim(), self.wte.shape()[0]);
-        // dlogits rows padded with zeros to a multiple of 8 where both products run on
-        // cooperative matrices, which then read them 8 halves at a time (mm::coop_pads_rows)
+        // dlogits rows padded with zeros to whole tiles where both products run on cooperative
+        // matrices, which then read them 8 halves at a time and without bounds tests
         let (xt, wt) = (self.x.dtype(), self.wte.dtype());
         let pad = mm::coop_pads_rows(&ctx.kernels, xt, wt) && mm::coop_pads_rows(&ctx.kernels, xt, xt);
-        let stride = if pad { v.next_multiple_of(8) } else { v };
+        let stride = if pad { mm::coop_padded_len(v) } else { v };
         let a_stride = if stride == v { 0 } else { stride };
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
-        let weight = if kept.is_empty() { Some(HeadWeight::of(ctx, &self.x, &self.wte)?) } else { None };
+        let weight = match self.weight.borrow_mut().take() {
+            Some(weight) => weight,
+            None => HeadWeight::of(ctx, &self.x, &self.wte)?,
+        };
         let mut kept = kept.into_iter();
         for r0 in (0..rows).step_by(self.per) {
             let n = self.per.min(rows - r0);
@@ -248,10 +256,7 @@ impl Backward for HeadLossBackward {
                 Some(logits) => logits,
                 None => {
                     let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
-                    let weight = weight
-                        .as_ref()
-                        .ok_or_else(|| Error::invalid("lm_head_loss", "fewer logits kept than chunks"))?;
-                    head_chunk(ctx, &logits, &self.x, weight, r0, n)?;
+                    head_chunk(ctx, &logits, &self.x, &weight, r0, n)?;
                     logits
                 }
             };
@@ -275,9 +280,14 @@ impl Backward for HeadLossBackward {
             if let Some((dx, beta)) = &dx {
                 let _op = ctx.op();
                 let g = Gemm { beta: *beta, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
+                // wte itself, or its padded copy read transposed (its K padding is zeros)
+                let (b, g) = match &weight {
+                    HeadWeight::Transposed(t) if pad => (t, Gemm { trans_b: true, b_stride: t.shape()[1], ..g }),
+                    _ => (&self.wte, g),
+                };
                 // (only the first chunk of a new dx may take it as unwritten)
                 let dxv = ctx.write_or_modify(dx, *beta != 0.0 || r0 != 0)?;
-                mm::matmul(&ctx.kernels, &dxv, &ctx.read(&dlogits)?, &ctx.read(&self.wte)?, None, &ctx.dummy()?, g)?;
+                mm::matmul(&ctx.kernels, &dxv, &ctx.read(&dlogits)?, &ctx.read(b)?, None, &ctx.dummy()?, g)?;
             }
             if let Some(dwte) = &dwte {
                 let _op = ctx.op();
