@@ -4,10 +4,13 @@
 // Params and layouts as `matmul_large` (shaders/matmul_large.wgsl); C may be f32 or f16 (B0).
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
-// Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 4 halves at a time
-// when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's stored rows are a multiple of 8 long (or
-// padded to one with finite values: `row_stride`) and start 8-aligned; otherwise each half is read
-// alone (any shape), and a4/b4 go unused. FLAGS & 128: both are read so and every chunk the
+// Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 8 elements at a
+// time when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's stored rows are a multiple of 8 long
+// (or padded to one with zeros: `row_stride`) and start 8-aligned; otherwise each element is read
+// alone (any shape), and a4/b4 go unused. They are bound as raw 16-byte words: one word holds 8
+// halves (FLAGS & 512 for A, 1024 for B; H200, 4096^3 NN 151 -> 159 TFLOP/s and GPT-2 small's
+// f16 step 62.8 -> 60.5 ms against two 8-byte loads), two the floats of an f32 operand.
+// FLAGS & 128: both are read so and every chunk the
 // tiles fetch lies inside the operands' buffers, zero where a slice runs past K (the launcher
 // checks): no fetch is tested against the bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same
 // test as a uniform branch ran 82). FLAGS & 256: M and N are multiples of 128, so the epilogue
@@ -31,12 +34,12 @@
 // Params: matmul::Params in src/kernels/matmul.rs (gpu_params!: the WGSL struct is made from it)
 
 @group(0) @binding(0) var<storage, read_write> c: array<B0>;
-// (a4 and b4 are a and b again or a stand-in: B4 = B1 and B5 = B2 where they are read.)
 @group(0) @binding(1) var<storage, read> a: array<B1>;
 @group(0) @binding(2) var<storage, read> b: array<B2>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> a4: array<vec4<B4>>;
-@group(0) @binding(5) var<storage, read> b4: array<vec4<B5>>;
+// (a and b again, or a stand-in where they go unused)
+@group(0) @binding(4) var<storage, read> a4: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> b4: array<vec4<u32>>;
 // c again when FLAGS & 64 (C f32, rows a multiple of 4 long, 4-aligned, no bias), else a
 // stand-in: whole tiles with alpha = 1 then load and store their accumulators here directly.
 @group(0) @binding(6) var<storage, read_write> c32: array<f32>;
@@ -65,6 +68,8 @@ const VEC_B: bool = (FLAGS & 32u) != 0u;
 const DIRECT_C: bool = (FLAGS & 64u) != 0u;
 const LOADS_INSIDE: bool = (FLAGS & 128u) != 0u;
 const TILES_WHOLE: bool = (FLAGS & 256u) != 0u;
+const A_HALVES: bool = (FLAGS & 512u) != 0u;
+const B_HALVES: bool = (FLAGS & 1024u) != 0u;
 
 // [stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
@@ -100,22 +105,36 @@ fn row_stride(is_a: bool) -> u32 {
     return select(p.b_rs, p.b_cs, TRANS_B);
 }
 
-// 4 halves of an operand from element `at` (in row `gr`, column `gc` of the stored layout), zero
-// outside the matrix.
+// 8 elements of an operand read 16 bytes at a time from element `at` (a multiple of 8).
+fn load8(is_a: bool, at: u32) -> array<vec4<f16>, 2> {
+    if ((is_a && A_HALVES) || (!is_a && B_HALVES)) {
+        var w: vec4<u32>;
+        if (is_a) {
+            w = a4[at / 8u];
+        } else {
+            w = b4[at / 8u];
+        }
+        // (naga 30 has no bitcast from u32 to vec2<f16>; the round trip through f32 is exact)
+        let lo = vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)));
+        let hi = vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
+        return array<vec4<f16>, 2>(lo, hi);
+    }
+    var w0: vec4<u32>;
+    var w1: vec4<u32>;
+    if (is_a) {
+        w0 = a4[at / 4u];
+        w1 = a4[at / 4u + 1u];
+    } else {
+        w0 = b4[at / 4u];
+        w1 = b4[at / 4u + 1u];
+    }
+    return array<vec4<f16>, 2>(vec4<f16>(bitcast<vec4<f32>>(w0)), vec4<f16>(bitcast<vec4<f32>>(w1)));
+}
+
+// 4 halves of an operand from element `at` (in row `gr`, column `gc` of the stored layout) read
+// one at a time, zero outside the matrix.
 fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
     let dims = operand_dims(is_a);
-    if ((is_a && VEC_A) || (!is_a && VEC_B)) {
-        // rows a multiple of 8 long: a chunk is wholly inside or outside the row
-        if (!LOADS_INSIDE) {
-            if (gr >= dims.x || gc >= dims.y) {
-                return vec4<f16>(0.0);
-            }
-        }
-        if (is_a) {
-            return vec4<f16>(a4[at / 4u]);
-        }
-        return vec4<f16>(b4[at / 4u]);
-    }
     var h = vec4<f16>(0.0);
     if (gr >= dims.x) {
         return h;
@@ -145,6 +164,16 @@ fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2>
         gc = k0 + c8;
     }
     let at = base + gr * row_stride(is_a) + gc;
+    if ((is_a && VEC_A) || (!is_a && VEC_B)) {
+        // rows a multiple of 8 long: a chunk is wholly inside or outside the row
+        if (!LOADS_INSIDE) {
+            let dims = operand_dims(is_a);
+            if (gr >= dims.x || gc >= dims.y) {
+                return array<vec4<f16>, 2>(vec4<f16>(0.0), vec4<f16>(0.0));
+            }
+        }
+        return load8(is_a, at);
+    }
     return array<vec4<f16>, 2>(fetch4(is_a, at, gr, gc), fetch4(is_a, at + 4u, gr, gc + 4u));
 }
 

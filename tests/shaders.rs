@@ -35,12 +35,12 @@ fn every_shader_validates_with_naga() {
         let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
         assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
         // all-f32 and all-f16 bindings; head sizes and tile rows as attention uses them
-        // and compile-time flags (matmul's layouts and epilogues) all off and all on (511: the
-        // cooperative matmul's 4-halves loads, direct f32 stores, unbounded fetches and stores too)
+        // and compile-time flags (matmul's layouts and epilogues) all off and all on (2047: the
+        // cooperative matmul's 16-byte loads, direct f32 stores, unbounded fetches and stores too)
         for (f16_bindings, dim, tile, flags) in [
             (0, 64, 32, 0),
             (u32::MAX >> 24, 64, 32, 31),
-            (u32::MAX >> 24, 64, 32, 511),
+            (u32::MAX >> 24, 64, 32, 2047),
             (0, 100, 20, 31),
             (0, 1, 8, 0),
             (u32::MAX >> 24, 1, 8, 0),

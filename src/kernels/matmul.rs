@@ -405,9 +405,9 @@ fn launch_large(
 }
 
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
-/// rows are a multiple of 8 halves long and start 8-aligned are read 4 halves at a time, through
-/// a second binding of the same view (`dummy` stands in for it otherwise); so is an f32 C that
-/// whole tiles may store to directly.
+/// rows are a multiple of 8 elements long and start 8-aligned are read 16 bytes at a time, through
+/// a second binding of the same view as raw words (`dummy` stands in for it otherwise); an f32 C
+/// that whole tiles may store to directly is bound again too.
 fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
     if !k.tuning.coop_f16 {
         return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
@@ -442,12 +442,16 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         | (vec_b as u32) << 5
         | (direct_c as u32) << 6
         | (loads_inside as u32) << 7
-        | (tiles_whole as u32) << 8;
-    let (a4, b4) = (if vec_a { a } else { dummy }, if vec_b { b } else { dummy });
+        | (tiles_whole as u32) << 8
+        | ((vec_a && a.dtype == DType::F16) as u32) << 9
+        | ((vec_b && b.dtype == DType::F16) as u32) << 10;
+    // (a4 and b4 are read as raw 16-byte words, whatever the operand's type)
+    let words = |v: &View| View { dtype: DType::U32, ..v.clone() };
+    let (a4, b4) = (words(if vec_a { a } else { dummy }), words(if vec_b { b } else { dummy }));
     let write_dummy = k.write_dummy();
     let c32 = if direct_c { c } else { &write_dummy };
     let variant = Variant { flags, ..Default::default() };
-    let views = [c, a, b, bias, a4, b4, c32];
+    let views = [c, a, b, bias, &a4, &b4, c32];
     k.dispatch_detailed(MATMUL_COOP, "matmul_coop", variant, &views, p, groups, || shape(&g, flags))
 }
 
