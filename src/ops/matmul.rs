@@ -239,9 +239,9 @@ const TRANSPOSED_COPY_MAX_BYTES: usize = 32 << 20;
 /// Where `matmul_coop` would read B transposed (`g` NT, one batch, B stored (N, K)), a copy of B
 /// stored (K, N), so the product runs NN: on the H200 `matmul_coop` multiplies 4096³ NN at 148
 /// TFLOP/s and NT at 106 where it tests bounds. Where its tiles cover the product exactly it
-/// tests none, and NT runs as fast as NN or faster (4096³ 153 against 156; GPT-2's dA
-/// 8192×768×K for K = 768, 2304, 3072: 104 / 137 / 138 against 93 / 134 / 128) except with N
-/// above K (8192×3072×768: 106 against 125), which is still copied. The copy moves 4 bytes an
+/// tests none, and NT runs about as fast as NN (4096³ 153 against 156; GPT-2's dA 8192×768×K
+/// for K = 768, 2304, 3072: 104 / 137 / 138 against 93 / 134 / 128; with 16-byte fetches
+/// 8192×3072×768 129–133 against 130–133, where it was 106 against 125). The copy moves 4 bytes an
 /// element of B once; the product reads each element M / 128 times. `None` elsewhere, for
 /// products too short to pay for it, or with `PAGETRAIN_NT_COPY=0` (for measuring). f32
 /// products on `matmul_large` are not copied: there NT is within 7 % of NN and the f32 GPT-2
@@ -256,7 +256,7 @@ fn transposed_for_coop(
     let variant = k::for_operands(&ctx.kernels, k::pick(ctx.kernels.tuning.matmul, &g), av, bv);
     let wanted = variant == MatmulVariant::Coop && std::env::var("PAGETRAIN_NT_COPY").as_deref() != Ok("0");
     let bytes = g.n * g.k * b.dtype().size();
-    let nt_as_fast = k::coop_tiles_whole(&g) && g.n <= g.k;
+    let nt_as_fast = k::coop_tiles_whole(&g);
     if !wanted
         || nt_as_fast
         || g.trans_a
