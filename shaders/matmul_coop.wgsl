@@ -4,7 +4,7 @@
 // Params and layouts as `matmul_large` (shaders/matmul_large.wgsl); C may be f32 or f16 (B0).
 //   c (batch, M, N) row-major;  a (M,K), or (K,M) when FLAGS & 1;  b (K,N), or (N,K) when FLAGS & 2;
 //   bias (N) f32 when FLAGS & 4;  FLAGS & 8: beta != 0 (C is read).
-// Bindings: c, a, b, bias, a4, b4, c32, Params. a4 and b4 are a and b again, read 8 elements at a
+// Bindings: c, a, b, bias, a4, b4, c32, c16, Params. a4 and b4 are a and b again, read 8 elements at a
 // time when FLAGS & 16 (A) or FLAGS & 32 (B): the operand's stored rows are a multiple of 8 long
 // (or padded to one with zeros: `row_stride`) and start 8-aligned; otherwise each element is read
 // alone (any shape), and a4/b4 go unused. They are bound as raw 16-byte words: one word holds 8
@@ -43,7 +43,10 @@
 // c again when FLAGS & 64 (C f32, rows a multiple of 4 long, 4-aligned, no bias), else a
 // stand-in: whole tiles with alpha = 1 then load and store their accumulators here directly.
 @group(0) @binding(6) var<storage, read_write> c32: array<f32>;
-@group(0) @binding(7) var<uniform> p: Params;
+// c again when FLAGS & 2048 (C f16, rows a multiple of 4 long, 4-aligned), else a stand-in: the
+// epilogue stores 4 halves at a time through it, packed in two words.
+@group(0) @binding(7) var<storage, read_write> c16: array<vec2<u32>>;
+@group(0) @binding(8) var<uniform> p: Params;
 
 const CT: u32 = 128u;
 const CK: u32 = 64u;
@@ -70,6 +73,7 @@ const LOADS_INSIDE: bool = (FLAGS & 128u) != 0u;
 const TILES_WHOLE: bool = (FLAGS & 256u) != 0u;
 const A_HALVES: bool = (FLAGS & 512u) != 0u;
 const B_HALVES: bool = (FLAGS & 1024u) != 0u;
+const PACKED_C: bool = (FLAGS & 2048u) != 0u;
 
 // [stored row][halves of the row + PAD] as vec4<f16>; fragments load straight from them
 // (cooperative loads count strides in vec4s).
@@ -214,34 +218,64 @@ fn frag_b(k0: u32, n0: u32) -> coop_mat16x16<f16, B> {
     let stride = (CT + PAD) / 4u;
     return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
 }
-// Writes accumulator `r` to C at (gm0, gn0) through subgroup `sg`'s scratch: lane l takes column
-// l % 16 of rows 8 (l / 16)..+8, so each store writes two rows of 16 neighbours, with alpha, bias
-// and beta·C, in bounds only. The scratch is the subgroup's own, so a subgroup barrier orders it.
-// Every subgroup calls it the same number of times (the barriers stay uniform).
+// Writes accumulator `r` to C at (gm0, gn0) through subgroup `sg`'s scratch, with alpha, bias
+// and beta·C, in bounds only. Lane l takes column l % 16 of rows 8 (l / 16)..+8, so each store
+// writes two rows of 16 neighbours; or, where C is f16 and packed (PACKED_C), 4 neighbours of
+// rows l / 4 and 8 + l / 4 at a time (H200: every product with an f16 C 1-4 % faster, 17.0 ->
+// 16.7 ms of GPT-2 small's f16 step; the epilogue without its barriers and stores, a probe, took
+// the step 60.0 -> 58.0 ms: the barriers are the cost). The scratch is the subgroup's own, so a
+// subgroup barrier orders it. Every subgroup calls it the same number of times (the barriers
+// stay uniform).
 fn store_frag(r: coop_mat16x16<f32, C>, gm0: u32, gn0: u32, c_base: u32, sg: u32, lane: u32) {
     let scratch = sg * 256u;
     let ptr = &Cs[scratch];
     let stride = 16u;
     coopStoreT(r, ptr, stride);
     subgroupBarrier();
-    let col = lane % 16u;
-    let gn = gn0 + col;
-    // (TILES_WHOLE: every element of the tile is in C)
-    if (TILES_WHOLE || gn < p.n) {
-        var add = 0.0;
-        if (BIAS) {
-            add = bias[gn];
-        }
-        for (var j = 0u; j < 8u; j++) {
-            let row = (lane / 16u) * 8u + j;
-            let gm = gm0 + row;
-            if (TILES_WHOLE || gm < p.m) {
-                let idx = c_base + gm * p.n + gn;
-                var v = p.alpha * Cs[scratch + row * 16u + col] + add;
-                if (ACCUMULATE) {
-                    v += p.beta * f32(c[idx]);
+    if (PACKED_C) {
+        let col = (lane % 4u) * 4u;
+        let gn = gn0 + col;
+        // (N is a multiple of 4: the 4 columns are all in C or none is)
+        if (TILES_WHOLE || gn < p.n) {
+            var add = vec4<f32>(0.0);
+            if (BIAS) {
+                add = vec4<f32>(bias[gn], bias[gn + 1u], bias[gn + 2u], bias[gn + 3u]);
+            }
+            for (var j = 0u; j < 2u; j++) {
+                let row = j * 8u + lane / 4u;
+                let gm = gm0 + row;
+                if (TILES_WHOLE || gm < p.m) {
+                    let at = (c_base + gm * p.n + gn) / 4u;
+                    let s = scratch + row * 16u + col;
+                    var v = p.alpha * vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]) + add;
+                    if (ACCUMULATE) {
+                        let w = c16[at];
+                        v += p.beta * vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+                    }
+                    c16[at] = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
                 }
-                c[idx] = B0(v);
+            }
+        }
+    } else {
+        let col = lane % 16u;
+        let gn = gn0 + col;
+        // (TILES_WHOLE: every element of the tile is in C)
+        if (TILES_WHOLE || gn < p.n) {
+            var add = 0.0;
+            if (BIAS) {
+                add = bias[gn];
+            }
+            for (var j = 0u; j < 8u; j++) {
+                let row = (lane / 16u) * 8u + j;
+                let gm = gm0 + row;
+                if (TILES_WHOLE || gm < p.m) {
+                    let idx = c_base + gm * p.n + gn;
+                    var v = p.alpha * Cs[scratch + row * 16u + col] + add;
+                    if (ACCUMULATE) {
+                        v += p.beta * f32(c[idx]);
+                    }
+                    c[idx] = B0(v);
+                }
             }
         }
     }

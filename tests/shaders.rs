@@ -35,12 +35,12 @@ fn every_shader_validates_with_naga() {
         let shader = *shader.unwrap_or_else(|| panic!("{name} is not in kernels::ALL"));
         assert!(shader.source.ends_with(&own), "{name}: the registry holds another source");
         // all-f32 and all-f16 bindings; head sizes and tile rows as attention uses them
-        // and compile-time flags (matmul's layouts and epilogues) all off and all on (2047: the
-        // cooperative matmul's 16-byte loads, direct f32 stores, unbounded fetches and stores too)
+        // and compile-time flags (matmul's layouts and epilogues) all off and all on (4095: the
+        // cooperative matmul's 16-byte loads, direct f32 and packed f16 stores, unbounded fetches and stores)
         for (f16_bindings, dim, tile, flags) in [
             (0, 64, 32, 0),
             (u32::MAX >> 24, 64, 32, 31),
-            (u32::MAX >> 24, 64, 32, 2047),
+            (u32::MAX >> 24, 64, 32, 4095),
             (0, 100, 20, 31),
             (0, 1, 8, 0),
             (u32::MAX >> 24, 1, 8, 0),
@@ -122,6 +122,9 @@ fn coop_matmul_workgroup_memory_is_what_the_adapter_check_budgets() {
     use pagetrain::kernels::{COOP_WORKGROUP_BYTES, MATMUL_COOP};
     let src = specialize(MATMUL_COOP, Variant { f16_bindings: 1, flags: 127, ..Default::default() });
     assert_eq!(workgroup_bytes(&src), COOP_WORKGROUP_BYTES as u64);
+    // and binds the storage buffers it asks the adapter for
+    let sigs = pagetrain::kernels::bindings::reflect("matmul_coop", &src).unwrap();
+    assert_eq!(sigs["matmul_coop"].len(), pagetrain::kernels::COOP_STORAGE_BINDINGS as usize);
 }
 
 #[test]

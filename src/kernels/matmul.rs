@@ -407,7 +407,8 @@ fn launch_large(
 /// `matmul_coop`: A or B f16, the other f16 or f32 (int8 B has no cooperative path). Operands whose stored
 /// rows are a multiple of 8 elements long and start 8-aligned are read 16 bytes at a time, through
 /// a second binding of the same view as raw words (`dummy` stands in for it otherwise); an f32 C
-/// that whole tiles may store to directly is bound again too.
+/// that whole tiles may store to directly is bound again too, and so is an f16 C stored 4 halves
+/// at a time.
 fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: Gemm, groups: [u32; 3]) -> Result<()> {
     if !k.tuning.coop_f16 {
         return Err(Error::invalid("matmul", format!("{} has no cooperative matrices", k.gpu().describe())));
@@ -434,6 +435,12 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         && g.n.is_multiple_of(4)
         && g.offsets[2].is_multiple_of(4)
         && c.offset.is_multiple_of(16);
+    // an f16 C whose rows hold whole groups of 4 from an 8-byte boundary is stored 4 halves at a time
+    let packed_c = c.dtype == DType::F16
+        && g.n.is_multiple_of(4)
+        && g.offsets[2].is_multiple_of(4)
+        && c.offset.is_multiple_of(8)
+        && c.size >= 8;
     // fetches and stores that need no bounds tests, each compiled without them
     let loads_inside = vec_a && vec_b && coop_loads_inside(&g, a, b);
     let tiles_whole = g.m.is_multiple_of(COOP_TILE) && g.n.is_multiple_of(COOP_TILE);
@@ -444,14 +451,16 @@ fn launch_coop(k: &Kernels, [c, a, b, bias, dummy]: [&View; 5], p: &Params, g: G
         | (loads_inside as u32) << 7
         | (tiles_whole as u32) << 8
         | ((vec_a && a.dtype == DType::F16) as u32) << 9
-        | ((vec_b && b.dtype == DType::F16) as u32) << 10;
+        | ((vec_b && b.dtype == DType::F16) as u32) << 10
+        | (packed_c as u32) << 11;
     // (a4 and b4 are read as raw 16-byte words, whatever the operand's type)
     let words = |v: &View| View { dtype: DType::U32, ..v.clone() };
     let (a4, b4) = (words(if vec_a { a } else { dummy }), words(if vec_b { b } else { dummy }));
     let write_dummy = k.write_dummy();
     let c32 = if direct_c { c } else { &write_dummy };
+    let c16 = if packed_c { words(c) } else { write_dummy.clone() };
     let variant = Variant { flags, ..Default::default() };
-    let views = [c, a, b, bias, &a4, &b4, c32];
+    let views = [c, a, b, bias, &a4, &b4, c32, &c16];
     k.dispatch_detailed(MATMUL_COOP, "matmul_coop", variant, &views, p, groups, || shape(&g, flags))
 }
 

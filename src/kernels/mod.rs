@@ -255,7 +255,8 @@ pub fn row_launch(rows: usize, len: usize, wide: &'static str, short: &'static s
 
 pub use compile::Creation;
 pub use tuning::{
-    LargeVec4, MatmulVariant, Tuning, COOP_WORKGROUP_BYTES, LARGE_STORAGE_BINDINGS, LARGE_WORKGROUP_BYTES,
+    LargeVec4, MatmulVariant, Tuning, COOP_STORAGE_BINDINGS, COOP_WORKGROUP_BYTES, LARGE_STORAGE_BINDINGS,
+    LARGE_WORKGROUP_BYTES,
 };
 
 /// A compiled pipeline and its layout.

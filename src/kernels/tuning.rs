@@ -57,6 +57,8 @@ impl LargeVec4 {
 pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
 /// Storage buffers `matmul_large` binds (c, a, b, bias, bq, bscale, and a, b again as vec4).
 pub const LARGE_STORAGE_BINDINGS: u32 = 8;
+/// Storage buffers `matmul_coop` binds (c, a, b, bias, a4, b4, c32, c16).
+pub const COOP_STORAGE_BINDINGS: u32 = 8;
 /// Workgroup memory `matmul_coop` declares: two operands, one buffer each of 128 × (64 + 8) halves,
 /// and a 16×16 f32 scratch for each of its 8 subgroups.
 pub const COOP_WORKGROUP_BYTES: u32 = 2 * 128 * 72 * 2 + 8 * 256 * 4;
@@ -150,5 +152,6 @@ impl Tuning {
             && gpu.info.subgroup_min_size == 32
             && gpu.info.subgroup_max_size == 32
             && gpu.limits.max_compute_workgroup_storage_size >= COOP_WORKGROUP_BYTES
+            && gpu.limits.max_storage_buffers_per_shader_stage >= COOP_STORAGE_BINDINGS
     }
 }
