@@ -10,11 +10,10 @@
 // alone (any shape), and a4/b4 go unused. They are bound as raw 16-byte words: one word holds 8
 // halves (FLAGS & 512 for A, 1024 for B; H200, 4096^3 NN 151 -> 159 TFLOP/s and GPT-2 small's
 // f16 step 62.8 -> 60.5 ms against two 8-byte loads), two the floats of an f32 operand.
-// FLAGS & 128: both are read so and every chunk the
-// tiles fetch lies inside the operands' buffers, zero where a slice runs past K (the launcher
-// checks): no fetch is tested against the bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same
-// test as a uniform branch ran 82). FLAGS & 256: M and N are multiples of 128, so the epilogue
-// tests none either.
+// FLAGS & 128: both are read so and every chunk the tiles fetch lies inside the operands'
+// buffers, zero where a slice runs past K (the launcher checks): no fetch is tested against the
+// bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same test as a uniform branch ran 82).
+// FLAGS & 256: M and N are multiples of 128, so the epilogue tests none either.
 // Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
 // 64x32 of it as 4x2 accumulators of 16x16. K advances 64 at a time through one workgroup
 // buffer of f16 tiles per operand that keeps the global layout (so each operand is read coalesced

@@ -183,6 +183,17 @@ fn coop_matmul_stores_whole_tiles_of_a_plain_f32_c_directly() {
     }
 }
 
+/// `x`'s rows of `len` stored in `rows` rows of `stride`: each padded with `fill`, the rows past
+/// `x`'s NaN (what a buffer may hold after a matrix).
+fn padded_rows(x: &[f32], len: usize, stride: usize, fill: f32, rows: usize) -> Vec<f32> {
+    let mut stored = vec![f32::NAN; rows * stride];
+    for (dst, src) in stored.chunks_mut(stride).zip(x.chunks(len)) {
+        dst[..len].copy_from_slice(src);
+        dst[len..].iter_mut().for_each(|v| *v = fill);
+    }
+    stored
+}
+
 #[test]
 fn coop_matmul_reads_operands_with_padded_rows() {
     // A's or B's stored rows padded to a multiple of 8 (Gemm::a_stride / b_stride, as GPT-2's
@@ -206,14 +217,6 @@ fn coop_matmul_reads_operands_with_padded_rows() {
         return;
     }
     let mut rng = Rng::new(61);
-    // Pads `len`-long rows of `x` to `stride` with `fill`.
-    let pad = |x: &[f32], len: usize, stride: usize, fill: f32| -> Vec<f32> {
-        let mut padded = vec![fill; x.len() / len * stride];
-        for (dst, src) in padded.chunks_mut(stride).zip(x.chunks(len)) {
-            dst[..len].copy_from_slice(src);
-        }
-        padded
-    };
     for &(m, n, k, trans_a, trans_b, pad_a, beta) in &[
         (33, 70, 57, false, false, true, 0.0),
         (130, 200, 1001, false, false, true, 1.0),
@@ -229,10 +232,10 @@ fn coop_matmul_reads_operands_with_padded_rows() {
         let a_len = if trans_a { m } else { k };
         let b_len = if trans_b { k } else { n };
         let (a_stride, b_stride) = if pad_a { (a_len.next_multiple_of(8), 0) } else { (0, b_len.next_multiple_of(8)) };
-        let stored_a = if pad_a { pad(&a, a_len, a_stride, 0.0) } else { a.clone() };
+        let stored_a = if pad_a { padded_rows(&a, a_len, a_stride, 0.0, a.len() / a_len) } else { a.clone() };
         // (stored (N,K), B's padding takes part in the sums: zeros, as the launcher's contract says)
         let fill = if trans_b { 0.0 } else { f32::NAN };
-        let stored_b = if pad_a { b.clone() } else { pad(&b, b_len, b_stride, fill) };
+        let stored_b = if pad_a { b.clone() } else { padded_rows(&b, b_len, b_stride, fill, b.len() / b_len) };
         let c0 = if beta == 0.0 { vec![f32::NAN; m * n] } else { randn(&mut rng, m * n, 1.0) };
         let (ga, gb, gc) = (
             Guarded::of(&ctx, DType::F16, stored_a.len(), Some(&stored_a)),
@@ -264,16 +267,11 @@ fn coop_matmul_reads_rows_padded_to_whole_tiles_without_bounds_tests() {
     let ctx = ctx();
     let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
     let mut rng = Rng::new(71);
-    // Stores `x` (rows of `len`) in rows of coop_padded_len(len), padded with `fill`, and with
-    // NaN rows added up to `rows`.
+    // `x`'s rows of `len` in rows of coop_padded_len(len), padded with `fill`, NaN rows added up
+    // to `rows`; and the stride to give the product (0: packed)
     let store = |x: &[f32], len: usize, fill: f32, rows: usize| -> (Vec<f32>, usize) {
         let stride = coop_padded_len(len);
-        let mut stored = vec![f32::NAN; rows * stride];
-        for (dst, src) in stored.chunks_mut(stride).zip(x.chunks(len)) {
-            dst[..len].copy_from_slice(src);
-            dst[len..].iter_mut().for_each(|v| *v = fill);
-        }
-        (stored, if stride == len { 0 } else { stride })
+        (padded_rows(x, len, stride, fill, rows), if stride == len { 0 } else { stride })
     };
     for &(m, n, k, trans_a, trans_b, what) in &[
         (256, 1001, 128, false, false, "B (K,N) padded with NaN: the head's logits"),
