@@ -82,6 +82,39 @@ fn budgets_of_100_25_and_10_percent_give_the_same_losses() {
     }
 }
 
+/// `Pager::pool_buffers_created` (the bench's `buffers_created_per_step`) counts driver
+/// allocations: none once a resident run is warm, some every step where the budget makes the
+/// pool destroy buffers of one size to create another. Through the ring: zero-copy (unified
+/// memory, lavapipe) creates a mapped buffer for every tensor the host writes, by design.
+#[test]
+fn the_pool_counts_the_buffers_it_creates_none_once_a_resident_run_is_warm() {
+    use pagetrain::pager::UploadPath;
+    let out = tmpdir("pool-created");
+    let ring = |budget| {
+        common::paged_ctx(&PagerOptions {
+            budget,
+            slot_bytes: 64 << 10,
+            upload: UploadPath::Ring,
+            ..Default::default()
+        })
+    };
+    let created_in_steps = |ctx: &Context| {
+        let mut t = Trainer::new(ctx, cfg(&out), None).unwrap();
+        let mut step = |n| (0..n).for_each(|_| drop(pollster::block_on(t.train_step(ctx)).unwrap()));
+        step(3);
+        let warm = ctx.pager.pool_buffers_created();
+        step(3);
+        (warm, ctx.pager.pool_buffers_created() - warm)
+    };
+    let resident = ring(None);
+    let (warm, later) = created_in_steps(&resident);
+    assert!(warm > 0, "the first steps create the pool's buffers");
+    assert_eq!(later, 0, "a warm resident step created {later} buffers");
+    let footprint = resident.pager.live_bytes().1;
+    let (_, later) = created_in_steps(&ring(Some(footprint / 10)));
+    assert!(later > 0, "three steps at 10 % of the footprint created no buffer");
+}
+
 #[test]
 fn a_quarter_budget_gives_the_resident_losses_on_every_upload_path() {
     // The mapped ring, pinned host memory (Vulkan) and zero-copy (unified memory): paths the

@@ -103,9 +103,12 @@ pub struct AtBudget {
     /// ahead but not used (`Counters::prefilled_uploads`, `prefill_wasted_bytes`).
     pub prefilled_uploads_per_step: Option<f64>,
     pub prefill_wasted_bytes_per_step: Option<f64>,
-    /// Per step: dispatches and submissions recorded.
+    /// Per step: dispatches and submissions recorded, bind groups made, and GPU buffers the
+    /// pool created (each a driver allocation).
     pub dispatches_per_step: Option<f64>,
     pub submissions_per_step: Option<f64>,
+    pub bind_groups_per_step: Option<f64>,
+    pub buffers_created_per_step: Option<f64>,
 }
 
 /// Timed steps under one budget.
@@ -137,7 +140,7 @@ pub struct StepTiming {
     /// Of those, seconds creating shader modules and pipelines.
     pub first_step_creation: crate::kernels::Creation,
     /// Per timed step: dispatches, compute passes, submissions, bind groups created.
-    pub recording: [f64; 4],
+    pub recording: [f64; 5],
     /// Where AdamW ran (`Optimizer::name`) and why; per step, host seconds in the host
     /// optimizer's passes (0 on the GPU).
     pub optimizer: String,
@@ -172,7 +175,8 @@ pub fn time_steps(
     let host_before = ctx.recorder.host_seconds();
     let recording = || {
         let (k, r) = (&ctx.kernels, &ctx.recorder);
-        [k.dispatch_count(), r.passes(), r.submissions(), k.bind_groups_created()].map(|c| c as f64)
+        [k.dispatch_count(), r.passes(), r.submissions(), k.bind_groups_created(), ctx.pager.pool_buffers_created()]
+            .map(|c| c as f64)
     };
     let recorded_before = recording();
     let host_optimizer_s = |t: &crate::train::Trainer| match &t.opt {
@@ -327,6 +331,8 @@ pub fn step_times(
             prefill_wasted_bytes_per_step: t.as_ref().map(|t| t.prefill_wasted_bytes),
             dispatches_per_step: t.as_ref().map(|t| t.recording[0]),
             submissions_per_step: t.as_ref().map(|t| t.recording[2]),
+            bind_groups_per_step: t.as_ref().map(|t| t.recording[3]),
+            buffers_created_per_step: t.as_ref().map(|t| t.recording[4]),
         });
     }
     Ok(StepReport {

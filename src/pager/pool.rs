@@ -33,6 +33,8 @@ pub struct Pool {
     /// Creation serial of every buffer the pool holds.
     serials: HashMap<wgpu::Buffer, u64>,
     next_serial: u64,
+    /// Buffers created so far (each a driver allocation: a pool that churns shows here).
+    created: u64,
     /// Zero-copy mode (unified memory): buffers are host-visible, and those that receive host
     /// bytes are created mapped so the bytes go straight in.
     zero_copy: bool,
@@ -51,6 +53,7 @@ impl Pool {
             free: HashMap::new(),
             serials: HashMap::new(),
             next_serial: 0,
+            created: 0,
             zero_copy: false,
             held: 0,
             in_use: 0,
@@ -84,6 +87,11 @@ impl Pool {
 
     pub fn peak(&self) -> u64 {
         self.peak
+    }
+
+    /// Buffers created so far.
+    pub fn created(&self) -> u64 {
+        self.created
     }
 
     /// A buffer of at least `bytes` bytes; reuses a free one of the same class, else creates one,
@@ -130,6 +138,8 @@ impl Pool {
         if let Some(Some(_)) = futures::FutureExt::now_or_never(scope.pop()) {
             return Err(Error::OutOfMemory { what: label.into(), bytes: class });
         }
+        self.created += 1;
+        log::trace!("pool: created {class} bytes for {label} ({} held of {})", self.held + class, self.budget);
         self.held += class;
         self.in_use += class;
         self.peak = self.peak.max(self.held);
@@ -162,6 +172,7 @@ impl Pool {
         // wgpu frees it once they are done.
         if let Some((_, buf)) = self.free.get_mut(&class).and_then(|v| v.pop_last()) {
             self.serials.remove(&buf);
+            log::trace!("pool: destroyed a free buffer of {class} bytes");
             self.held -= class;
             self.retired.set(self.retired.get() + 1);
             return true;

@@ -51,6 +51,12 @@ impl Pager {
         self.state().last_step
     }
 
+    /// GPU buffers the pool has created so far (driver allocations: under a tight budget a
+    /// pool that destroys buffers of one size to make another shows here).
+    pub fn pool_buffers_created(&self) -> u64 {
+        self.state().pool.created()
+    }
+
     pub fn budget(&self) -> u64 {
         self.state().pool.budget()
     }
