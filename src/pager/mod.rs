@@ -44,6 +44,7 @@ pub use pinned_store::PinnedStore;
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::Pool;
+use telemetry::stall;
 pub use report::MemoryStats;
 use staging::{ReadbackRing, UploadRing};
 pub use telemetry::{Counters, Location, Snapshot, StepTransfers, TensorInfo};

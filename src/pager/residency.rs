@@ -26,9 +26,12 @@ fn host_target(
 impl State {
     pub(super) fn drain(&mut self, recorder: &Recorder, wait: bool) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s += readback.drain(recorder, wait, &mut |job| host_target(store.as_mut(), entries, job))?;
+        counters.stall_s += stall(
+            "drain readback",
+            readback.drain(recorder, wait, &mut |job| host_target(store.as_mut(), entries, job))?,
+        );
         if wait {
-            counters.stall_s += self.dma.wait(recorder, None)?;
+            counters.stall_s += stall("drain dma", self.dma.wait(recorder, None)?);
         }
         self.dma.reap();
         for r in self.dma.ready_frees() {
@@ -41,7 +44,12 @@ impl State {
     /// waits for the direct copies of its host bytes: the CPU may then read or change them.
     pub(super) fn settle(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         self.settle_ring(recorder, id)?;
-        self.counters.stall_s += self.dma.wait(recorder, Some(id))?;
+        let waited = self.dma.wait(recorder, Some(id))?;
+        if waited > 0.0 {
+            let name = self.entries.get(&id).map_or("?", |e| e.name.as_str());
+            log::trace!("stall: settle dma of {name} {:.3} ms", waited * 1e3);
+        }
+        self.counters.stall_s += waited;
         Ok(())
     }
 
@@ -49,8 +57,10 @@ impl State {
     /// (what the GPU does next with the tensor's host bytes is ordered after them on the GPU).
     fn settle_ring(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
         let State { store, entries, readback, counters, .. } = self;
-        counters.stall_s +=
-            readback.deliver_through(recorder, id, &mut |job| host_target(store.as_mut(), entries, job))?;
+        counters.stall_s += stall(
+            "settle readback",
+            readback.deliver_through(recorder, id, &mut |job| host_target(store.as_mut(), entries, job))?,
+        );
         Ok(())
     }
 
@@ -90,8 +100,10 @@ impl State {
             self.dma.record(recorder, id, dma::Dir::Down, &buffer, 0, &to, offset, n);
         } else {
             let State { store, entries, readback, counters, .. } = self;
-            counters.stall_s +=
-                readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?;
+            counters.stall_s += stall(
+                "write-back slot",
+                readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?,
+            );
         }
         self.counters.writebacks += 1;
         self.counters.bytes_written_back += bytes;
@@ -294,7 +306,7 @@ impl State {
             }
         }
         let src = &self.store.bytes(&host)?[..len];
-        self.counters.stall_s += self.upload.upload(recorder, Some(id), src, buffer, 0)?;
+        self.counters.stall_s += stall("upload slot", self.upload.upload(recorder, Some(id), src, buffer, 0)?);
         Ok(())
     }
 

@@ -38,6 +38,15 @@ pub struct TensorInfo {
     pub next_use: Option<u32>,
 }
 
+/// Seconds the host waited at one of the pager's stall sites (`cause`), passed through; logged
+/// at trace level, so a run's waits can be told apart (`RUST_LOG=pagetrain::pager=trace`).
+pub(super) fn stall(cause: &'static str, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        log::trace!("stall: {cause} {:.3} ms", seconds * 1e3);
+    }
+    seconds
+}
+
 /// Running totals since the pager was made.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct Counters {

@@ -122,7 +122,7 @@ impl Pager {
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {
         let mut st = self.state();
-        st.counters.stall_s += st.dma.wait(&self.recorder, Some(id))?;
+        st.counters.stall_s += stall("read dma", st.dma.wait(&self.recorder, Some(id))?);
         if let Some(e) = st.entries.get_mut(&id) {
             e.unread_writeback = 0;
             e.read_on_host = true;
@@ -190,7 +190,7 @@ impl Pager {
             wait.await?;
         }
         let mut st = self.state();
-        st.counters.stall_s += start.seconds();
+        st.counters.stall_s += stall("read maps", start.seconds());
         st.settle(recorder, id)?;
         st.entries[&id].check_lost()?;
         let e = st.entries.get_mut(&id).expect("checked");
@@ -237,7 +237,7 @@ impl Pager {
             wait.await?;
         }
         let mut st = self.state();
-        st.counters.stall_s += start.seconds();
+        st.counters.stall_s += stall("sync maps", start.seconds());
         st.drain(&self.recorder, true)?;
         drop(st);
         self.gpu.check("settling transfers")
