@@ -139,7 +139,8 @@ pub struct StepTiming {
     pub first_step_s: f64,
     /// Of those, seconds creating shader modules and pipelines.
     pub first_step_creation: crate::kernels::Creation,
-    /// Per timed step: dispatches, compute passes, submissions, bind groups created.
+    /// Per timed step: dispatches, compute passes, submissions, bind groups created, GPU buffers
+    /// the pool created.
     pub recording: [f64; 5],
     /// Where AdamW ran (`Optimizer::name`) and why; per step, host seconds in the host
     /// optimizer's passes (0 on the GPU).

@@ -46,7 +46,7 @@ impl State {
         }
         // Direct copies reading or writing these host bytes finish first.
         for &id in ids {
-            self.counters.stall_s += self.dma.wait(recorder, Some(id))?;
+            self.counters.stall_s += stall("host loan dma", self.dma.wait(recorder, Some(id))?);
         }
         let mut ranges = Vec::with_capacity(ids.len());
         for &id in ids {

@@ -44,9 +44,9 @@ pub use pinned_store::PinnedStore;
 pub use plan::{Key, Policy};
 pub use pool::size_class;
 use pool::Pool;
-use telemetry::stall;
 pub use report::MemoryStats;
 use staging::{ReadbackRing, UploadRing};
+use telemetry::stall;
 pub use telemetry::{Counters, Location, Snapshot, StepTransfers, TensorInfo};
 pub use upload_path::UploadPath;
 
