@@ -164,25 +164,36 @@ fn host_adamw_on_scaled_f16_gradients_equals_the_update_on_their_f32_values() {
         .map(|((p, m, v, _), g)| AdamWSlices { p, m, v, g: g[..].into(), decay: 0.1, half: None })
         .collect();
     adamw_update(tensors, &step, 1).unwrap();
-    for threads in [1, 3] {
+    // With and without the f16 copies (the paged f16 step writes them in the same pass: on
+    // x86-64 with F16C one fused loop does both), poisoned first.
+    for (threads, copies) in [(1, false), (3, false), (1, true), (3, true)] {
         let mut got = inputs.clone();
+        let mut halves: Vec<Vec<f16>> = lengths.iter().map(|&n| vec![f16::NAN; n]).collect();
         let tensors = got
             .iter_mut()
+            .zip(&mut halves)
             .enumerate()
-            .map(|(i, (p, m, v, g))| AdamWSlices {
+            .map(|(i, ((p, m, v, g), h))| AdamWSlices {
                 p,
                 m,
                 v,
                 g: GradSlice::F16 { values: g, unscale: unscale(i) },
                 decay: 0.1,
-                half: None,
+                half: copies.then_some(&mut h[..]),
             })
             .collect();
         adamw_update(tensors, &step, threads).unwrap();
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
             let n = got.0.len();
-            assert!(got.0 == want.0 && got.1 == want.1 && got.2 == want.2, "tensor {i} ({n}), {threads} threads");
-            assert!(got.0 != inputs[i].0, "tensor {i} was not updated");
+            let at = format!("tensor {i} ({n}), {threads} threads, copies {copies}");
+            assert!(got.0 == want.0 && got.1 == want.1 && got.2 == want.2, "{at}");
+            assert!(got.0 != inputs[i].0, "{at} was not updated");
+            if copies {
+                let exact = halves[i].iter().zip(&want.0).all(|(h, &p)| h.to_bits() == f16::from_f32(p).to_bits());
+                assert!(exact, "{at}: an f16 copy is not its value rounded to nearest even");
+            } else {
+                assert!(halves[i].iter().all(|h| h.is_nan()), "{at}: a copy was written though none was given");
+            }
         }
     }
 }

@@ -152,6 +152,14 @@ pub struct AdamWStep {
 
 /// One AdamW update of a chunk, element for element as `adamw_update` in shaders/optim.wgsl.
 fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
+    #[cfg(target_arch = "x86_64")]
+    if let GradSlice::F16 { values, unscale } = s.g {
+        if super::fused_f16_update::available() {
+            // SAFETY: the CPU has the features it needs (just checked).
+            unsafe { super::fused_f16_update::update(s.p, s.m, s.v, values, s.half, s.decay, h.scale * unscale, h) };
+            return;
+        }
+    }
     match s.g {
         GradSlice::F32(g) => update_values(s.p, s.m, s.v, g, s.decay, h.scale, h),
         // The unscale is a power of two: g · (scale · unscale) is (g · unscale) · scale exactly.

@@ -3,6 +3,8 @@
 mod adamw;
 mod clip;
 mod early_norms;
+#[cfg(target_arch = "x86_64")]
+mod fused_f16_update;
 mod half_grads;
 mod host_adamw;
 mod host_kernels;
