@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::host_kernels::AdamWStep;
+use super::host_kernels::{update_values, AdamWStep};
 
 /// Whether this CPU runs [`update`].
 pub fn available() -> bool {
@@ -64,16 +64,15 @@ pub unsafe fn update(
             _mm_storeu_si128(half.as_mut_ptr().add(i).cast(), narrowed);
         }
     }
-    for i in whole..n {
-        let gi = g[i].to_f32() * scale;
-        let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
-        let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        let upd = (mi / bc1) / ((vi / bc2).sqrt() + c.eps);
-        p[i] -= h.lr * (upd + decay * p[i]);
-        if let Some(half) = half.as_deref_mut() {
-            half[i] = f16::from_f32(p[i]);
+    // The last few: the portable loop on them.
+    let mut tail = [0f32; 8];
+    for (t, x) in tail.iter_mut().zip(&g[whole..]) {
+        *t = x.to_f32();
+    }
+    update_values(&mut p[whole..], &mut m[whole..], &mut v[whole..], &tail[..n - whole], decay, scale, h);
+    if let Some(half) = half {
+        for (x, &y) in half[whole..].iter_mut().zip(&p[whole..]) {
+            *x = f16::from_f32(y);
         }
     }
 }

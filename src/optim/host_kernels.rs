@@ -176,7 +176,15 @@ fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
     }
 }
 
-fn update_values(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], decay: f32, scale: f32, h: &AdamWStep) {
+pub(super) fn update_values(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    decay: f32,
+    scale: f32,
+    h: &AdamWStep,
+) {
     let c = h.config;
     let bc1 = 1.0 - c.beta1.powi(h.t as i32);
     let bc2 = 1.0 - c.beta2.powi(h.t as i32);
