@@ -11,6 +11,7 @@
 use std::arch::x86_64::*;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::host_kernels::{update_values, AdamWStep};
 
@@ -38,8 +39,7 @@ pub unsafe fn update(
     let n = p.len();
     assert!(m.len() == n && v.len() == n && g.len() == n && half.as_ref().is_none_or(|x| x.len() == n));
     let c = h.config;
-    let bc1 = 1.0 - c.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - c.beta2.powi(h.t as i32);
+    let (bc1, bc2) = h.bias_corrections();
     let splat = |x: f32| _mm256_set1_ps(x);
     let (beta1, rest1, beta2, rest2) = (splat(c.beta1), splat(1.0 - c.beta1), splat(c.beta2), splat(1.0 - c.beta2));
     let (bc1v, bc2v, eps, lr, decayv, scalev) =
@@ -66,13 +66,10 @@ pub unsafe fn update(
     }
     // The last few: the portable loop on them.
     let mut tail = [0f32; 8];
-    for (t, x) in tail.iter_mut().zip(&g[whole..]) {
-        *t = x.to_f32();
-    }
-    update_values(&mut p[whole..], &mut m[whole..], &mut v[whole..], &tail[..n - whole], decay, scale, h);
+    let tail = &mut tail[..n - whole];
+    g[whole..].convert_to_f32_slice(tail);
+    update_values(&mut p[whole..], &mut m[whole..], &mut v[whole..], tail, decay, scale, h);
     if let Some(half) = half {
-        for (x, &y) in half[whole..].iter_mut().zip(&p[whole..]) {
-            *x = f16::from_f32(y);
-        }
+        half[whole..].convert_from_f32_slice(&p[whole..]);
     }
 }

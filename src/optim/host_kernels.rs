@@ -150,6 +150,15 @@ pub struct AdamWStep {
     pub t: u64,
 }
 
+impl AdamWStep {
+    /// `1 − β₁ᵗ` and `1 − β₂ᵗ`, which divide the moments (one definition for every update loop:
+    /// they give the same bits).
+    pub(super) fn bias_corrections(&self) -> (f32, f32) {
+        let c = self.config;
+        (1.0 - c.beta1.powi(self.t as i32), 1.0 - c.beta2.powi(self.t as i32))
+    }
+}
+
 /// One AdamW update of a chunk, element for element as `adamw_update` in shaders/optim.wgsl.
 fn update_chunk(s: AdamWSlices, h: &AdamWStep) {
     #[cfg(target_arch = "x86_64")]
@@ -186,8 +195,7 @@ pub(super) fn update_values(
     h: &AdamWStep,
 ) {
     let c = h.config;
-    let bc1 = 1.0 - c.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - c.beta2.powi(h.t as i32);
+    let (bc1, bc2) = h.bias_corrections();
     let lr = h.lr;
     for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         let gi = g * scale;
