@@ -3,6 +3,7 @@
 //! the same run), and write-backs (by DMA into a pinned store, else the readback ring). Bandwidths are bytes of tensor data per second, end to end:
 //! from host memory until the GPU has them (or back into the host store).
 
+pub mod autotune;
 pub mod kernels;
 mod steps;
 

@@ -81,13 +81,14 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
 
 /// The kernel for head size `d` on this adapter, for the forward (`backward` false) or the
 /// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
-/// pass on blocked kernels ([`super::Tuning::attention_blocked`]) and `d` <= 64, else rows (the
-/// backward on [`Kernel::Lanes`] where [`super::Tuning::attention_lanes`] is over 1). The
+/// pass on blocked kernels ([`super::Tuning::attention_for`]: `attention_blocked`, or what
+/// `pagetrain tune` measured at `d`) and `d` <= 64, else rows (the backward on
+/// [`Kernel::Lanes`] where the tuning's lanes are over 1). The
 /// backward has one tile, [`BLOCKED_BACKWARD_TILE`].
 pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
-    let blocked = if backward { k.tuning.attention_blocked.1 } else { k.tuning.attention_blocked.0 };
+    let ((forward_blocked, backward_blocked), lanes) = k.tuning.attention_for(d);
+    let blocked = if backward { backward_blocked } else { forward_blocked };
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
-        let lanes = k.tuning.attention_lanes;
         return if backward && lanes > 1 { Kernel::Lanes { lanes } } else { Kernel::Rows };
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;

@@ -26,6 +26,7 @@ pub mod reduce;
 pub mod softmax;
 pub mod sumsq;
 pub mod transpose;
+pub mod tuned;
 mod tuning;
 
 use std::cell::RefCell;
@@ -255,8 +256,8 @@ pub fn row_launch(rows: usize, len: usize, wide: &'static str, short: &'static s
 
 pub use compile::Creation;
 pub use tuning::{
-    LargeVec4, MatmulVariant, Tuning, COOP_STORAGE_BINDINGS, COOP_WORKGROUP_BYTES, LARGE_STORAGE_BINDINGS,
-    LARGE_WORKGROUP_BYTES,
+    HeadKernels, LargeVec4, MatmulVariant, Tuning, COOP_STORAGE_BINDINGS, COOP_WORKGROUP_BYTES, LARGE_STORAGE_BINDINGS,
+    LARGE_WORKGROUP_BYTES, TUNED_HEAD_SIZES,
 };
 
 /// A compiled pipeline and its layout.
@@ -305,11 +306,14 @@ impl Kernels {
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
-            tuning: Tuning {
-                coop_f16: Tuning::coop_f16_on(&gpu),
-                attention_lanes: Tuning::attention_lanes_on(&gpu),
-                ..Tuning::for_adapter(&gpu.info, &gpu.limits)
-            },
+            tuning: tuned::Tuned::apply_saved(
+                &gpu,
+                Tuning {
+                    coop_f16: Tuning::coop_f16_on(&gpu),
+                    attention_lanes: Tuning::attention_lanes_on(&gpu),
+                    ..Tuning::for_adapter(&gpu.info, &gpu.limits)
+                },
+            ),
             gpu,
             recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),

@@ -39,6 +39,22 @@ pub struct Tuning {
     /// / 37.4 / 41.8 reading elements; GPT-2 small's f32 step 259.2 against 264.9 ms).
     /// `PAGETRAIN_MATMUL_VEC4=<bits>` overrides it, for measuring.
     pub large_vec4: u32,
+    /// Attention's kernels per head size where `pagetrain tune` measured them (`super::tuned`):
+    /// for those sizes they replace `attention_blocked` and `attention_lanes`.
+    pub attention_tuned: [Option<HeadKernels>; TUNED_HEAD_SIZES],
+}
+
+/// Head sizes a tuned file may hold attention choices for.
+pub const TUNED_HEAD_SIZES: usize = 4;
+
+/// Attention's kernels for one head size, as `pagetrain tune` measured them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadKernels {
+    pub head_size: u32,
+    /// Forward, backward on the blocked kernels.
+    pub blocked: (bool, bool),
+    /// Lanes a row of the per-row backward (1: the plain per-row kernels).
+    pub lanes: u32,
 }
 
 /// Bits of [`Tuning::large_vec4`]: an operand read by vec4 along its depth (A not transposed,
@@ -82,6 +98,15 @@ pub enum MatmulVariant {
 }
 
 impl Tuning {
+    /// Whether attention's (forward, backward) run blocked at head size `d`, and the lanes a row
+    /// of its per-row backward: the tuned choice for `d` where there is one.
+    pub fn attention_for(&self, d: usize) -> ((bool, bool), u32) {
+        match self.attention_tuned.iter().flatten().find(|h| h.head_size as usize == d) {
+            Some(h) => (h.blocked, h.lanes),
+            None => (self.attention_blocked, self.attention_lanes),
+        }
+    }
+
     /// Rows of attention's streamed tiles for head size `d`: two tiles of `rows × d` f32 fill at
     /// most 16 KiB of workgroup memory (WebGPU's default limit).
     pub fn attention_tile_rows(&self, d: usize) -> u32 {
@@ -120,6 +145,7 @@ impl Tuning {
             coop_f16: false,
             attention_lanes: 1,
             large_vec4,
+            attention_tuned: [None; TUNED_HEAD_SIZES],
         }
     }
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod attention;
+mod autotune;
 mod layers;
 mod matmul;
 mod reductions_and_optimizers;

@@ -1,4 +1,4 @@
-//! The `pagetrain` command line: `train` (the default), `generate`, `info`, `bench`, `prepare`,
+//! The `pagetrain` command line: `train` (the default), `generate`, `info`, `bench`, `tune`, `prepare`,
 //! `merge-shards`, `studio`. One file per command.
 
 mod bench;
@@ -8,6 +8,7 @@ mod prepare;
 #[cfg(feature = "studio")]
 mod studio;
 mod train;
+mod tune;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,6 +22,7 @@ use prepare::{prepare, PrepareArgs};
 #[cfg(feature = "studio")]
 use studio::{studio, StudioArgs};
 use train::{train, TrainArgs};
+use tune::{tune, TuneArgs};
 
 #[derive(Parser)]
 #[command(name = "pagetrain", version, about = "Train neural networks on any GPU through wgpu")]
@@ -39,6 +41,9 @@ enum Command {
     Info,
     /// Measure transfers: upload through the staging ring vs queue.write_buffer, write-back.
     Bench(BenchArgs),
+    /// Time the kernel families this adapter can run (matmul, attention) and keep the fastest
+    /// for every later run on it (a small file beside the pipeline cache).
+    Tune(TuneArgs),
     /// Encode a text file as a token file (llm.c's format: a 1 KiB header, uint16 ids).
     Prepare(PrepareArgs),
     /// Merge the optimizer shards of a data-parallel checkpoint (`mpirun -n N pagetrain train`)
@@ -63,6 +68,7 @@ fn main() -> ExitCode {
         Some(Command::Generate(args)) => pollster::block_on(generate(args)),
         Some(Command::Info) => pollster::block_on(info()),
         Some(Command::Bench(args)) => pollster::block_on(bench(args)),
+        Some(Command::Tune(args)) => pollster::block_on(tune(args)),
         Some(Command::Prepare(args)) => prepare(args),
         Some(Command::MergeShards { dir }) => pagetrain::dist::shard_files::merge(&dir).map(|path| {
             eprintln!("optimizer shards merged into {}", path.display());

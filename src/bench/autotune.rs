@@ -1,0 +1,166 @@
+//! `pagetrain tune`: times each kernel family this adapter can run on a training step's shapes
+//! and chooses the fastest per choice ([`crate::kernels::tuned`] keeps the result on disk).
+//!
+//! The choices are the per-adapter ones of [`crate::kernels::Tuning`]: the matmul family (the
+//! products of a Linear forward and its two gradients, NN, NT and TN, timed together), and at
+//! each of [`HEAD_SIZES`] the attention forward's kernels and the attention backward's. Shapes
+//! are those of a GPT step, smaller on CPU adapters so the whole tune stays short (seconds on
+//! lavapipe). A candidate is
+//! timed once to compile it, then the best of `repeats` timings of `iters` back-to-back calls
+//! between two syncs; one already 4× slower than the best so far is not repeated.
+
+use std::time::Instant;
+
+use super::kernels::{buffer, time_matmul};
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::attention::{self, Dims, Kernel};
+use crate::kernels::matmul::Gemm;
+use crate::kernels::tuned::{AttentionChoice, AttentionKind, MatmulFamily, Tuned};
+use crate::tensor::DType;
+
+/// One candidate's time.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Measured {
+    /// `matmul`, or `attention forward` / `attention backward` and the head size.
+    pub choice: String,
+    pub candidate: String,
+    /// Milliseconds per call (the matmul: the three layouts together).
+    pub ms: f64,
+}
+
+/// What the tune measured and chose.
+#[derive(Clone, Debug)]
+pub struct Autotuned {
+    pub tuned: Tuned,
+    pub measured: Vec<Measured>,
+    /// The shapes, for the report: "M×N×K" of the products and "B×T, H heads of D" of attention.
+    pub shapes: String,
+}
+
+/// How hard to measure: calls per timing and timings per candidate.
+#[derive(Clone, Copy, Debug)]
+pub struct Effort {
+    pub iters: usize,
+    pub repeats: usize,
+}
+
+impl Default for Effort {
+    fn default() -> Self {
+        Effort { iters: 3, repeats: 3 }
+    }
+}
+
+/// Times every candidate on this context's adapter and chooses the fastest of each.
+pub fn autotune(ctx: &Context, effort: Effort) -> Result<Autotuned> {
+    let cpu = ctx.gpu.info.device_type == wgpu::DeviceType::Cpu;
+    // A GPT-2 small Linear on 4096 tokens; on a CPU adapter a 256-wide one on 1024.
+    let (tokens, width) = if cpu { (1024, 256) } else { (4096, 768) };
+    // Attention on 16 × 128 tokens, 4 heads, on a CPU adapter (the `small` preset); on GPT-2
+    // small's 8 × 1024, 12 heads, elsewhere.
+    let (b, t, h) = if cpu { (16, 128, 4) } else { (8, 1024, 12) };
+    let mut measured = Vec::new();
+
+    let g = Gemm::new(tokens, width, width);
+    let layouts = [g, Gemm { trans_b: true, ..g }, Gemm { trans_a: true, m: width, k: tokens, ..g }];
+    let families: Vec<MatmulFamily> = MatmulFamily::ALL.into_iter().filter(|f| f.runs_on(&ctx.gpu)).collect();
+    let mut best = f64::INFINITY;
+    for family in &families {
+        let mut ms = 0.0;
+        for g in layouts {
+            let effort = if ms > 4.0 * best { Effort { iters: 1, repeats: 1 } } else { effort };
+            let tflops = time_matmul(ctx, g, Some(family.variant()), DType::F32, effort.iters, effort.repeats)?;
+            ms += 2.0 * (g.m * g.n * g.k) as f64 / tflops / 1e9;
+        }
+        best = best.min(ms);
+        measured.push(Measured { choice: "matmul".into(), candidate: format!("{family:?}").to_lowercase(), ms });
+    }
+    let matmul = fastest(&measured, "matmul", &families);
+
+    let mut attention = Vec::new();
+    for d in HEAD_SIZES {
+        let dims = Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
+        let forward = measure_attention(ctx, dims, false, effort, &mut measured)?;
+        let backward = measure_attention(ctx, dims, true, effort, &mut measured)?;
+        attention.push(AttentionChoice { head_size: d as u32, forward, backward });
+    }
+    Ok(Autotuned {
+        tuned: Tuned::new(&ctx.gpu, matmul, attention),
+        measured,
+        shapes: format!(
+            "products {tokens}×{width}×{width} (NN, NT) and {width}×{width}×{tokens} (TN); attention {b}×{t}, {h} heads of {HEAD_SIZES:?}"
+        ),
+    })
+}
+
+/// The head sizes attention is tuned at: the presets' (`small`: 32; GPT-2's: 64). Kernels rank
+/// differently by head size (lavapipe: 2 lanes a row win at 64 and lose at 32).
+pub const HEAD_SIZES: [usize; 2] = [32, 64];
+
+/// The candidate of `choice` with the least time.
+fn fastest<T: Copy + std::fmt::Debug>(measured: &[Measured], choice: &str, candidates: &[T]) -> T {
+    let ms = |c: &T| {
+        let name = format!("{c:?}").to_lowercase();
+        measured.iter().find(|m| m.choice == choice && m.candidate == name).map_or(f64::INFINITY, |m| m.ms)
+    };
+    *candidates.iter().min_by(|a, b| ms(a).total_cmp(&ms(b))).expect("rows always runs")
+}
+
+/// The kernel `kind` runs at head size `d` (as `attention::pick` would choose it), if it fits.
+fn kernel_of(ctx: &Context, kind: AttentionKind, d: usize, backward: bool) -> Option<Kernel> {
+    let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
+    let fits = |t: &u32| d <= attention::BLOCKED_MAX_HEAD_DIM && attention::blocked_workgroup_bytes(d, *t) <= limit;
+    match kind {
+        AttentionKind::Rows => Some(Kernel::Rows),
+        AttentionKind::Blocked if backward => {
+            Some(attention::BLOCKED_BACKWARD_TILE).filter(fits).map(|tile| Kernel::Blocked { tile })
+        }
+        AttentionKind::Blocked => attention::BLOCKED_TILES.into_iter().find(fits).map(|tile| Kernel::Blocked { tile }),
+        lanes => Some(Kernel::Lanes { lanes: lanes.lanes() }),
+    }
+}
+
+/// Times each attention kernel for one pass on `dims` (f32) and returns the fastest.
+fn measure_attention(
+    ctx: &Context,
+    dims: Dims,
+    backward: bool,
+    effort: Effort,
+    measured: &mut Vec<Measured>,
+) -> Result<AttentionKind> {
+    let Dims { b, t, h, d, .. } = dims;
+    let f32s = |n, seed| buffer(ctx, n, seed, DType::F32);
+    let (qkv, out, dout, dqkv) =
+        (f32s(b * t * 3 * h * d, 1), f32s(b * t * h * d, 2), f32s(b * t * h * d, 3), f32s(b * t * 3 * h * d, 4));
+    let (lse, delta) = (f32s(b * h * t, 5), f32s(b * h * t, 6));
+    // (a forward first: the backward reads its output and log-sum-exps)
+    attention::forward_with(&ctx.kernels, Kernel::Rows, &out, &lse, &qkv, dims)?;
+    let choice = format!("attention {} d={d}", if backward { "backward" } else { "forward" });
+    let mut kinds = Vec::new();
+    let mut best = f64::INFINITY;
+    for kind in AttentionKind::candidates(&ctx.gpu, backward) {
+        let Some(kernel) = kernel_of(ctx, kind, d, backward) else { continue };
+        let call = || match backward {
+            true => attention::backward_with(&ctx.kernels, kernel, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true),
+            false => attention::forward_with(&ctx.kernels, kernel, &out, &lse, &qkv, dims),
+        };
+        call()?;
+        ctx.sync()?;
+        let mut ms = f64::INFINITY;
+        for r in 0..effort.repeats.max(1) {
+            if r > 0 && ms > 4.0 * best {
+                break;
+            }
+            let start = Instant::now();
+            for _ in 0..effort.iters.max(1) {
+                call()?;
+            }
+            ctx.sync()?;
+            ms = ms.min(start.elapsed().as_secs_f64() * 1e3 / effort.iters.max(1) as f64);
+        }
+        best = best.min(ms);
+        kinds.push(kind);
+        measured.push(Measured { choice: choice.clone(), candidate: format!("{kind:?}").to_lowercase(), ms });
+    }
+    Ok(fastest(measured, &choice, &kinds))
+}
