@@ -201,3 +201,32 @@ fn profile_times_every_kernel_by_timestamps_without_changing_the_losses() {
     let total: f64 = rows.iter().map(|r| r.2).sum();
     assert!(total < wall_ms, "kernels took {total} ms of a {wall_ms} ms run");
 }
+
+#[test]
+fn tune_keeps_its_choices_for_later_runs_and_a_damaged_file_only_warns() {
+    let cache = out_dir("tune-cache");
+    let env = [("PAGETRAIN_CACHE_DIR", cache.as_str()), ("RUST_LOG", "pagetrain::kernels::tuned=info")];
+    let o = pagetrain(&["tune", "--quick", "--json"], &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("tune --json prints JSON");
+    let written = report["written"].as_str().expect("the file it wrote");
+    assert!(written.starts_with(&cache), "{written} not under {cache}");
+    let kept = std::fs::read_to_string(written).unwrap();
+    let chosen = report["chosen"]["matmul"].as_str().unwrap();
+    assert!(kept.contains(&format!("matmul = \"{chosen}\"")), "{kept}");
+    assert!(!report["measured"].as_array().unwrap().is_empty());
+
+    let train = |name: &str| {
+        let out = out_dir(name);
+        pagetrain(&["train", "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--json", "--out", &out], &env)
+    };
+    let o = train("tuned-run");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("kernel choices from {written}")), "{}", stderr(&o));
+
+    std::fs::write(written, "matmul = 7\n").unwrap();
+    let o = train("damaged-tuned-run");
+    assert!(o.status.success(), "a damaged tuned file stopped a run: {}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains(written) && err.contains("the built-in kernel choices stay"), "{err}");
+}
