@@ -94,6 +94,8 @@ pub fn writeback(ctx: &Context, tensors: &[Tensor]) -> Result<Transfer> {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TransferReport {
     pub adapter: String,
+    /// Where the kernel choices came from: `built-in`, or the file `pagetrain tune` kept.
+    pub kernel_choices: String,
     pub tensor_bytes: u64,
     pub tensors: usize,
     pub upload_ring_gbps: f64,
@@ -146,6 +148,7 @@ pub fn transfers(ctx: &Context, count: usize, bytes: usize, repeats: usize) -> R
     let back = best(&mut || writeback(ctx, &tensors))?;
     Ok(TransferReport {
         adapter: ctx.gpu.describe(),
+        kernel_choices: ctx.kernels.choices_from(),
         tensor_bytes: bytes as u64,
         tensors: count,
         upload_ring_gbps: ring,

@@ -224,6 +224,15 @@ fn tune_keeps_its_choices_for_later_runs_and_a_damaged_file_only_warns() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("kernel choices from {written}")), "{}", stderr(&o));
 
+    let bench = |env: &[(&str, &str)]| {
+        let o = pagetrain(&["bench", "--json", "--tensors", "1", "--tensor-size", "1MiB", "--repeats", "1"], env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench --json prints JSON");
+        v["kernel_choices"].as_str().expect("kernel_choices").to_string()
+    };
+    assert_eq!(bench(&env), format!("tuned ({written})"));
+    assert_eq!(bench(&[env[0], ("PAGETRAIN_TUNED", "0")]), "built-in");
+
     std::fs::write(written, "matmul = 7\n").unwrap();
     let o = train("damaged-tuned-run");
     assert!(o.status.success(), "a damaged tuned file stopped a run: {}", stderr(&o));

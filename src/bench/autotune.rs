@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::kernels::{buffer, time_matmul};
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::attention::{self, Dims, Kernel};
 use crate::kernels::matmul::Gemm;
 use crate::kernels::tuned::{AttentionChoice, AttentionKind, MatmulFamily, Tuned};
@@ -64,18 +64,18 @@ pub fn autotune(ctx: &Context, effort: Effort) -> Result<Autotuned> {
     let g = Gemm::new(tokens, width, width);
     let layouts = [g, Gemm { trans_b: true, ..g }, Gemm { trans_a: true, m: width, k: tokens, ..g }];
     let families: Vec<MatmulFamily> = MatmulFamily::ALL.into_iter().filter(|f| f.runs_on(&ctx.gpu)).collect();
-    let mut best = f64::INFINITY;
-    for family in &families {
+    let mut timed = Vec::new();
+    for family in families {
         let mut ms = 0.0;
         for g in layouts {
-            let effort = if ms > 4.0 * best { Effort { iters: 1, repeats: 1 } } else { effort };
+            let effort = if ms > 4.0 * best(&timed) { Effort { iters: 1, repeats: 1 } } else { effort };
             let tflops = time_matmul(ctx, g, Some(family.variant()), DType::F32, effort.iters, effort.repeats)?;
             ms += 2.0 * (g.m * g.n * g.k) as f64 / tflops / 1e9;
         }
-        best = best.min(ms);
+        timed.push((family, ms));
         measured.push(Measured { choice: "matmul".into(), candidate: format!("{family:?}").to_lowercase(), ms });
     }
-    let matmul = fastest(&measured, "matmul", &families);
+    let matmul = fastest(&timed, "matmul")?;
 
     let mut attention = Vec::new();
     for d in HEAD_SIZES {
@@ -97,13 +97,15 @@ pub fn autotune(ctx: &Context, effort: Effort) -> Result<Autotuned> {
 /// differently by head size (lavapipe: 2 lanes a row win at 64 and lose at 32).
 pub const HEAD_SIZES: [usize; 2] = [32, 64];
 
-/// The candidate of `choice` with the least time.
-fn fastest<T: Copy + std::fmt::Debug>(measured: &[Measured], choice: &str, candidates: &[T]) -> T {
-    let ms = |c: &T| {
-        let name = format!("{c:?}").to_lowercase();
-        measured.iter().find(|m| m.choice == choice && m.candidate == name).map_or(f64::INFINITY, |m| m.ms)
-    };
-    *candidates.iter().min_by(|a, b| ms(a).total_cmp(&ms(b))).expect("rows always runs")
+/// The least time of `timed`.
+fn best<T>(timed: &[(T, f64)]) -> f64 {
+    timed.iter().map(|t| t.1).fold(f64::INFINITY, f64::min)
+}
+
+/// The candidate of `timed` with the least time (`choice` names it in the error where none ran).
+fn fastest<T: Copy>(timed: &[(T, f64)], choice: &str) -> Result<T> {
+    let least = timed.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    least.map(|t| t.0).ok_or_else(|| Error::invalid("pagetrain tune", format!("no candidate for {choice} ran")))
 }
 
 /// The kernel `kind` runs at head size `d` (as `attention::pick` would choose it), if it fits.
@@ -136,8 +138,7 @@ fn measure_attention(
     // (a forward first: the backward reads its output and log-sum-exps)
     attention::forward_with(&ctx.kernels, Kernel::Rows, &out, &lse, &qkv, dims)?;
     let choice = format!("attention {} d={d}", if backward { "backward" } else { "forward" });
-    let mut kinds = Vec::new();
-    let mut best = f64::INFINITY;
+    let mut timed = Vec::new();
     for kind in AttentionKind::candidates(&ctx.gpu, backward) {
         let Some(kernel) = kernel_of(ctx, kind, d, backward) else { continue };
         let call = || match backward {
@@ -148,7 +149,7 @@ fn measure_attention(
         ctx.sync()?;
         let mut ms = f64::INFINITY;
         for r in 0..effort.repeats.max(1) {
-            if r > 0 && ms > 4.0 * best {
+            if r > 0 && ms > 4.0 * best(&timed) {
                 break;
             }
             let start = Instant::now();
@@ -158,9 +159,8 @@ fn measure_attention(
             ctx.sync()?;
             ms = ms.min(start.elapsed().as_secs_f64() * 1e3 / effort.iters.max(1) as f64);
         }
-        best = best.min(ms);
-        kinds.push(kind);
+        timed.push((kind, ms));
         measured.push(Measured { choice: choice.clone(), candidate: format!("{kind:?}").to_lowercase(), ms });
     }
-    Ok(fastest(measured, &choice, &kinds))
+    fastest(&timed, &choice)
 }

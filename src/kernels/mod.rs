@@ -273,6 +273,8 @@ pub struct Kernels {
     /// Each pipeline with its layout.
     pipelines: RefCell<HashMap<(&'static str, &'static str, Variant), Compiled>>,
     pub tuning: Tuning,
+    /// The file `pagetrain tune` kept that `tuning` came from (`None`: the built-in choices).
+    tuned_from: Option<std::path::PathBuf>,
     dispatch_count: std::cell::Cell<u64>,
     /// `PAGETRAIN_PROFILE=1`: GPU time per entry, from timestamps in the pass where the device has them.
     profile: Option<profile::Profile>,
@@ -299,6 +301,14 @@ impl Kernels {
         let gpu = recorder.gpu().clone();
         let pipeline_cache = pipeline_cache::DiskPipelineCache::open(&gpu);
         recorder.set_clearer(Rc::new(fill::Filler::new(&gpu.device, &gpu.limits)));
+        let (tuning, tuned_from) = tuned::Tuned::apply_saved(
+            &gpu,
+            Tuning {
+                coop_f16: Tuning::coop_f16_on(&gpu),
+                attention_lanes: Tuning::attention_lanes_on(&gpu),
+                ..Tuning::for_adapter(&gpu.info, &gpu.limits)
+            },
+        );
         let profile = std::env::var("PAGETRAIN_PROFILE")
             .ok()
             .filter(|v| v != "0")
@@ -306,14 +316,8 @@ impl Kernels {
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
-            tuning: tuned::Tuned::apply_saved(
-                &gpu,
-                Tuning {
-                    coop_f16: Tuning::coop_f16_on(&gpu),
-                    attention_lanes: Tuning::attention_lanes_on(&gpu),
-                    ..Tuning::for_adapter(&gpu.info, &gpu.limits)
-                },
-            ),
+            tuning,
+            tuned_from,
             gpu,
             recorder: recorder.clone(),
             modules: RefCell::new(HashMap::new()),
@@ -325,6 +329,11 @@ impl Kernels {
             write_dummy: RefCell::new(None),
             bindings: bindings::Bindings::new(recorder.clone()),
         }
+    }
+
+    /// Where the kernel choices came from: `built-in`, or the file `pagetrain tune` kept.
+    pub fn choices_from(&self) -> String {
+        self.tuned_from.as_ref().map_or("built-in".into(), |p| format!("tuned ({})", p.display()))
     }
 
     /// A 16-byte f32 storage buffer for unused read-write bindings, or read-only ones that must

@@ -144,12 +144,12 @@ impl Tuned {
         }
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
         let tuned: Tuned = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let mine = Tuned::new(gpu, tuned.matmul, Vec::new());
+        let (adapter, driver, backend, pagetrain) = identity(gpu);
         let fields = [
-            ("adapter", &tuned.adapter, &mine.adapter),
-            ("driver", &tuned.driver, &mine.driver),
-            ("backend", &tuned.backend, &mine.backend),
-            ("pagetrain version", &tuned.pagetrain, &mine.pagetrain),
+            ("adapter", &tuned.adapter, &adapter),
+            ("driver", &tuned.driver, &driver),
+            ("backend", &tuned.backend, &backend),
+            ("pagetrain version", &tuned.pagetrain, &pagetrain),
         ];
         if let Some((what, theirs, ours)) = fields.into_iter().find(|(_, a, b)| a != b) {
             return Err(bad(format!("measured for {what} `{theirs}`, this is `{ours}`: run `pagetrain tune` again")));
@@ -205,20 +205,21 @@ impl Tuned {
         t
     }
 
-    /// `tuning` with `gpu`'s tuned file applied, where there is one (see the module docs).
-    pub fn apply_saved(gpu: &Gpu, tuning: Tuning) -> Tuning {
+    /// `tuning` with `gpu`'s tuned file applied, where there is one (see the module docs), and
+    /// the file it came from.
+    pub fn apply_saved(gpu: &Gpu, tuning: Tuning) -> (Tuning, Option<PathBuf>) {
         if std::env::var("PAGETRAIN_TUNED").is_ok_and(|v| v == "0") {
-            return tuning;
+            return (tuning, None);
         }
-        let Some(path) = Tuned::path(gpu).filter(|p| p.exists()) else { return tuning };
+        let Some(path) = Tuned::path(gpu).filter(|p| p.exists()) else { return (tuning, None) };
         match Tuned::load(&path, gpu) {
             Ok(tuned) => {
                 log::info!("kernel choices from {}", path.display());
-                tuned.apply(tuning, |v| std::env::var_os(v).is_some())
+                (tuned.apply(tuning, |v| std::env::var_os(v).is_some()), Some(path))
             }
             Err(e) => {
                 log::warn!("{e}; the built-in kernel choices stay");
-                tuning
+                (tuning, None)
             }
         }
     }

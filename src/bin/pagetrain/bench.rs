@@ -222,6 +222,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
         println!("{v}");
     } else {
         println!("adapter: {}", r.adapter);
+        println!("kernel choices: {}", r.kernel_choices);
         println!("{} tensors of {} MiB, best of {}", r.tensors, r.tensor_bytes >> 20, args.repeats);
         println!("  upload, staging ring:        {:8.2} GB/s", r.upload_ring_gbps);
         match r.upload_pinned_gbps {
