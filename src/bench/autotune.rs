@@ -118,6 +118,7 @@ fn kernel_of(ctx: &Context, kind: AttentionKind, d: usize, backward: bool) -> Op
             Some(attention::BLOCKED_BACKWARD_TILE).filter(fits).map(|tile| Kernel::Blocked { tile })
         }
         AttentionKind::Blocked => attention::BLOCKED_TILES.into_iter().find(fits).map(|tile| Kernel::Blocked { tile }),
+        AttentionKind::Blocked16 => Some(16).filter(fits).map(|tile| Kernel::Blocked { tile }),
         lanes => Some(Kernel::Lanes { lanes: lanes.lanes() }),
     }
 }

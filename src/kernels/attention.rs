@@ -83,18 +83,19 @@ pub fn blocked_workgroup_bytes(d: usize, tile: u32) -> u64 {
 /// backward: blocked with the largest tile whose workgroup memory fits where the tuning puts that
 /// pass on blocked kernels ([`super::Tuning::attention_for`]: `attention_blocked`, or what
 /// `pagetrain tune` measured at `d`) and `d` <= 64, else rows (the backward on
-/// [`Kernel::Lanes`] where the tuning's lanes are over 1). The
-/// backward has one tile, [`BLOCKED_BACKWARD_TILE`].
+/// [`Kernel::Lanes`] where the tuning's lanes are over 1); the forward's tile is the tuned one
+/// where it fits. The backward has one tile, [`BLOCKED_BACKWARD_TILE`].
 pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
-    let ((forward_blocked, backward_blocked), lanes) = k.tuning.attention_for(d);
-    let blocked = if backward { backward_blocked } else { forward_blocked };
+    let chosen = k.tuning.attention_for(d);
+    let (lanes, blocked) = (chosen.lanes, if backward { chosen.blocked.1 } else { chosen.blocked.0 });
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
         return if backward && lanes > 1 { Kernel::Lanes { lanes } } else { Kernel::Rows };
     }
     let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
     let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
-    match tiles.iter().find(|&&t| blocked_workgroup_bytes(d, t) <= limit) {
-        Some(&tile) => Kernel::Blocked { tile },
+    let tuned = chosen.forward_tile.filter(|_| !backward);
+    match tuned.into_iter().chain(tiles.iter().copied()).find(|&t| blocked_workgroup_bytes(d, t) <= limit) {
+        Some(tile) => Kernel::Blocked { tile },
         None => Kernel::Rows,
     }
 }

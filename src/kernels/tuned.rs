@@ -55,7 +55,10 @@ impl MatmulFamily {
 #[serde(rename_all = "lowercase")]
 pub enum AttentionKind {
     Rows,
+    /// The blocked kernels at the largest tile whose workgroup memory fits.
     Blocked,
+    /// Forward only: the blocked kernels at 16-row tiles.
+    Blocked16,
     /// Backward only: the per-row kernels with the head dimension split over 2, 4 or 8 lanes.
     Lanes2,
     Lanes4,
@@ -68,17 +71,20 @@ impl AttentionKind {
             AttentionKind::Lanes2 => 2,
             AttentionKind::Lanes4 => 4,
             AttentionKind::Lanes8 => 8,
-            AttentionKind::Rows | AttentionKind::Blocked => 1,
+            AttentionKind::Rows | AttentionKind::Blocked | AttentionKind::Blocked16 => 1,
         }
     }
 
     /// The candidates for the forward (`backward` false) or the backward on `gpu`: blocked
-    /// kernels not on OpenGL (its drivers compile their unrolled tiles for minutes), lanes where
+    /// kernels (the forward's at either tile) not on OpenGL (its drivers compile their unrolled tiles for minutes), lanes where
     /// the subgroups are that wide.
     pub fn candidates(gpu: &Gpu, backward: bool) -> Vec<AttentionKind> {
         let mut kinds = vec![AttentionKind::Rows];
         if gpu.info.backend != wgpu::Backend::Gl {
             kinds.push(AttentionKind::Blocked);
+            if !backward {
+                kinds.push(AttentionKind::Blocked16);
+            }
         }
         if backward {
             let lanes = [AttentionKind::Lanes2, AttentionKind::Lanes4, AttentionKind::Lanes8];
@@ -195,9 +201,11 @@ impl Tuned {
         // (a variable that chooses attention's kernels chooses them at every head size)
         if !overridden("PAGETRAIN_ATTENTION") && !overridden("PAGETRAIN_ATTENTION_LANES") {
             for (slot, a) in t.attention_tuned.iter_mut().zip(&self.attention) {
+                let forward_blocked = matches!(a.forward, AttentionKind::Blocked | AttentionKind::Blocked16);
                 *slot = Some(HeadKernels {
                     head_size: a.head_size,
-                    blocked: (a.forward == AttentionKind::Blocked, a.backward == AttentionKind::Blocked),
+                    blocked: (forward_blocked, a.backward == AttentionKind::Blocked),
+                    forward_tile: (a.forward == AttentionKind::Blocked16).then_some(16),
                     lanes: a.backward.lanes(),
                 });
             }

@@ -53,6 +53,8 @@ pub struct HeadKernels {
     pub head_size: u32,
     /// Forward, backward on the blocked kernels.
     pub blocked: (bool, bool),
+    /// Rows of the blocked forward's tiles (`None`: the largest that fits).
+    pub forward_tile: Option<u32>,
     /// Lanes a row of the per-row backward (1: the plain per-row kernels).
     pub lanes: u32,
 }
@@ -98,13 +100,16 @@ pub enum MatmulVariant {
 }
 
 impl Tuning {
-    /// Whether attention's (forward, backward) run blocked at head size `d`, and the lanes a row
-    /// of its per-row backward: the tuned choice for `d` where there is one.
-    pub fn attention_for(&self, d: usize) -> ((bool, bool), u32) {
-        match self.attention_tuned.iter().flatten().find(|h| h.head_size as usize == d) {
-            Some(h) => (h.blocked, h.lanes),
-            None => (self.attention_blocked, self.attention_lanes),
-        }
+    /// Attention's kernels at head size `d`: the tuned choice for `d` where there is one, else
+    /// `attention_blocked` and `attention_lanes`.
+    pub fn attention_for(&self, d: usize) -> HeadKernels {
+        let default = HeadKernels {
+            head_size: d as u32,
+            blocked: self.attention_blocked,
+            forward_tile: None,
+            lanes: self.attention_lanes,
+        };
+        *self.attention_tuned.iter().flatten().find(|h| h.head_size as usize == d).unwrap_or(&default)
     }
 
     /// Rows of attention's streamed tiles for head size `d`: two tiles of `rows × d` f32 fill at

@@ -42,10 +42,14 @@ fn the_tune_times_every_candidate_and_keeps_the_fastest_of_each_choice() {
             assert!(timed.contains(&"rows".to_string()), "{name}: {timed:?}");
             let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
             let tiles: &[u32] = if backward { &[attention::BLOCKED_BACKWARD_TILE] } else { &attention::BLOCKED_TILES };
-            let blocked_fits = tiles.iter().any(|&t| attention::blocked_workgroup_bytes(d, t) <= limit);
+            let fits = |t: u32| attention::blocked_workgroup_bytes(d, t) <= limit;
             let want: Vec<String> = AttentionKind::candidates(&ctx.gpu, backward)
                 .into_iter()
-                .filter(|&c| c != AttentionKind::Blocked || blocked_fits)
+                .filter(|&c| match c {
+                    AttentionKind::Blocked => tiles.iter().any(|&t| fits(t)),
+                    AttentionKind::Blocked16 => fits(16),
+                    _ => true,
+                })
                 .map(|c| format!("{c:?}").to_lowercase())
                 .collect();
             assert_eq!(timed, want, "{name}");
@@ -65,7 +69,8 @@ fn kept_choices_decide_the_kernels_unless_an_environment_variable_says_otherwise
     let lanes = if attention::lanes_supported(&ctx.gpu, 2) { AttentionKind::Lanes2 } else { AttentionKind::Rows };
     let attention = vec![
         AttentionChoice { head_size: 32, forward: AttentionKind::Rows, backward: lanes },
-        AttentionChoice { head_size: 16, forward: AttentionKind::Blocked, backward: AttentionKind::Rows },
+        AttentionChoice { head_size: 16, forward: AttentionKind::Blocked16, backward: AttentionKind::Rows },
+        AttentionChoice { head_size: 24, forward: AttentionKind::Blocked, backward: AttentionKind::Rows },
     ];
     let tuned = Tuned::new(&ctx.gpu, MatmulFamily::Tiled, attention);
     ctx.kernels.tuning = tuned.apply(before, |_| false);
@@ -76,8 +81,15 @@ fn kept_choices_decide_the_kernels_unless_an_environment_variable_says_otherwise
     };
     assert_eq!(attention::pick(&ctx.kernels, 32, false), Kernel::Rows);
     assert_eq!(attention::pick(&ctx.kernels, 32, true), want_lanes);
-    assert!(matches!(attention::pick(&ctx.kernels, 16, false), Kernel::Blocked { .. }));
+    assert_eq!(attention::pick(&ctx.kernels, 16, false), Kernel::Blocked { tile: 16 });
     assert_eq!(attention::pick(&ctx.kernels, 16, true), Kernel::Rows);
+    let largest = attention::BLOCKED_TILES
+        .into_iter()
+        .find(|&t| {
+            attention::blocked_workgroup_bytes(24, t) <= ctx.gpu.limits.max_compute_workgroup_storage_size as u64
+        })
+        .expect("a blocked tile fits head size 24");
+    assert_eq!(attention::pick(&ctx.kernels, 24, false), Kernel::Blocked { tile: largest });
     // a head size not measured keeps the defaults
     ctx.kernels.tuning = before;
     let default_48 = (attention::pick(&ctx.kernels, 48, false), attention::pick(&ctx.kernels, 48, true));
