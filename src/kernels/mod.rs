@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod fill;
 pub mod layernorm;
 pub mod matmul;
+mod matmul_coop;
 pub mod optim;
 pub mod pipeline_cache;
 mod profile;

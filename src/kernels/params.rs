@@ -14,7 +14,7 @@ macro_rules! gpu_params {
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
         $vis struct $name {
-            $($(#[$field_meta])* $field: $ty,)*
+            $($(#[$field_meta])* $vis $field: $ty,)*
         }
 
         impl $name {
