@@ -1,9 +1,10 @@
 //! The one place where kernels are created, cached and dispatched.
 //!
-//! Every WGSL family in `shaders/` is a [`Shader`]; its launcher in this folder turns buffer views
-//! and a `Params` struct into a dispatch. Dispatches go into the [`Recorder`]'s pending encoder,
-//! in order with the pager's copies, their uniforms packed into one arena per submission.
-//! [`Tuning`] holds the per-adapter choices (which matmul, row kernels by length).
+//! Every WGSL family in `shaders/` is a [`Shader`] (`shaders.rs`, the catalogue); its launcher in
+//! this folder turns buffer views and a `Params` struct into a dispatch over a grid (`grid.rs`).
+//! Dispatches go into the [`Recorder`]'s pending encoder, in order with the pager's copies, their
+//! uniforms packed into one arena per submission. [`Tuning`] holds the per-adapter choices (which
+//! matmul, attention's kernels), `tuned.rs` the ones `pagetrain tune` measured.
 
 #[macro_use]
 mod params;
@@ -17,6 +18,7 @@ pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod fill;
+mod grid;
 pub mod layernorm;
 pub mod matmul;
 mod matmul_coop;
@@ -24,6 +26,7 @@ pub mod optim;
 pub mod pipeline_cache;
 mod profile;
 pub mod reduce;
+mod shaders;
 pub mod softmax;
 pub mod sumsq;
 pub mod transpose;
@@ -39,223 +42,12 @@ use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::recorder::Recorder;
 
-/// One WGSL source file and its family name.
-#[derive(Clone, Copy, Debug)]
-pub struct Shader {
-    pub name: &'static str,
-    pub source: &'static str,
-    /// The WGSL `struct Params` of the family's uniform, made from its Rust side (`gpu_params!`).
-    pub params: &'static str,
-    /// Every entry writes its workgroup memory before reading it, so the zero fill wgpu adds by
-    /// default at the start of each workgroup is wasted work.
-    pub writes_workgroup_first: bool,
-    /// WGSL extensions the family always needs (`enable …;` lines), put in front of everything.
-    pub enables: &'static str,
-}
-
-/// Helpers every family uses (`flat`, `block_sum`, `block_max`), prepended to each source.
-pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
-
-macro_rules! shader {
-    ($name:literal, $params:ty) => {
-        shader!($name, $params, false, "")
-    };
-    // (after the enables: files every source of the family starts with, e.g. shared functions)
-    ($name:literal, $params:ty, $writes_first:literal, $enables:literal $(, $prelude:literal)*) => {
-        Shader {
-            name: $name,
-            source: concat!(
-                include_str!("../../shaders/common.wgsl"),
-                $(include_str!(concat!("../../shaders/", $prelude, ".wgsl")),)*
-                include_str!(concat!("../../shaders/", $name, ".wgsl"))
-            ),
-            params: <$params>::WGSL,
-            writes_workgroup_first: $writes_first,
-            enables: $enables,
-        }
-    };
-}
-
-pub const ACTIVATION: Shader = shader!("activation", activation::Params);
-pub const ATTENTION: Shader = shader!("attention", attention::Params, false, "", "attention_layout");
-pub const ATTENTION_BLOCKED: Shader = shader!("attention_blocked", attention::Params, true, "", "attention_layout");
-pub const ATTENTION_BLOCKED_BACKWARD: Shader =
-    shader!("attention_blocked_backward", attention::Params, true, "", "attention_layout");
-/// Attention's forward on cooperative matrices (f16 qkv, head size 64), where the adapter has them.
-pub const ATTENTION_COOP: Shader = shader!(
-    "attention_coop",
-    attention::Params,
-    true,
-    "enable f16;\nenable wgpu_cooperative_matrix;\n",
-    "attention_layout"
-);
-/// Attention's backward on cooperative matrices, where [`ATTENTION_COOP`] runs.
-pub const ATTENTION_COOP_BACKWARD: Shader = shader!(
-    "attention_coop_backward",
-    attention::Params,
-    true,
-    "enable f16;\nenable wgpu_cooperative_matrix;\n",
-    "attention_layout"
-);
-pub const ATTENTION_LANES: Shader = shader!("attention_lanes", attention::Params, false, "", "attention_layout");
-pub const CROSS_ENTROPY: Shader = shader!("cross_entropy", cross_entropy::Params);
-pub const DECODE: Shader = shader!("decode", decode::Params);
-pub const ELEMENTWISE: Shader = shader!("elementwise", elementwise::Params);
-pub const EMBEDDING: Shader = shader!("embedding", embedding::Params);
-pub const FILL: Shader = shader!("fill", fill::Params);
-pub const LAYERNORM: Shader = shader!("layernorm", layernorm::Params);
-pub const MATMUL: Shader = shader!("matmul", matmul::Params, true, "");
-/// Matmul for CPU adapters: no workgroup memory, vec4 operand reads (see the shader's header).
-pub const MATMUL_DIRECT: Shader = shader!("matmul_direct", matmul::Params, false, "");
-/// `matmul_direct` with A's reads shared by a subgroup (its entry `matmul_direct_shared`), for
-/// adapters with 8- or 16-lane subgroups: the same source with the subgroup entry appended.
-pub const MATMUL_DIRECT_SUBGROUPS: Shader = Shader {
-    name: "matmul_direct_subgroups",
-    source: concat!(
-        include_str!("../../shaders/common.wgsl"),
-        include_str!("../../shaders/matmul_direct.wgsl"),
-        include_str!("../../shaders/matmul_direct_subgroups.wgsl")
-    ),
-    params: matmul::Params::WGSL,
-    writes_workgroup_first: false,
-    enables: "",
-};
-pub const MATMUL_LARGE: Shader = shader!("matmul_large", matmul::Params, true, "");
-/// Tensor-core matmul for f16 operands; compiled only where the adapter has cooperative matrices
-/// (`enable` lines go first: `common.wgsl` comes before the family's own source).
-pub const MATMUL_COOP: Shader =
-    shader!("matmul_coop", matmul::Params, true, "enable f16;\nenable wgpu_cooperative_matrix;\n");
-pub const OPTIM: Shader = shader!("optim", optim::Params);
-pub const REDUCE: Shader = shader!("reduce", reduce::Params);
-pub const SOFTMAX: Shader = shader!("softmax", softmax::Params);
-pub const SUMSQ: Shader = shader!("sumsq", sumsq::Params);
-pub const TRANSPOSE: Shader = shader!("transpose", transpose::Params, true, "");
-
-/// How one compiled variant of a family differs from another. Kernels that can read or write f16
-/// declare those bindings as `array<B0>` … `array<B7>` and convert on load and store; the prelude
-/// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
-/// and f32 elsewhere. `dim` and `tile` are sizes a family unrolls for (attention's head size and
-/// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`; `flags` are choices fixed at compile
-/// time (matmul's layout and epilogue), as `FLAGS`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Variant {
-    pub f16_bindings: u32,
-    pub dim: u32,
-    pub tile: u32,
-    pub flags: u32,
-}
-
-/// Bindings a kernel may declare through the `Bi` aliases.
-pub const TYPED_BINDINGS: u32 = 8;
-
-/// The WGSL source of `shader` compiled as `variant`.
-pub fn specialize(shader: Shader, variant: Variant) -> String {
-    let mut src = String::from(shader.enables);
-    if variant.f16_bindings != 0 && !shader.enables.contains("enable f16;") {
-        src.push_str("enable f16;\n");
-    }
-    for i in 0..TYPED_BINDINGS {
-        let ty = if variant.f16_bindings & (1 << i) != 0 { "f16" } else { "f32" };
-        src.push_str(&format!("alias B{i} = {ty};\n"));
-    }
-    src.push_str(&format!("const DIM: u32 = {}u;\n", variant.dim.max(1)));
-    src.push_str(&format!("const TILE_ROWS: u32 = {}u;\n", variant.tile.max(1)));
-    src.push_str(&format!("const FLAGS: u32 = {}u;\n", variant.flags));
-    src.push_str(&format!("const PER_THREAD: u32 = {PER_THREAD}u;\n"));
-    src.push_str(&format!("const PER_THREAD_FEW: u32 = {PER_THREAD_FEW}u;\n"));
-    src.push_str(shader.params);
-    src.push_str(shader.source);
-    src
-}
-
-/// Every shader family, for validation and warm-up.
-pub const ALL: &[Shader] = &[
-    ACTIVATION,
-    ATTENTION,
-    ATTENTION_BLOCKED,
-    ATTENTION_BLOCKED_BACKWARD,
-    ATTENTION_COOP,
-    ATTENTION_COOP_BACKWARD,
-    ATTENTION_LANES,
-    CROSS_ENTROPY,
-    DECODE,
-    ELEMENTWISE,
-    EMBEDDING,
-    FILL,
-    LAYERNORM,
-    MATMUL,
-    MATMUL_COOP,
-    MATMUL_DIRECT,
-    MATMUL_DIRECT_SUBGROUPS,
-    MATMUL_LARGE,
-    OPTIM,
-    REDUCE,
-    SOFTMAX,
-    SUMSQ,
-    TRANSPOSE,
-];
-
-/// Threads per workgroup for 1-D elementwise kernels (matches `WG` in the shaders).
-pub const WG: u32 = 256;
-/// Most workgroups in one dispatch dimension (WebGPU's guaranteed minimum).
-pub const MAX_GROUPS: u32 = 65535;
-
-/// Elements a thread of the memory-bound elementwise kernels takes (`PER_THREAD` in every
-/// shader, from [`specialize`]; shaders/common.wgsl's `strided` says why).
-pub const PER_THREAD: u64 = 8;
-
-/// Elements a thread takes in the elementwise kernels that hold much per element (GELU's
-/// backward, AdamW): fewer registers a thread leave room for more threads (H200, GPT-2 small's
-/// f16 step: GELU backward 1.13 → 0.94 ms, AdamW 1.74 → 1.63 ms against 8; the others lose).
-pub const PER_THREAD_FEW: u64 = 4;
-
-/// Workgroup grid for `n` elements, [`PER_THREAD`] a thread (common.wgsl `strided`).
-pub fn grid_strided(n: u64) -> [u32; 3] {
-    grid_strided_by(n, PER_THREAD)
-}
-
-/// Workgroup grid for `n` elements, `per_thread` a thread (common.wgsl `strided_by`).
-pub fn grid_strided_by(n: u64, per_thread: u64) -> [u32; 3] {
-    grid_1d(n.div_ceil(per_thread))
-}
-
-/// Workgroup grid for `threads` threads of `WG` each, folded into 2-D past 65535 groups. Shaders
-/// recover the flat index as `gid.x + gid.y * nwg.x * WG`, then guard against the tail.
-pub fn grid_1d(threads: u64) -> [u32; 3] {
-    let groups = threads.div_ceil(WG as u64).max(1);
-    if groups <= MAX_GROUPS as u64 {
-        [groups as u32, 1, 1]
-    } else {
-        let y = groups.div_ceil(MAX_GROUPS as u64);
-        [groups.div_ceil(y) as u32, y as u32, 1]
-    }
-}
-
-/// One workgroup per row for `rows` rows, folded into 2-D; shaders take `row = wid.x + wid.y * nwg.x`.
-pub fn grid_rows(rows: u64) -> [u32; 3] {
-    let rows = rows.max(1);
-    if rows <= MAX_GROUPS as u64 {
-        [rows as u32, 1, 1]
-    } else {
-        let y = rows.div_ceil(MAX_GROUPS as u64);
-        [rows.div_ceil(y) as u32, y as u32, 1]
-    }
-}
-
-/// Rows up to this long are processed one thread per row (`*_rows` entries): no workgroup
-/// barriers, which cost far more than they save on short rows (16× on lavapipe for C = 64).
-pub const SHORT_ROW: usize = 128;
-
-/// The entry and grid for a row kernel: `wide` (a workgroup per row) or `short` (a thread per row).
-pub fn row_launch(rows: usize, len: usize, wide: &'static str, short: &'static str) -> (&'static str, [u32; 3]) {
-    if len <= SHORT_ROW {
-        (short, grid_1d(rows as u64))
-    } else {
-        (wide, grid_rows(rows as u64))
-    }
-}
-
 pub use compile::Creation;
+pub use grid::{
+    grid_1d, grid_rows, grid_strided, grid_strided_by, row_launch, MAX_GROUPS, PER_THREAD, PER_THREAD_FEW, SHORT_ROW,
+    WG,
+};
+pub use shaders::*;
 pub use tuning::{
     HeadKernels, LargeVec4, MatmulVariant, Tuning, COOP_STORAGE_BINDINGS, COOP_WORKGROUP_BYTES, LARGE_STORAGE_BINDINGS,
     LARGE_WORKGROUP_BYTES, TUNED_HEAD_SIZES,
