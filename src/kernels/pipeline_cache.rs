@@ -108,7 +108,7 @@ fn unseal(file: &[u8]) -> Option<&[u8]> {
 
 /// FNV-1a over the data's 8-byte words (and its tail): stable across builds and machines, and
 /// fast enough for caches of tens of megabytes at start-up.
-fn checksum(data: &[u8]) -> u64 {
+pub(super) fn checksum(data: &[u8]) -> u64 {
     const PRIME: u64 = 0x100_0000_01b3;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut words = data.chunks_exact(8);

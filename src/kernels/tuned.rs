@@ -10,7 +10,6 @@
 //! Environment variables (`PAGETRAIN_MATMUL`, `PAGETRAIN_ATTENTION`, `PAGETRAIN_ATTENTION_LANES`)
 //! still win over it, and `PAGETRAIN_TUNED=0` ignores it.
 
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -136,9 +135,10 @@ impl Tuned {
     /// Where `gpu`'s tuned file lives (`None` without a cache folder).
     pub fn path(gpu: &Gpu) -> Option<PathBuf> {
         let (adapter, driver, backend, _) = identity(gpu);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (adapter, driver, backend, gpu.info.vendor, gpu.info.device).hash(&mut h);
-        Some(pipeline_cache::cache_dir()?.join(format!("tuning-{:016x}.toml", h.finish())))
+        let who = format!("{adapter}\n{driver}\n{backend}\n{:x}:{:x}", gpu.info.vendor, gpu.info.device);
+        // (a hash stable across builds and toolchains, unlike std's)
+        let key = pipeline_cache::checksum(who.as_bytes());
+        Some(pipeline_cache::cache_dir()?.join(format!("tuning-{key:016x}.toml")))
     }
 
     /// Reads a tuned file and checks it is for `gpu`: an `Err` names the file and what is wrong.
