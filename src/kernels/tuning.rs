@@ -20,6 +20,10 @@ pub struct Tuning {
     /// per-row kernels' short tiles keep its compiles short). `PAGETRAIN_ATTENTION=rows|blocked`
     /// puts both passes on one kind.
     pub attention_blocked: (bool, bool),
+    /// Rows of the blocked forward's tiles (`None`: the largest whose workgroup memory fits).
+    /// 16 on CPU adapters (lavapipe, `small` preset's head size 32: 97 → 78 ms a step against 32
+    /// rows; a tie at head size 64), the largest elsewhere.
+    pub attention_forward_tile: Option<u32>,
     /// Attention on f16 qkv of head size 64 runs on cooperative matrices where the adapter has
     /// them (`attention::coop_supported`; H200, GPT-2 small f16: 47.9 → 20.2 ms a step).
     /// `PAGETRAIN_ATTENTION=rows|blocked` says no.
@@ -106,7 +110,7 @@ impl Tuning {
         let default = HeadKernels {
             head_size: d as u32,
             blocked: self.attention_blocked,
-            forward_tile: None,
+            forward_tile: self.attention_forward_tile,
             lanes: self.attention_lanes,
         };
         *self.attention_tuned.iter().flatten().find(|h| h.head_size as usize == d).unwrap_or(&default)
@@ -146,6 +150,7 @@ impl Tuning {
             matmul,
             attention_tile,
             attention_blocked,
+            attention_forward_tile: (info.device_type == wgpu::DeviceType::Cpu).then_some(16),
             attention_coop,
             coop_f16: false,
             attention_lanes: 1,
