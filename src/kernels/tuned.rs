@@ -5,8 +5,9 @@
 //!
 //! One small TOML file per adapter beside the pipeline caches
 //! ([`super::pipeline_cache::cache_dir`]): `tuning-<key>.toml`. It names the adapter, driver and
-//! version it was measured for; a file for another (a hash collision, a copied folder, an older
-//! pagetrain whose kernels differ) or one that does not parse is ignored with a warning.
+//! version (and a checksum of the kernels' sources) it was measured for; a file for another (a
+//! hash collision, a copied folder, a pagetrain whose kernels differ) or one that does not parse
+//! is ignored with a warning.
 //! Environment variables (`PAGETRAIN_MATMUL`, `PAGETRAIN_ATTENTION`, `PAGETRAIN_ATTENTION_LANES`)
 //! still win over it, and `PAGETRAIN_TUNED=0` ignores it.
 
@@ -14,9 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::tuning::{
-    HeadKernels, MatmulVariant, Tuning, LARGE_STORAGE_BINDINGS, LARGE_WORKGROUP_BYTES, TUNED_HEAD_SIZES,
-};
+use super::tuning::{HeadKernels, MatmulVariant, Tuning, TUNED_HEAD_SIZES};
 use super::{attention, pipeline_cache};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
@@ -43,9 +42,7 @@ impl MatmulFamily {
 
     /// Whether `gpu` can run it (the large tiles' workgroup memory and bindings).
     pub fn runs_on(self, gpu: &Gpu) -> bool {
-        self != MatmulFamily::Large
-            || (gpu.limits.max_compute_workgroup_storage_size >= LARGE_WORKGROUP_BYTES
-                && gpu.limits.max_storage_buffers_per_shader_stage >= LARGE_STORAGE_BINDINGS)
+        self != MatmulFamily::Large || Tuning::large_fits(&gpu.limits)
     }
 }
 
@@ -65,6 +62,7 @@ pub enum AttentionKind {
 }
 
 impl AttentionKind {
+    /// Threads a row of the per-row backward (1 but for the lanes kernels).
     pub fn lanes(self) -> u32 {
         match self {
             AttentionKind::Lanes2 => 2,
@@ -75,8 +73,8 @@ impl AttentionKind {
     }
 
     /// The candidates for the forward (`backward` false) or the backward on `gpu`: blocked
-    /// kernels (the forward's at either tile) not on OpenGL (its drivers compile their unrolled tiles for minutes), lanes where
-    /// the subgroups are that wide.
+    /// kernels (the forward's at either tile) not on OpenGL (its drivers compile their unrolled
+    /// tiles for minutes), lanes where the subgroups are that wide.
     pub fn candidates(gpu: &Gpu, backward: bool) -> Vec<AttentionKind> {
         let mut kinds = vec![AttentionKind::Rows];
         if gpu.info.backend != wgpu::Backend::Gl {
@@ -118,11 +116,15 @@ pub struct Tuned {
 /// A tuned file is a few hundred bytes; anything much larger is not one.
 const MAX_FILE_BYTES: u64 = 16 << 10;
 
-/// Who a tuned file is for: (adapter, driver, backend, pagetrain version).
+/// Who a tuned file is for: (adapter, driver, backend, pagetrain version and kernels). The
+/// kernels are a checksum of every shader's source: a file measured on other kernels is stale.
 fn identity(gpu: &Gpu) -> (String, String, String, String) {
     let i = &gpu.info;
     let driver = format!("{} {}", i.driver, i.driver_info).trim().to_string();
-    (gpu.describe(), driver, format!("{:?}", i.backend), env!("CARGO_PKG_VERSION").to_string())
+    let sources: String = super::ALL.iter().map(|s| s.source).collect();
+    let kernels = pipeline_cache::checksum(sources.as_bytes());
+    let pagetrain = format!("{} (kernels {kernels:016x})", env!("CARGO_PKG_VERSION"));
+    (gpu.describe(), driver, format!("{:?}", i.backend), pagetrain)
 }
 
 impl Tuned {

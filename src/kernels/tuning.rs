@@ -132,8 +132,7 @@ impl Tuning {
             Ok("large") => MatmulVariant::Large,
             Ok("narrow") => MatmulVariant::Narrow,
             _ if info.device_type == wgpu::DeviceType::Cpu => MatmulVariant::Direct,
-            _ if limits.max_compute_workgroup_storage_size < LARGE_WORKGROUP_BYTES => MatmulVariant::Tiled,
-            _ if limits.max_storage_buffers_per_shader_stage < LARGE_STORAGE_BINDINGS => MatmulVariant::Tiled,
+            _ if !Tuning::large_fits(limits) => MatmulVariant::Tiled,
             _ => MatmulVariant::Large,
         };
         let attention_tile = if info.backend == wgpu::Backend::Gl { 8 } else { 32 };
@@ -157,6 +156,12 @@ impl Tuning {
             large_vec4,
             attention_tuned: [None; TUNED_HEAD_SIZES],
         }
+    }
+
+    /// Whether `matmul_large` fits the adapter's limits (its workgroup memory and bindings).
+    pub fn large_fits(limits: &wgpu::Limits) -> bool {
+        limits.max_compute_workgroup_storage_size >= LARGE_WORKGROUP_BYTES
+            && limits.max_storage_buffers_per_shader_stage >= LARGE_STORAGE_BINDINGS
     }
 
     /// [`Tuning::attention_lanes`] for `gpu`.
