@@ -4,10 +4,10 @@
 //! The choices are the per-adapter ones of [`crate::kernels::Tuning`]: the matmul family (the
 //! products of a Linear forward and its two gradients, NN, NT and TN, timed together), and at
 //! each of [`HEAD_SIZES`] the attention forward's kernels and the attention backward's. Shapes
-//! are those of a GPT step, smaller on CPU adapters so the whole tune stays short (seconds on
-//! lavapipe). A candidate is
-//! timed once to compile it, then the best of `repeats` timings of `iters` back-to-back calls
-//! between two syncs; one already 4× slower than the best so far is not repeated.
+//! are those of a GPT step, smaller on CPU adapters so the whole tune stays short (16 s on
+//! lavapipe). A candidate is timed once to compile it, then the best of `repeats` timings of
+//! `iters` back-to-back calls between two syncs; one already 4× slower than the best so far is
+//! not repeated.
 
 use std::time::Instant;
 

@@ -99,6 +99,7 @@ impl Kernels {
             Tuning {
                 coop_f16: Tuning::coop_f16_on(&gpu),
                 attention_lanes: Tuning::attention_lanes_on(&gpu),
+                attention_tuned: Tuning::builtin_heads(&gpu),
                 ..Tuning::for_adapter(&gpu.info, &gpu.limits)
             },
         );

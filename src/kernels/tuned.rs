@@ -202,15 +202,20 @@ impl Tuned {
         }
         // (a variable that chooses attention's kernels chooses them at every head size)
         if !overridden("PAGETRAIN_ATTENTION") && !overridden("PAGETRAIN_ATTENTION_LANES") {
-            for (slot, a) in t.attention_tuned.iter_mut().zip(&self.attention) {
-                let forward_blocked = matches!(a.forward, AttentionKind::Blocked | AttentionKind::Blocked16);
-                *slot = Some(HeadKernels {
-                    head_size: a.head_size,
-                    blocked: (forward_blocked, a.backward == AttentionKind::Blocked),
-                    forward_tile: (a.forward == AttentionKind::Blocked16).then_some(16),
-                    lanes: a.backward.lanes(),
-                });
-            }
+            let tuned = self.attention.iter().map(|a| HeadKernels {
+                head_size: a.head_size,
+                blocked: (
+                    matches!(a.forward, AttentionKind::Blocked | AttentionKind::Blocked16),
+                    a.backward == AttentionKind::Blocked,
+                ),
+                forward_tile: (a.forward == AttentionKind::Blocked16).then_some(16),
+                lanes: a.backward.lanes(),
+            });
+            // the measured sizes first, then the built-in ones at other sizes
+            let measured = |h: &HeadKernels| self.attention.iter().any(|a| a.head_size == h.head_size);
+            let builtin = tuning.attention_tuned.into_iter().flatten().filter(|h| !measured(h));
+            let mut heads = tuned.chain(builtin).map(Some);
+            t.attention_tuned = std::array::from_fn(|_| heads.next().flatten());
         }
         t
     }

@@ -43,8 +43,10 @@ pub struct Tuning {
     /// / 37.4 / 41.8 reading elements; GPT-2 small's f32 step 259.2 against 264.9 ms).
     /// `PAGETRAIN_MATMUL_VEC4=<bits>` overrides it, for measuring.
     pub large_vec4: u32,
-    /// Attention's kernels per head size where `pagetrain tune` measured them (`super::tuned`):
-    /// for those sizes they replace `attention_blocked` and `attention_lanes`.
+    /// Attention's kernels per head size: built-in ones where a size ranks the kernels
+    /// differently ([`Tuning::builtin_heads`]), replaced by what `pagetrain tune` measured
+    /// (`super::tuned`). For those sizes they replace `attention_blocked`, `attention_forward_tile`
+    /// and `attention_lanes`.
     pub attention_tuned: [Option<HeadKernels>; TUNED_HEAD_SIZES],
 }
 
@@ -162,6 +164,21 @@ impl Tuning {
     pub fn large_fits(limits: &wgpu::Limits) -> bool {
         limits.max_compute_workgroup_storage_size >= LARGE_WORKGROUP_BYTES
             && limits.max_storage_buffers_per_shader_stage >= LARGE_STORAGE_BINDINGS
+    }
+
+    /// Attention's built-in choices by head size for `gpu` (see [`Tuning::attention_tuned`]): on
+    /// CPU adapters with subgroups, 2 lanes a row for the backward at head size 64 (lavapipe, a
+    /// 4-layer model 256 wide in 4 heads, 16 × 128 tokens: 600–604 → 650–652 tokens/s), where at
+    /// 32 they lose (225 → 377 ms a step of the `small` preset's backward). None where an
+    /// environment variable chooses attention's kernels.
+    pub fn builtin_heads(gpu: &Gpu) -> [Option<HeadKernels>; TUNED_HEAD_SIZES] {
+        let mut heads = [None; TUNED_HEAD_SIZES];
+        let chosen_by_env =
+            ["PAGETRAIN_ATTENTION", "PAGETRAIN_ATTENTION_LANES"].iter().any(|v| std::env::var_os(v).is_some());
+        if gpu.info.device_type == wgpu::DeviceType::Cpu && !chosen_by_env && attention::lanes_supported(gpu, 2) {
+            heads[0] = Some(HeadKernels { head_size: 64, blocked: (true, false), forward_tile: Some(16), lanes: 2 });
+        }
+        heads
     }
 
     /// [`Tuning::attention_lanes`] for `gpu`.

@@ -96,6 +96,13 @@ fn kept_choices_decide_the_kernels_unless_an_environment_variable_says_otherwise
     ctx.kernels.tuning = tuned.apply(before, |_| false);
     assert_eq!((attention::pick(&ctx.kernels, 48, false), attention::pick(&ctx.kernels, 48, true)), default_48);
 
+    // built-in choices at sizes not measured stay (CPU adapters: 2 lanes at 64), measured ones replace them
+    let applied = tuned.apply(before, |_| false);
+    assert_eq!(applied.attention_for(64), before.attention_for(64));
+    let at_64 = vec![AttentionChoice { head_size: 64, forward: AttentionKind::Rows, backward: AttentionKind::Rows }];
+    let rows_64 = Tuned::new(&ctx.gpu, MatmulFamily::Direct, at_64).apply(before, |_| false).attention_for(64);
+    assert_eq!((rows_64.blocked, rows_64.lanes), ((false, false), 1));
+
     // the environment wins: each variable over what it chooses, and only that
     let matmul_set = tuned.apply(before, |v| v == "PAGETRAIN_MATMUL");
     assert_eq!(matmul_set.matmul, before.matmul);
@@ -143,4 +150,21 @@ fn a_tuned_file_that_is_not_this_adapters_is_refused_with_the_reason() {
     }
     let missing = temp_file("missing.toml");
     assert!(Tuned::load(&missing, &ctx.gpu).is_err());
+}
+
+#[test]
+fn cpu_adapters_run_the_backward_on_two_lanes_a_row_at_head_size_64_and_not_at_32() {
+    let mut ctx = ctx();
+    let env_chooses =
+        ["PAGETRAIN_ATTENTION", "PAGETRAIN_ATTENTION_LANES"].iter().any(|v| std::env::var_os(v).is_some());
+    let cpu = ctx.gpu.info.device_type == wgpu::DeviceType::Cpu;
+    let wide = cpu && !env_chooses && attention::lanes_supported(&ctx.gpu, 2);
+    let picked =
+        |ctx: &pagetrain::Context| (attention::pick(&ctx.kernels, 64, true), attention::pick(&ctx.kernels, 32, true));
+    // (whatever a tuned file on this machine chose: the built-in table alone)
+    ctx.kernels.tuning.attention_tuned = Default::default();
+    let plain = picked(&ctx);
+    ctx.kernels.tuning.attention_tuned = pagetrain::kernels::Tuning::builtin_heads(&ctx.gpu);
+    let want_64 = if wide { Kernel::Lanes { lanes: 2 } } else { plain.0 };
+    assert_eq!(picked(&ctx), (want_64, plain.1), "{}", ctx.gpu.describe());
 }
