@@ -169,7 +169,7 @@ impl Tuning {
     /// Attention's built-in choices by head size for `gpu` (see [`Tuning::attention_tuned`]): on
     /// CPU adapters with subgroups, 2 lanes a row for the backward at head size 64 (lavapipe, a
     /// 4-layer model 256 wide in 4 heads, 16 × 128 tokens: 600–604 → 650–652 tokens/s), where at
-    /// 32 they lose (225 → 377 ms a step of the `small` preset's backward). None where an
+    /// 32 they lose (the `small` preset's backward: 214–220 → 243–252 ms a step). None where an
     /// environment variable chooses attention's kernels.
     pub fn builtin_heads(gpu: &Gpu) -> [Option<HeadKernels>; TUNED_HEAD_SIZES] {
         let mut heads = [None; TUNED_HEAD_SIZES];
