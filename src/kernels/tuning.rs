@@ -53,7 +53,8 @@ pub struct Tuning {
 /// Head sizes a tuned file may hold attention choices for.
 pub const TUNED_HEAD_SIZES: usize = 4;
 
-/// Attention's kernels for one head size, as `pagetrain tune` measured them.
+/// Attention's kernels for one head size: built in ([`Tuning::builtin_heads`]) or as `pagetrain
+/// tune` measured them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeadKernels {
     pub head_size: u32,
@@ -106,8 +107,8 @@ pub enum MatmulVariant {
 }
 
 impl Tuning {
-    /// Attention's kernels at head size `d`: the tuned choice for `d` where there is one, else
-    /// `attention_blocked` and `attention_lanes`.
+    /// Attention's kernels at head size `d`: the choice for `d` in `attention_tuned` where there
+    /// is one, else `attention_blocked`, `attention_forward_tile` and `attention_lanes`.
     pub fn attention_for(&self, d: usize) -> HeadKernels {
         let default = HeadKernels {
             head_size: d as u32,
