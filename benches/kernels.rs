@@ -5,7 +5,7 @@
 //! times the 4096³ products and the training step against PyTorch.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pagetrain::bench::kernels::{buffer, picked};
+use pagetrain::bench::kernels::{buffer, picked, AttentionBuffers};
 use pagetrain::kernels::optim::AdamWStep;
 use pagetrain::kernels::{attention, layernorm, matmul, optim};
 use pagetrain::tensor::DType;
@@ -39,22 +39,30 @@ fn kernels(c: &mut Criterion) {
 
     let (b, t, h, d) = if on_cpu { (1, 128, 2, 64) } else { (8, 1024, 12, 64) };
     let dims = attention::Dims { b, t, h, d, scale: 1.0 / (d as f32).sqrt() };
-    let qkv = buffer(&ctx, b * t * 3 * h * d, 4, DType::F32);
-    let (out, dout, dqkv) = (
-        buffer(&ctx, b * t * h * d, 5, DType::F32),
-        buffer(&ctx, b * t * h * d, 6, DType::F32),
-        buffer(&ctx, b * t * 3 * h * d, 7, DType::F32),
-    );
-    let (lse, delta) = (buffer(&ctx, b * h * t, 8, DType::F32), buffer(&ctx, b * h * t, 8, DType::F32));
+    let attn = AttentionBuffers::new(&ctx, dims, DType::F32);
     // causal: half of the T² scores, 2 products of D each (forward), 5 in backward
     let causal_flop = (b * h * t * t * d) as u64 * 2;
     group.throughput(Throughput::Elements(causal_flop));
     group.bench_function(format!("attention forward {b}x{t}x{h}x{d}, FLOP"), |bch| {
-        bch.iter(|| run(&|| attention::forward(&ctx.kernels, &out, &lse, &qkv, dims)))
+        bch.iter(|| run(&|| attention::forward(&ctx.kernels, &attn.out, &attn.lse, &attn.qkv, dims)))
     });
     group.throughput(Throughput::Elements(causal_flop * 5 / 2));
     group.bench_function(format!("attention backward {b}x{t}x{h}x{d}, FLOP"), |bch| {
-        bch.iter(|| run(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true)))
+        bch.iter(|| {
+            run(&|| {
+                attention::backward(
+                    &ctx.kernels,
+                    &attn.dqkv,
+                    &attn.delta,
+                    &attn.qkv,
+                    &attn.out,
+                    &attn.dout,
+                    &attn.lse,
+                    dims,
+                    true,
+                )
+            })
+        })
     });
 
     let (rows, cols) = if on_cpu { (256, 768) } else { (8192, 768) };

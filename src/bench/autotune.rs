@@ -9,9 +9,7 @@
 //! `iters` back-to-back calls between two syncs; one already 4× slower than the best so far is
 //! not repeated.
 
-use std::time::Instant;
-
-use super::kernels::{buffer, time_matmul};
+use super::kernels::{best_seconds, time_matmul, AttentionBuffers};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{self, Dims, Kernel};
@@ -131,35 +129,31 @@ fn measure_attention(
     effort: Effort,
     measured: &mut Vec<Measured>,
 ) -> Result<AttentionKind> {
-    let Dims { b, t, h, d, .. } = dims;
-    let f32s = |n, seed| buffer(ctx, n, seed, DType::F32);
-    let (qkv, out, dout, dqkv) =
-        (f32s(b * t * 3 * h * d, 1), f32s(b * t * h * d, 2), f32s(b * t * h * d, 3), f32s(b * t * 3 * h * d, 4));
-    let (lse, delta) = (f32s(b * h * t, 5), f32s(b * h * t, 6));
+    let (d, x) = (dims.d, AttentionBuffers::new(ctx, dims, DType::F32));
     // (a forward first: the backward reads its output and log-sum-exps)
-    attention::forward_with(&ctx.kernels, Kernel::Rows, &out, &lse, &qkv, dims)?;
+    attention::forward_with(&ctx.kernels, Kernel::Rows, &x.out, &x.lse, &x.qkv, dims)?;
     let choice = format!("attention {} d={d}", if backward { "backward" } else { "forward" });
     let mut timed = Vec::new();
     for kind in AttentionKind::candidates(&ctx.gpu, backward) {
         let Some(kernel) = kernel_of(ctx, kind, d, backward) else { continue };
         let call = || match backward {
-            true => attention::backward_with(&ctx.kernels, kernel, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true),
-            false => attention::forward_with(&ctx.kernels, kernel, &out, &lse, &qkv, dims),
+            true => attention::backward_with(
+                &ctx.kernels,
+                kernel,
+                &x.dqkv,
+                &x.delta,
+                &x.qkv,
+                &x.out,
+                &x.dout,
+                &x.lse,
+                dims,
+                true,
+            ),
+            false => attention::forward_with(&ctx.kernels, kernel, &x.out, &x.lse, &x.qkv, dims),
         };
-        call()?;
-        ctx.sync()?;
-        let mut ms = f64::INFINITY;
-        for r in 0..effort.repeats.max(1) {
-            if r > 0 && ms > 4.0 * best(&timed) {
-                break;
-            }
-            let start = Instant::now();
-            for _ in 0..effort.iters.max(1) {
-                call()?;
-            }
-            ctx.sync()?;
-            ms = ms.min(start.elapsed().as_secs_f64() * 1e3 / effort.iters.max(1) as f64);
-        }
+        // (one already 4× the best so far is not timed again)
+        let slow = |s: f64| s * 1e3 > 4.0 * best(&timed);
+        let ms = best_seconds(ctx, effort.iters, effort.repeats, &call, &slow)? * 1e3;
         timed.push((kind, ms));
         measured.push(Measured { choice: choice.clone(), candidate: format!("{kind:?}").to_lowercase(), ms });
     }

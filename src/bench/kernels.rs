@@ -51,29 +51,68 @@ pub struct MatmulReport {
 pub fn attention(ctx: &Context, dtype: DType, iters: usize, repeats: usize) -> Result<(f64, f64)> {
     let (b, t, h, d) = (8, 1024, 12, 64);
     let dims = attention::Dims { b, t, h, d, scale: 0.125 };
-    let f32v = |n, seed| buffer(ctx, n, seed, DType::F32);
-    let tv = |n, seed| buffer(ctx, n, seed, dtype);
-    let (qkv, out, dout, dqkv) =
-        (tv(b * t * 3 * h * d, 1), tv(b * t * h * d, 2), tv(b * t * h * d, 3), tv(b * t * 3 * h * d, 4));
-    let (lse, delta) = (f32v(b * h * t, 5), f32v(b * h * t, 6));
+    let x = AttentionBuffers::new(ctx, dims, dtype);
     let flop = 2.0 * (b * h * t * t * d) as f64;
-    let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
-        f()?;
-        ctx.sync()?;
-        let mut best = f64::INFINITY;
-        for _ in 0..repeats.max(1) {
-            let start = Instant::now();
-            for _ in 0..iters.max(1) {
-                f()?;
-            }
-            ctx.sync()?;
-            best = best.min(start.elapsed().as_secs_f64() / iters.max(1) as f64);
-        }
-        Ok(best)
-    };
-    let fwd = time(&|| attention::forward(&ctx.kernels, &out, &lse, &qkv, dims))?;
-    let bwd = time(&|| attention::backward(&ctx.kernels, &dqkv, &delta, &qkv, &out, &dout, &lse, dims, true))?;
+    let fwd =
+        best_seconds(ctx, iters, repeats, &|| attention::forward(&ctx.kernels, &x.out, &x.lse, &x.qkv, dims), &|_| {
+            false
+        })?;
+    let backward = || attention::backward(&ctx.kernels, &x.dqkv, &x.delta, &x.qkv, &x.out, &x.dout, &x.lse, dims, true);
+    let bwd = best_seconds(ctx, iters, repeats, &backward, &|_| false)?;
     Ok((flop / fwd / 1e12, 2.5 * flop / bwd / 1e12))
+}
+
+/// What one attention call on `dims` reads and writes: qkv, out and their gradients as `dtype`
+/// (deterministic values), the log-sum-exps and deltas f32.
+pub struct AttentionBuffers {
+    pub qkv: View,
+    pub out: View,
+    pub dout: View,
+    pub dqkv: View,
+    pub lse: View,
+    pub delta: View,
+}
+
+impl AttentionBuffers {
+    pub fn new(ctx: &Context, dims: attention::Dims, dtype: DType) -> AttentionBuffers {
+        let attention::Dims { b, t, h, d, .. } = dims;
+        let (rows, f32s) = (b * t * h * d, |n, seed| buffer(ctx, n, seed, DType::F32));
+        AttentionBuffers {
+            qkv: buffer(ctx, 3 * rows, 1, dtype),
+            out: buffer(ctx, rows, 2, dtype),
+            dout: buffer(ctx, rows, 3, dtype),
+            dqkv: buffer(ctx, 3 * rows, 4, dtype),
+            lse: f32s(b * h * t, 5),
+            delta: f32s(b * h * t, 6),
+        }
+    }
+}
+
+/// Seconds a call of `f` takes: one untimed call first (its compile), then the best of `repeats`
+/// timings of `iters` calls back to back between two syncs, so launch gaps count as they would
+/// in a step. Stops repeating once `enough(best so far)` says so.
+pub fn best_seconds(
+    ctx: &Context,
+    iters: usize,
+    repeats: usize,
+    f: &dyn Fn() -> Result<()>,
+    enough: &dyn Fn(f64) -> bool,
+) -> Result<f64> {
+    f()?;
+    ctx.sync()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        for _ in 0..iters.max(1) {
+            f()?;
+        }
+        ctx.sync()?;
+        best = best.min(start.elapsed().as_secs_f64() / iters.max(1) as f64);
+        if enough(best) {
+            break;
+        }
+    }
+    Ok(best)
 }
 
 /// A storage buffer of `n` deterministic values in [-0.5, 0.5) as `dtype` (f32 or f16).
@@ -112,17 +151,8 @@ pub fn time_matmul(
     );
     let variant = variant.unwrap_or_else(|| picked(ctx, &g, operands));
     let dummy = buffer(ctx, 4, 4, DType::F32);
-    matmul::matmul_variant(&ctx.kernels, variant, &c, &a, &b, None, &dummy, g)?;
-    ctx.sync()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..repeats.max(1) {
-        let start = Instant::now();
-        for _ in 0..iters.max(1) {
-            matmul::matmul_variant(&ctx.kernels, variant, &c, &a, &b, None, &dummy, g)?;
-        }
-        ctx.sync()?;
-        best = best.min(start.elapsed().as_secs_f64() / iters.max(1) as f64);
-    }
+    let product = || matmul::matmul_variant(&ctx.kernels, variant, &c, &a, &b, None, &dummy, g);
+    let best = best_seconds(ctx, iters, repeats, &product, &|_| false)?;
     Ok(2.0 * (g.batch * g.m * g.n * g.k) as f64 / best / 1e12)
 }
 
