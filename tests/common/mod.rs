@@ -17,15 +17,24 @@ pub const AWKWARD: &[usize] = &[1, 3, 17, 64, 65, 129, 1000];
 /// say so — or fail, under `PAGETRAIN_REQUIRE_F16=1`: CI sets it for its lavapipe run (which has
 /// the feature), so a suite that silently stopped running cannot pass there.
 pub fn has_f16(ctx: &Context) -> bool {
-    if ctx.gpu.features.contains(wgpu::Features::SHADER_F16) {
-        return true;
+    let has = ctx.gpu.features.contains(wgpu::Features::SHADER_F16);
+    if !has {
+        skip_unless_required(
+            "PAGETRAIN_REQUIRE_F16",
+            &format!("{} has no shader-f16", ctx.gpu.describe()),
+            "the f16 tests",
+        );
     }
-    let adapter = ctx.gpu.describe();
-    if std::env::var("PAGETRAIN_REQUIRE_F16").is_ok_and(|v| v == "1") {
-        panic!("PAGETRAIN_REQUIRE_F16=1, but {adapter} has no shader-f16: the f16 tests cannot run");
+    has
+}
+
+/// What cannot run here (`missing` says why) is skipped and says so — unless `var=1`, set where
+/// CI has what it needs, makes the skip a failure.
+pub fn skip_unless_required(var: &str, missing: &str, skipped: &str) {
+    if std::env::var(var).is_ok_and(|v| v == "1") {
+        panic!("{var}=1, but {missing}: {skipped} cannot run");
     }
-    eprintln!("skipped: {adapter} has no shader-f16");
-    false
+    eprintln!("skipped: {skipped} ({missing})");
 }
 
 pub fn ctx() -> Context {

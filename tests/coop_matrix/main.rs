@@ -21,15 +21,12 @@ use pagetrain::{Context, DType};
 
 /// Whether this adapter runs `matmul_coop`; says so when it does not (see the module docs).
 fn has_coop(ctx: &Context) -> bool {
-    if ctx.kernels.tuning.coop_f16 {
-        return true;
+    let has = ctx.kernels.tuning.coop_f16;
+    if !has {
+        let missing = format!("{} has no cooperative matrices the kernel can use", ctx.gpu.describe());
+        common::skip_unless_required("PAGETRAIN_REQUIRE_COOP", &missing, "the cooperative-matrix tests");
     }
-    let adapter = ctx.gpu.describe();
-    if std::env::var("PAGETRAIN_REQUIRE_COOP").is_ok_and(|v| v == "1") {
-        panic!("PAGETRAIN_REQUIRE_COOP=1, but {adapter} has no cooperative matrices the kernel can use");
-    }
-    eprintln!("skipped: {adapter} has no cooperative matrices");
-    false
+    has
 }
 
 /// One product `C[b] = alpha·op(A[b])·op(B[b]) (+ bias) (+ beta·C[b])` on A and B of element
