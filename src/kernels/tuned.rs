@@ -116,27 +116,32 @@ pub struct Tuned {
 /// A tuned file is a few hundred bytes; anything much larger is not one.
 const MAX_FILE_BYTES: u64 = 16 << 10;
 
-/// Who a tuned file is for: (adapter, driver, backend, pagetrain version and kernels). The
-/// kernels are a checksum of every shader's source: a file measured on other kernels is stale.
-fn identity(gpu: &Gpu) -> (String, String, String, String) {
+/// Which adapter a tuned file is for: (adapter, driver, backend).
+fn adapter_identity(gpu: &Gpu) -> (String, String, String) {
     let i = &gpu.info;
     let driver = format!("{} {}", i.driver, i.driver_info).trim().to_string();
+    (gpu.describe(), driver, format!("{:?}", i.backend))
+}
+
+/// Which pagetrain a tuned file was measured with: its version and a checksum of every shader's
+/// source (a file measured on other kernels is stale). Only computed where a file is read or
+/// made, not to find one.
+fn pagetrain_identity() -> String {
     let sources: String = super::ALL.iter().map(|s| s.source).collect();
     let kernels = pipeline_cache::checksum(sources.as_bytes());
-    let pagetrain = format!("{} (kernels {kernels:016x})", env!("CARGO_PKG_VERSION"));
-    (gpu.describe(), driver, format!("{:?}", i.backend), pagetrain)
+    format!("{} (kernels {kernels:016x})", env!("CARGO_PKG_VERSION"))
 }
 
 impl Tuned {
     /// Choices for `gpu` (its identity filled in).
     pub fn new(gpu: &Gpu, matmul: MatmulFamily, attention: Vec<AttentionChoice>) -> Tuned {
-        let (adapter, driver, backend, pagetrain) = identity(gpu);
-        Tuned { adapter, driver, backend, pagetrain, matmul, attention }
+        let (adapter, driver, backend) = adapter_identity(gpu);
+        Tuned { adapter, driver, backend, pagetrain: pagetrain_identity(), matmul, attention }
     }
 
     /// Where `gpu`'s tuned file lives (`None` without a cache folder).
     pub fn path(gpu: &Gpu) -> Option<PathBuf> {
-        let (adapter, driver, backend, _) = identity(gpu);
+        let (adapter, driver, backend) = adapter_identity(gpu);
         let who = format!("{adapter}\n{driver}\n{backend}\n{:x}:{:x}", gpu.info.vendor, gpu.info.device);
         // (a hash stable across builds and toolchains, unlike std's)
         let key = pipeline_cache::checksum(who.as_bytes());
@@ -152,7 +157,8 @@ impl Tuned {
         }
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
         let tuned: Tuned = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let (adapter, driver, backend, pagetrain) = identity(gpu);
+        let (adapter, driver, backend) = adapter_identity(gpu);
+        let pagetrain = pagetrain_identity();
         let fields = [
             ("adapter", &tuned.adapter, &adapter),
             ("driver", &tuned.driver, &driver),
