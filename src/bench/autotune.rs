@@ -108,15 +108,11 @@ fn fastest<T: Copy>(timed: &[(T, f64)], choice: &str) -> Result<T> {
 
 /// The kernel `kind` runs at head size `d` (as `attention::pick` would choose it), if it fits.
 fn kernel_of(ctx: &Context, kind: AttentionKind, d: usize, backward: bool) -> Option<Kernel> {
-    let limit = ctx.gpu.limits.max_compute_workgroup_storage_size as u64;
-    let fits = |t: &u32| d <= attention::BLOCKED_MAX_HEAD_DIM && attention::blocked_workgroup_bytes(d, *t) <= limit;
+    let blocked = |preferred| attention::blocked_tile(&ctx.kernels, d, backward, preferred);
     match kind {
         AttentionKind::Rows => Some(Kernel::Rows),
-        AttentionKind::Blocked if backward => {
-            Some(attention::BLOCKED_BACKWARD_TILE).filter(fits).map(|tile| Kernel::Blocked { tile })
-        }
-        AttentionKind::Blocked => attention::BLOCKED_TILES.into_iter().find(fits).map(|tile| Kernel::Blocked { tile }),
-        AttentionKind::Blocked16 => Some(16).filter(fits).map(|tile| Kernel::Blocked { tile }),
+        AttentionKind::Blocked => blocked(None).map(|tile| Kernel::Blocked { tile }),
+        AttentionKind::Blocked16 => blocked(Some(16)).filter(|&t| t == 16).map(|tile| Kernel::Blocked { tile }),
         lanes => Some(Kernel::Lanes { lanes: lanes.lanes() }),
     }
 }

@@ -91,13 +91,21 @@ pub fn pick(k: &Kernels, d: usize, backward: bool) -> Kernel {
     if !blocked || d > BLOCKED_MAX_HEAD_DIM {
         return if backward && lanes > 1 { Kernel::Lanes { lanes } } else { Kernel::Rows };
     }
-    let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
-    let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
-    let tuned = chosen.forward_tile.filter(|_| !backward);
-    match tuned.into_iter().chain(tiles.iter().copied()).find(|&t| blocked_workgroup_bytes(d, t) <= limit) {
+    match blocked_tile(k, d, backward, chosen.forward_tile) {
         Some(tile) => Kernel::Blocked { tile },
         None => Kernel::Rows,
     }
+}
+
+/// The blocked kernels' tile at head size `d`: the forward's `preferred` one where it fits, else
+/// the largest that fits (the backward has one, [`BLOCKED_BACKWARD_TILE`]); `None` where none
+/// fits the adapter's workgroup memory or `d` is past [`BLOCKED_MAX_HEAD_DIM`].
+pub fn blocked_tile(k: &Kernels, d: usize, backward: bool, preferred: Option<u32>) -> Option<u32> {
+    let limit = k.gpu().limits.max_compute_workgroup_storage_size as u64;
+    let tiles: &[u32] = if backward { &[BLOCKED_BACKWARD_TILE] } else { &BLOCKED_TILES };
+    let preferred = preferred.filter(|_| !backward);
+    let fits = |&t: &u32| d <= BLOCKED_MAX_HEAD_DIM && blocked_workgroup_bytes(d, t) <= limit;
+    preferred.into_iter().chain(tiles.iter().copied()).find(fits)
 }
 
 /// Shape of one attention call: qkv (B,T,3·H·D), out (B,T,H·D), lse and delta (B,H,T).
