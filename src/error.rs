@@ -26,6 +26,9 @@ pub enum Error {
     #[error("GPU budget of {budget} bytes cannot hold `{tensor}`: {needed} bytes must be on the GPU at once")]
     BudgetTooSmall { tensor: String, needed: u64, budget: u64 },
 
+    #[error("GPU budget of {budget} bytes has room for `{tensor}` ({bytes} bytes) but no free range that large in its slabs: the tensors the op holds split them")]
+    SlabsFragmented { tensor: String, bytes: u64, budget: u64 },
+
     #[error("tensor `{tensor}` is {bytes} bytes, over this adapter's {limit}-byte {what}")]
     TooLarge { tensor: String, bytes: u64, limit: u64, what: &'static str },
 
@@ -71,6 +74,9 @@ impl Error {
                  or set WGPU_BACKEND=gl to use OpenGL; `pagetrain info` lists the adapters wgpu sees",
             ),
             Error::BudgetTooSmall { .. } => Some("raise --gpu-budget, or use a smaller model"),
+            Error::SlabsFragmented { .. } => {
+                Some("raise --gpu-budget, or give tensors buffers of their own (PAGETRAIN_GPU_POOL=buffers)")
+            }
             Error::DeviceLost { .. } => Some("the driver reset the GPU; rerun with --resume from the last checkpoint"),
             Error::OutOfMemory { .. } => Some("lower --batch-size or --seq-len"),
             Error::Checkpoint { .. } => {

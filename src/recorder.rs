@@ -70,6 +70,8 @@ pub struct Recorder {
     submissions: Cell<u64>,
     /// Pool buffers dropped so far (kept bind groups holding them are let go: `kernels::bindings`).
     retired: Rc<Cell<u64>>,
+    /// Every storage binding read-write: the pool's tensors share buffers (`pager/slabs.rs`).
+    storage_writable: Cell<bool>,
 }
 
 impl Recorder {
@@ -100,6 +102,7 @@ impl Recorder {
             direct_submit_bytes: direct_submit_bytes(),
             submissions: Cell::new(0),
             retired: Rc::new(Cell::new(0)),
+            storage_writable: Cell::new(false),
         }
     }
 
@@ -322,6 +325,17 @@ impl Recorder {
     /// Pool buffers dropped so far.
     pub fn retired(&self) -> u64 {
         self.retired.get()
+    }
+
+    /// From now on, kernels are compiled with every storage binding read-write: one buffer may
+    /// then hold a kernel's inputs and its output (wgpu refuses a buffer bound both read-only
+    /// and read-write in one dispatch). Set before the first kernel is compiled.
+    pub fn set_storage_writable(&self) {
+        self.storage_writable.set(true);
+    }
+
+    pub fn storage_writable(&self) -> bool {
+        self.storage_writable.get()
     }
 
     /// Dispatches that waited for their pipeline's worker so far.

@@ -33,6 +33,8 @@ pub struct StepReport {
     pub exposed_ms_budget25: Option<f64>,
     /// The upload path the paged runs used.
     pub upload_path: String,
+    /// How the paged runs' pool gave tensors GPU memory (`Pager::gpu_pool`).
+    pub gpu_pool: String,
     /// Share of the transfer time (bytes / measured ring bandwidth) that did not add to the
     /// step time, at 25 % budget.
     pub hidden_fraction_budget25: Option<f64>,
@@ -135,6 +137,8 @@ pub struct StepTiming {
     /// Bytes of all live tensors at most (what a resident run needs).
     pub footprint: u64,
     pub upload_path: String,
+    /// `Pager::gpu_pool` at the end.
+    pub gpu_pool: String,
     /// Seconds from opening the context to the end of the first step.
     pub first_step_s: f64,
     /// Of those, seconds creating shader modules and pipelines.
@@ -231,6 +235,7 @@ pub fn time_steps(
         prefill_wasted_bytes: (after.prefill_wasted_bytes - before.prefill_wasted_bytes) as f64 / n as f64,
         footprint: ctx.pager.live_bytes().1,
         upload_path: ctx.pager.upload_path(),
+        gpu_pool: ctx.pager.gpu_pool(),
         first_step_s: first_step_s.unwrap_or_default(),
         first_step_creation,
         recording: per_step,
@@ -356,6 +361,7 @@ pub fn step_times(
         bytes_unread_writeback_per_step_budget10: at[2].as_ref().map(|r| r.unread_writeback),
         exposed_ms_budget25: at[1].as_ref().map(|r| r.exposed_s * 1e3),
         upload_path: at.iter().flatten().next().unwrap_or(&full).upload_path.clone(),
+        gpu_pool: at.iter().flatten().next().unwrap_or(&full).gpu_pool.clone(),
         hidden_fraction_budget25: hidden,
         resident_tokens_per_s: tokens as f64 / (resident / 1e3),
         train_tokens_per_s: tokens as f64 / (resident / 1e3),

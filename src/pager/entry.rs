@@ -4,6 +4,7 @@
 
 use super::host::HostRange;
 use super::plan::Key;
+use super::slabs::Region;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -22,7 +23,8 @@ pub(super) struct Entry {
     pub(super) name: String,
     pub(super) bytes: u64,
     pub(super) host: HostRange,
-    pub(super) gpu: Option<wgpu::Buffer>,
+    /// Where it is on the GPU, if resident.
+    pub(super) gpu: Option<Region>,
     /// The GPU copy is newer than the host's.
     pub(super) dirty: bool,
     pub(super) contents: Contents,

@@ -5,6 +5,7 @@
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::{Path, PathBuf};
 
+use super::ranges::Allocator;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
 use crate::error::Result;
@@ -79,52 +80,6 @@ pub trait HostStore {
     /// Bytes reserved in all segments.
     fn capacity(&self) -> usize;
     fn describe(&self) -> String;
-}
-
-/// First-fit free lists over segments, with coalescing.
-#[derive(Default)]
-pub(super) struct Allocator {
-    /// Per segment: free (offset, len) runs sorted by offset.
-    free: Vec<Vec<(usize, usize)>>,
-    pub(super) sizes: Vec<usize>,
-}
-
-impl Allocator {
-    pub(super) fn find(&mut self, len: usize) -> Option<HostRange> {
-        for (segment, runs) in self.free.iter_mut().enumerate() {
-            if let Some(i) = runs.iter().position(|&(_, l)| l >= len) {
-                let (offset, l) = runs[i];
-                if l == len {
-                    runs.remove(i);
-                } else {
-                    runs[i] = (offset + len, l - len);
-                }
-                return Some(HostRange { segment, offset, len });
-            }
-        }
-        None
-    }
-
-    pub(super) fn add_segment(&mut self, size: usize) -> usize {
-        self.free.push(vec![(0, size)]);
-        self.sizes.push(size);
-        self.free.len() - 1
-    }
-
-    pub(super) fn release(&mut self, r: HostRange) {
-        let runs = &mut self.free[r.segment];
-        let i = runs.partition_point(|&(o, _)| o < r.offset);
-        runs.insert(i, (r.offset, r.len));
-        // merge with the next, then with the previous run
-        if i + 1 < runs.len() && runs[i].0 + runs[i].1 == runs[i + 1].0 {
-            runs[i].1 += runs[i + 1].1;
-            runs.remove(i + 1);
-        }
-        if i > 0 && runs[i - 1].0 + runs[i - 1].1 == runs[i].0 {
-            runs[i - 1].1 += runs[i].1;
-            runs.remove(i);
-        }
-    }
 }
 
 pub(super) fn aligned(len: usize) -> usize {
@@ -374,25 +329,4 @@ fn resident_fraction(bytes: &[u8]) -> f32 {
 #[cfg(all(not(target_arch = "wasm32"), not(unix)))]
 fn resident_fraction(_bytes: &[u8]) -> f32 {
     1.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allocator_reuses_and_coalesces_freed_runs() {
-        let mut a = Allocator::default();
-        a.add_segment(1024);
-        let x = a.find(256).unwrap();
-        let y = a.find(256).unwrap();
-        let z = a.find(512).unwrap();
-        assert!(a.find(256).is_none());
-        a.release(y);
-        a.release(x);
-        assert_eq!(a.free[0], vec![(0, 512)]);
-        a.release(z);
-        assert_eq!(a.free[0], vec![(0, 1024)]);
-        assert_eq!(a.find(1024).unwrap().offset, 0);
-    }
 }

@@ -20,9 +20,11 @@ mod options;
 mod pinned_store;
 pub mod plan;
 mod pool;
+mod ranges;
 mod readback_ring;
 mod report;
 mod residency;
+mod slabs;
 mod staging;
 pub mod telemetry;
 mod transfers;
@@ -43,8 +45,8 @@ pub use options::{memory_store, PagerOptions};
 #[cfg(vulkan_hal)]
 pub use pinned_store::PinnedStore;
 pub use plan::{Key, Policy};
-pub use pool::size_class;
 use pool::Pool;
+pub use pool::{size_class, GpuPool};
 pub use report::MemoryStats;
 use staging::{ReadbackRing, UploadRing};
 use telemetry::stall;
@@ -189,12 +191,15 @@ impl Pager {
         let copier = Arc::new(Copier::new());
         // The browser cannot block, whatever the options say.
         let may_block = opts.blocking_waits && !cfg!(target_arch = "wasm32");
+        if opts.gpu_pool == GpuPool::Slabs {
+            recorder.set_storage_writable();
+        }
         let state = State {
             store,
             entries: HashMap::new(),
             resident: HashSet::new(),
             next_id: 1,
-            pool: Pool::new(budget, recorder.retired_counter()),
+            pool: Pool::new(budget, recorder.retired_counter(), opts.gpu_pool, gpu.limits.max_buffer_size),
             upload: UploadRing::new(&gpu.device, copier.clone(), upload_slots.1, slot_bytes, may_block),
             readback: ReadbackRing::new(&gpu.device, copier.clone(), opts.readback_slots.max(1), slot_bytes, may_block),
             copier,
@@ -363,10 +368,10 @@ impl Pager {
             let needs_bytes = access != Access::Write && st.entries[&id].contents == Contents::Host;
             let taken = st.place(device, recorder, id, needs_bytes)?;
             if let Err(e) = st.fill(recorder, id, &taken, access == Access::Write) {
-                st.pool.give(taken.buffer);
+                st.pool.give(taken.region);
                 return Err(e);
             }
-            st.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            st.entries.get_mut(&id).expect("exists").gpu = Some(taken.region);
             st.resident.insert(id);
             st.prefetch(device, recorder)?;
         }
@@ -376,8 +381,8 @@ impl Pager {
             e.dirty = true;
             e.host_update_due = false;
         }
-        let buffer = e.gpu.clone().expect("resident");
-        Ok(View { buffer, offset: 0, size: e.copy_len(), dtype: DType::F32 })
+        let region = e.gpu.clone().expect("resident");
+        Ok(View { buffer: region.buffer, offset: region.offset, size: e.copy_len(), dtype: DType::F32 })
     }
 
     /// Number of pins now held (for op scopes).

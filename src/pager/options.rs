@@ -5,6 +5,7 @@ use super::host::{HostStore, MemStore};
 #[cfg(vulkan_hal)]
 use super::pinned_store::PinnedStore;
 use super::plan::Policy;
+use super::pool::GpuPool;
 use super::upload_path::UploadPath;
 
 /// The host store for `--store memory`: pinned host memory where the adapter offers it (the
@@ -50,6 +51,8 @@ pub struct PagerOptions {
     /// and a staging ring that is full grows or falls back to `queue.write_buffer`. Off natively
     /// for tests of the browser's behaviour.
     pub blocking_waits: bool,
+    /// Buffers of their own for tensors, or ranges of shared slabs (`PAGETRAIN_GPU_POOL`).
+    pub gpu_pool: GpuPool,
 }
 
 impl PagerOptions {
@@ -62,6 +65,8 @@ impl PagerOptions {
             readback_slots: 32,
             slot_bytes: 64 << 10,
             blocking_waits: false,
+            // Browsers refuse a writable binding that shares a buffer with another binding.
+            gpu_pool: GpuPool::Buffers,
             ..PagerOptions::default()
         }
     }
@@ -79,6 +84,7 @@ impl Default for PagerOptions {
             upload: UploadPath::Auto,
             drop_dead_writebacks: true,
             blocking_waits: !cfg!(target_arch = "wasm32"),
+            gpu_pool: GpuPool::from_env(),
         }
     }
 }

@@ -9,7 +9,8 @@
 //! than a buffer may be) stays ordinary memory, its tensors go through the staging rings, and
 //! the store says so.
 
-use super::host::{aligned, Allocator, HostRange, HostStore, SEGMENT_BYTES};
+use super::host::{aligned, HostRange, HostStore, SEGMENT_BYTES};
+use super::ranges::Allocator;
 use crate::error::{Error, Result};
 use crate::vulkan_hal::{PinnedAllocator, PinnedBuffer};
 

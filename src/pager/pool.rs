@@ -1,9 +1,11 @@
-//! GPU buffer pool: buffers reused by size class, every byte counted against a budget.
+//! GPU buffer pool: every byte counted against a budget. Tensors get buffers of their own,
+//! reused by size class, or (`--gpu-pool slabs`) ranges of a few large buffers (`slabs.rs`).
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
+use super::slabs::{Region, Slabs};
 use crate::error::{Error, Result};
 
 /// Storage buffers are sized in classes of four steps per power of two (≤ 19 % slack), so a
@@ -18,10 +20,31 @@ pub fn size_class(bytes: u64) -> u64 {
     bytes.div_ceil(step) * step
 }
 
-/// A buffer from the pool; `mapped` ones were just created mapped for writing (zero-copy mode):
-/// host bytes go straight into them, and they must be unmapped before a kernel uses them.
+/// How the pool gives tensors GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuPool {
+    /// A buffer per tensor, reused by size class: destroyed and created as a full budget's
+    /// tensors change size.
+    Buffers,
+    /// Ranges of slabs that live as long as the pool; every storage binding read-write.
+    Slabs,
+}
+
+impl GpuPool {
+    /// `PAGETRAIN_GPU_POOL=slabs|buffers`, else buffers.
+    pub fn from_env() -> GpuPool {
+        match std::env::var("PAGETRAIN_GPU_POOL").as_deref() {
+            Ok("slabs") => GpuPool::Slabs,
+            _ => GpuPool::Buffers,
+        }
+    }
+}
+
+/// A region from the pool; `mapped` ones are buffers of their own just created mapped for
+/// writing (zero-copy mode): host bytes go straight into them, and they must be unmapped before
+/// a kernel uses them.
 pub struct Taken {
-    pub buffer: wgpu::Buffer,
+    pub region: Region,
     pub mapped: bool,
 }
 
@@ -30,6 +53,11 @@ pub struct Pool {
     /// sequence of takes and gives hands out the same buffers whatever order a batch of tensors
     /// was dropped in (bind groups kept over them then serve every step: `kernels::bindings`).
     free: HashMap<u64, BTreeMap<u64, wgpu::Buffer>>,
+    /// `Some` where tensors are ranges of slabs (not in zero-copy mode, whose buffers are each
+    /// mapped on their own).
+    slabs: Option<Slabs>,
+    /// The adapter's largest buffer.
+    max_buffer: u64,
     /// Creation serial of every buffer the pool holds.
     serials: HashMap<wgpu::Buffer, u64>,
     next_serial: u64,
@@ -48,9 +76,11 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(budget: u64, retired: Rc<Cell<u64>>) -> Self {
+    pub fn new(budget: u64, retired: Rc<Cell<u64>>, kind: GpuPool, max_buffer: u64) -> Self {
         Pool {
+            max_buffer,
             free: HashMap::new(),
+            slabs: (kind == GpuPool::Slabs).then(Slabs::default),
             serials: HashMap::new(),
             next_serial: 0,
             created: 0,
@@ -89,17 +119,36 @@ impl Pool {
         self.peak
     }
 
-    /// Buffers created so far.
+    /// Buffers created so far (slabs included).
     pub fn created(&self) -> u64 {
         self.created
     }
 
-    /// A buffer of at least `bytes` bytes; reuses a free one of the same class, else creates one,
-    /// destroying free buffers first when the budget requires it.
+    /// Slabs held now; `None` unless tensors go to slabs (`GpuPool::Slabs`, not zero-copy).
+    pub fn slabs_held(&self) -> Option<usize> {
+        self.slabs.as_ref().filter(|_| self.uses_slabs()).map(Slabs::count)
+    }
+
+    /// Slabs serve tensors unless buffers are mapped one by one (zero-copy).
+    fn uses_slabs(&self) -> bool {
+        self.slabs.is_some() && !self.zero_copy
+    }
+
+    /// The slab size a tensor of `bytes` goes to; `None`: a buffer of its own.
+    fn slab_for(&self, bytes: u64) -> Option<u64> {
+        let slab = Slabs::slab_bytes(self.budget, self.max_buffer);
+        (self.uses_slabs() && Slabs::footprint(bytes) <= slab).then_some(slab)
+    }
+
+    /// A region of at least `bytes` bytes: a free range of a slab, or a free buffer of the same
+    /// class, else a new slab or buffer, destroying free ones first when the budget requires it.
     /// `mapped`: in zero-copy mode, a new buffer created mapped (for host bytes to be written
     /// straight in); otherwise a free one is reused when there is one.
     pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64, mapped: bool) -> Result<Taken> {
         let mapped = mapped && self.zero_copy;
+        if let Some(slab) = self.slab_for(bytes) {
+            return self.take_from_slab(device, label, bytes, slab).map(|region| Taken { region, mapped: false });
+        }
         let class = size_class(bytes);
         if class > self.budget {
             return Err(Error::BudgetTooSmall { tensor: label.into(), needed: class, budget: self.budget });
@@ -107,49 +156,91 @@ impl Pool {
         if !mapped {
             if let Some((_, buffer)) = self.free.get_mut(&class).and_then(|v| v.pop_first()) {
                 self.in_use += class;
-                return Ok(Taken { buffer, mapped: false });
+                return Ok(Taken { region: Region { buffer, offset: 0, size: class }, mapped: false });
             }
         }
-        while self.held + class > self.budget {
-            if !self.destroy_one_free() {
-                return Err(Error::BudgetTooSmall {
-                    tensor: label.into(),
-                    needed: self.in_use + class,
-                    budget: self.budget,
-                });
-            }
-        }
-        // The driver may have less memory than the budget promises: an out-of-memory error scope
-        // turns that into an `Err` the pager answers by evicting (and the trainer by shrinking
-        // the micro-batch), not an abort.
-        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        self.make_room(label, class)?;
         let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         if self.zero_copy {
             usage |= wgpu::BufferUsages::MAP_WRITE;
         }
+        let buffer = self.create(device, label, class, usage, mapped)?;
+        self.in_use += class;
+        Ok(Taken { region: Region { buffer, offset: 0, size: class }, mapped })
+    }
+
+    /// A range of a slab: a free one, else one of a new slab where the budget has room.
+    fn take_from_slab(&mut self, device: &wgpu::Device, label: &str, bytes: u64, size: u64) -> Result<Region> {
+        let len = Slabs::footprint(bytes);
+        let slabs = self.slabs.as_mut().expect("slab mode");
+        if let Some(region) = slabs.find(len) {
+            self.in_use += len;
+            return Ok(region);
+        }
+        self.make_room(label, size)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let buffer = self.create(device, "pool slab", size, usage, false)?;
+        let slabs = self.slabs.as_mut().expect("slab mode");
+        slabs.add(buffer);
+        let region = slabs.find(len).expect("a fresh slab fits");
+        self.in_use += len;
+        Ok(region)
+    }
+
+    /// Destroys free buffers and empty slabs until `bytes` more fit the budget.
+    fn make_room(&mut self, label: &str, bytes: u64) -> Result<()> {
+        while self.held + bytes > self.budget {
+            if !self.destroy_one_free() {
+                return Err(Error::BudgetTooSmall {
+                    tensor: label.into(),
+                    needed: self.in_use + bytes,
+                    budget: self.budget,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A new buffer of `size` bytes, counted as held.
+    fn create(
+        &mut self,
+        device: &wgpu::Device,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Result<wgpu::Buffer> {
+        // The driver may have less memory than the budget promises: an out-of-memory error scope
+        // turns that into an `Err` the pager answers by evicting (and the trainer by shrinking
+        // the micro-batch), not an abort.
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: class,
+            size,
             usage,
             mapped_at_creation: mapped,
         });
         // Native wgpu answers at once; where the answer is not ready (the web), a later error
         // surfaces through the device's error handler instead.
         if let Some(Some(_)) = futures::FutureExt::now_or_never(scope.pop()) {
-            return Err(Error::OutOfMemory { what: label.into(), bytes: class });
+            return Err(Error::OutOfMemory { what: label.into(), bytes: size });
         }
         self.created += 1;
-        log::trace!("pool: created {class} bytes for {label} ({} held of {})", self.held + class, self.budget);
-        self.held += class;
-        self.in_use += class;
+        log::trace!("pool: created {size} bytes for {label} ({} held of {})", self.held + size, self.budget);
+        self.held += size;
         self.peak = self.peak.max(self.held);
         self.serials.insert(buffer.clone(), self.next_serial);
         self.next_serial += 1;
-        Ok(Taken { buffer, mapped })
+        Ok(buffer)
     }
 
-    /// Returns a buffer to its free list.
-    pub fn give(&mut self, buf: wgpu::Buffer) {
+    /// Returns a region: a slab's range to its slab, a buffer to its free list.
+    pub fn give(&mut self, region: Region) {
+        if self.slabs.as_mut().is_some_and(|s| s.release(&region)) {
+            self.in_use -= region.size;
+            return;
+        }
+        let buf = region.buffer;
         let class = buf.size();
         self.in_use -= class;
         let serial = match self.serials.get(&buf) {
@@ -164,7 +255,15 @@ impl Pool {
         self.free.entry(class).or_default().insert(serial, buf);
     }
 
+    /// Drops a free buffer (the largest) or an empty slab; `false` if there is neither.
     fn destroy_one_free(&mut self) -> bool {
+        if let Some(slab) = self.slabs.as_mut().and_then(Slabs::drop_empty) {
+            log::trace!("pool: destroyed an empty slab of {} bytes", slab.size());
+            self.serials.remove(&slab);
+            self.held -= slab.size();
+            self.retired.set(self.retired.get() + 1);
+            return true;
+        }
         let Some((&class, _)) = self.free.iter().filter(|(_, v)| !v.is_empty()).max_by_key(|(c, _)| **c) else {
             return false;
         };
@@ -180,8 +279,11 @@ impl Pool {
         false
     }
 
-    /// Whether a buffer for `bytes` can be had without evicting a tensor.
+    /// Whether a region for `bytes` can be had without evicting a tensor.
     pub fn fits_without_eviction(&self, bytes: u64) -> bool {
+        if let (Some(slab), Some(slabs)) = (self.slab_for(bytes), self.slabs.as_ref()) {
+            return slabs.has_room(Slabs::footprint(bytes)) || self.held + slab <= self.budget;
+        }
         let class = size_class(bytes);
         self.free.get(&class).is_some_and(|v| !v.is_empty()) || self.held + class <= self.budget
     }

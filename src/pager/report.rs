@@ -61,6 +61,14 @@ impl Pager {
         self.state().pool.budget()
     }
 
+    /// How tensors get GPU memory now: `buffers` (one each), or `slabs (n held)`.
+    pub fn gpu_pool(&self) -> String {
+        match self.state().pool.slabs_held() {
+            None => "buffers".into(),
+            Some(n) => format!("slabs ({n} held)"),
+        }
+    }
+
     /// Whether a transfer may be waited for inside a step (not in the browser, see
     /// [`super::PagerOptions::blocking_waits`]).
     pub fn waits_may_block(&self) -> bool {

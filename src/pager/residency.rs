@@ -2,6 +2,7 @@
 //! evicting by the plan, writing dirty victims back), delivering write-backs, prefetching.
 
 use super::pool::Taken;
+use super::slabs::{Region, Slabs};
 use super::staging::Job;
 use super::*;
 
@@ -85,7 +86,7 @@ impl State {
 
     /// Records the write-back of a dirty resident tensor (it stays resident, now clean).
     pub(super) fn write_back(&mut self, recorder: &Recorder, id: TensorId) -> Result<()> {
-        let (buffer, host, len, bytes) = {
+        let (gpu, host, len, bytes) = {
             let e = &self.entries[&id];
             (e.gpu.clone().expect("resident"), e.host, e.copy_len(), e.bytes)
         };
@@ -97,12 +98,14 @@ impl State {
             if self.readback.has_jobs_for(id) {
                 self.settle_ring(recorder, id)?;
             }
-            self.dma.record(recorder, id, dma::Dir::Down, &buffer, 0, &to, offset, n);
+            self.dma.record(recorder, id, dma::Dir::Down, &gpu.buffer, gpu.offset, &to, offset, n);
         } else {
             let State { store, entries, readback, counters, .. } = self;
             counters.stall_s += stall(
                 "write-back slot",
-                readback.read(recorder, id, &buffer, 0, len, &mut |job| host_target(store.as_mut(), entries, job))?,
+                readback.read(recorder, id, &gpu.buffer, gpu.offset, len, &mut |job| {
+                    host_target(store.as_mut(), entries, job)
+                })?,
             );
         }
         self.counters.writebacks += 1;
@@ -199,12 +202,15 @@ impl State {
                 Some(id) => self.evict(recorder, id)?,
                 None if oom.is_some() => return Err(oom.expect("checked")),
                 None => {
-                    let pinned: u64 = self
-                        .entries
-                        .values()
-                        .filter(|e| e.pins > 0 && e.gpu.is_some())
-                        .map(|e| size_class(e.bytes))
-                        .sum();
+                    let held: Vec<u64> =
+                        self.entries.values().filter(|e| e.pins > 0 && e.gpu.is_some()).map(|e| e.bytes).collect();
+                    if self.pool.slabs_held().is_some() {
+                        let needed: u64 = held.iter().chain([&bytes]).map(|&b| Slabs::footprint(b)).sum();
+                        if needed <= self.pool.budget() {
+                            return Err(Error::SlabsFragmented { tensor: name, bytes, budget: self.pool.budget() });
+                        }
+                    }
+                    let pinned: u64 = held.iter().map(|&b| size_class(b)).sum();
                     return Err(Error::BudgetTooSmall {
                         tensor: name,
                         needed: pinned + size_class(bytes),
@@ -247,7 +253,7 @@ impl State {
             e.lost_by_plan = false;
         } else if let Err(err) = e.check_lost() {
             if taken.mapped {
-                taken.buffer.unmap();
+                taken.region.buffer.unmap();
             }
             return Err(err);
         }
@@ -258,13 +264,13 @@ impl State {
             // A buffer created mapped starts zeroed.
             (_, Contents::Zero, true) => Ok(()),
             (_, Contents::Zero, false) => {
-                recorder.clear(&taken.buffer, 0, len);
+                recorder.clear(&taken.region.buffer, taken.region.offset, len);
                 Ok(())
             }
-            (_, Contents::Host, mapped) => self.upload(recorder, id, &taken.buffer, mapped),
+            (_, Contents::Host, mapped) => self.upload(recorder, id, &taken.region, mapped),
         };
         if taken.mapped {
-            taken.buffer.unmap();
+            taken.region.buffer.unmap();
         }
         // Bytes filled ahead that this placement did not upload are not needed (or stale) now.
         self.upload.discard_prefill(id);
@@ -286,7 +292,7 @@ impl State {
         self.reupload_in_flight && self.dma.busy(id, Some(dma::Dir::Down)) && self.store.dma(host).is_some()
     }
 
-    /// The host bytes of `id` (`len` of `host`) into `buffer`, not mapped: by DMA straight from a
+    /// The host bytes of `id` (`len` of `host`) into `region`, not mapped: by DMA straight from a
     /// pinned store on the `Pinned` path, else through the ring.
     fn upload_unmapped(
         &mut self,
@@ -294,31 +300,26 @@ impl State {
         id: TensorId,
         host: HostRange,
         len: usize,
-        buffer: &wgpu::Buffer,
+        region: &Region,
     ) -> Result<()> {
         if self.uploads_direct(id, false) {
             if let Some((from, offset, n)) = self.direct(&host, len as u64) {
                 if !self.direct_upload {
                     self.counters.uploads_behind_writeback += 1;
                 }
-                self.dma.record(recorder, id, dma::Dir::Up, &from, offset, buffer, 0, n);
+                self.dma.record(recorder, id, dma::Dir::Up, &from, offset, &region.buffer, region.offset, n);
                 return Ok(());
             }
         }
         let src = &self.store.bytes(&host)?[..len];
-        self.counters.stall_s += stall("upload slot", self.upload.upload(recorder, Some(id), src, buffer, 0)?);
+        self.counters.stall_s +=
+            stall("upload slot", self.upload.upload(recorder, Some(id), src, &region.buffer, region.offset)?);
         Ok(())
     }
 
-    /// Host bytes of `id` into `buffer`: written in place when it is mapped, by DMA from a pinned
-    /// store on the `Pinned` path, else through the ring.
-    pub(super) fn upload(
-        &mut self,
-        recorder: &Recorder,
-        id: TensorId,
-        buffer: &wgpu::Buffer,
-        mapped: bool,
-    ) -> Result<()> {
+    /// Host bytes of `id` into `region`: written in place when it is mapped, by DMA from a
+    /// pinned store on the `Pinned` path, else through the ring.
+    pub(super) fn upload(&mut self, recorder: &Recorder, id: TensorId, region: &Region, mapped: bool) -> Result<()> {
         let (host, len, bytes) = {
             let e = &self.entries[&id];
             (e.host, e.copy_len() as usize, e.bytes)
@@ -326,12 +327,13 @@ impl State {
         let start = Stopwatch::start();
         if mapped {
             let src = &self.store.bytes(&host)?[..len];
-            let mut view = buffer
-                .get_mapped_range_mut(0..len as u64)
+            let mut view = region
+                .buffer
+                .get_mapped_range_mut(region.offset..region.offset + len as u64)
                 .map_err(|err| Error::Gpu { context: "zero-copy upload".into(), msg: err.to_string() })?;
             staging::fill_now(&self.copier, &mut view, src);
         } else {
-            self.upload_unmapped(recorder, id, host, len, buffer)?;
+            self.upload_unmapped(recorder, id, host, len, region)?;
         }
         self.counters.fill_s += start.seconds();
         self.counters.uploads += 1;
@@ -387,9 +389,9 @@ impl State {
         e.host_update_due = false;
         if e.pins == 0 {
             self.drop_gpu_copy(id);
-        } else if let Some(buf) = e.gpu.clone() {
+        } else if let Some(region) = e.gpu.clone() {
             let (host, len) = (e.host, e.copy_len() as usize);
-            self.upload_unmapped(recorder, id, host, len, &buf)?;
+            self.upload_unmapped(recorder, id, host, len, &region)?;
         }
         Ok(())
     }
@@ -458,7 +460,7 @@ impl State {
             self.store.will_need(&e.host);
             let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
             self.fill(recorder, id, &taken, false)?;
-            self.entries.get_mut(&id).expect("exists").gpu = Some(taken.buffer);
+            self.entries.get_mut(&id).expect("exists").gpu = Some(taken.region);
             self.resident.insert(id);
             self.counters.prefetches += 1;
         }

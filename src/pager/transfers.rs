@@ -62,9 +62,9 @@ impl Pager {
         let mut st = self.state();
         st.settle(recorder, id)?;
         let e = st.entries.get_mut(&id).ok_or_else(|| Error::invalid("tensor", format!("#{id} was released")))?;
-        if let Some(buf) = &e.gpu {
+        if let Some(region) = &e.gpu {
             let len = e.copy_len();
-            recorder.clear(buf, 0, len);
+            recorder.clear(&region.buffer, region.offset, len);
         }
         e.contents = Contents::Zero;
         e.host_update_due = false;

@@ -68,7 +68,7 @@ fn f16_gradients(cfg: &TrainConfig) -> bool {
 
 /// Whether `e` means "this much does not fit on the GPU".
 pub fn is_out_of_memory(e: &Error) -> bool {
-    matches!(e, Error::BudgetTooSmall { .. } | Error::OutOfMemory { .. })
+    matches!(e, Error::BudgetTooSmall { .. } | Error::SlabsFragmented { .. } | Error::OutOfMemory { .. })
 }
 
 impl Trainer {

@@ -97,6 +97,7 @@ fn the_pool_counts_the_buffers_it_creates_none_once_a_resident_run_is_warm() {
             budget,
             slot_bytes: 64 << 10,
             upload: UploadPath::Ring,
+            gpu_pool: pagetrain::pager::GpuPool::Buffers,
             ..Default::default()
         })
     };
@@ -119,6 +120,26 @@ fn the_pool_counts_the_buffers_it_creates_none_once_a_resident_run_is_warm() {
     let footprint = resident.pager.live_bytes().1;
     let (_, later) = created_in_steps(&ring(Some(footprint / 10)));
     assert!(later > 0, "three steps at 10 % of the footprint created no buffer");
+    // Slabs: at half the footprint, warm steps make no allocation at all; at 10 %, where this
+    // model's largest tensors are over a slab (an eighth of the budget) and get buffers of
+    // their own, fewer than buffers of their own for every tensor.
+    let in_slabs = |percent: u64| {
+        let ctx = common::paged_ctx(&PagerOptions {
+            budget: Some(footprint * percent / 100),
+            slot_bytes: 64 << 10,
+            upload: UploadPath::Ring,
+            gpu_pool: pagetrain::pager::GpuPool::Slabs,
+            ..Default::default()
+        });
+        let (warm, later) = created_in_steps(&ctx);
+        assert!(warm > 0 && ctx.pager.gpu_pool().starts_with("slabs"), "{}", ctx.pager.gpu_pool());
+        let c = ctx.pager.counters();
+        assert!(c.evictions > 0 && c.uploads > 0, "{percent} % of the footprint must page in slabs too: {c:?}");
+        later
+    };
+    assert_eq!(in_slabs(50), 0, "warm steps at 50 % in slabs created buffers");
+    let tight = in_slabs(10);
+    assert!(tight < later, "at 10 %, slabs created {tight} buffers in three warm steps, buffers alone {later}");
 }
 
 #[test]

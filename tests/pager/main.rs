@@ -17,7 +17,7 @@ use pagetrain::kernels::elementwise;
 use pagetrain::nn::{Gpt, GptConfig, Module};
 use pagetrain::optim::{AdamW, AdamWConfig};
 use pagetrain::pager::plan::{self, Key, Policy};
-use pagetrain::pager::{HostRange, HostStore, MemStore, MmapStore, PagerOptions, UploadPath};
+use pagetrain::pager::{GpuPool, HostRange, HostStore, MemStore, MmapStore, PagerOptions, UploadPath};
 use pagetrain::{Context, Error, Tensor};
 use proptest::prelude::*;
 
@@ -44,6 +44,7 @@ fn opts(budget: u64, policy: Policy) -> PagerOptions {
         upload: UploadPath::Ring,
         drop_dead_writebacks: true,
         blocking_waits: true,
+        gpu_pool: GpuPool::Buffers,
     }
 }
 

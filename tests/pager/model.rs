@@ -311,6 +311,36 @@ proptest! {
     }
 
     #[test]
+    fn slabs_match_a_plain_model(
+        ops in prop::collection::vec(op(), 1..60),
+        budget_kib in 30u64..64,
+        path in prop::sample::select(vec![UploadPath::Ring, UploadPath::Pinned]),
+    ) {
+        // Tensors as ranges of slabs (an eighth of the budget each), placed first fit, those
+        // larger than a slab in buffers of their own. An op holds at most three tensors of at
+        // most 6 KiB: once the rest is evicted, the slabs it does not hold make way for the
+        // third, so nothing may fail for fragmentation.
+        let budget = budget_kib * 1024;
+        let o = PagerOptions { upload: path, gpu_pool: GpuPool::Slabs, ..opts(budget, Policy::Belady) };
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        prop_assert!(ctx.pager.gpu_pool().starts_with("slabs"), "{}", ctx.pager.gpu_pool());
+        run_against_model(&ctx, &ops, budget, None);
+    }
+
+    #[test]
+    fn planned_steps_in_slabs_match_a_plain_model(
+        step in prop::collection::vec(step_op(), 1..30),
+        sizes in prop::collection::vec(prop::sample::select(vec![1usize, 255, 1000, 1500, 2500]), 2..8),
+        budget_kib in 50u64..80,
+    ) {
+        let budget = budget_kib * 1024;
+        let o = PagerOptions { gpu_pool: GpuPool::Slabs, ..opts(budget, Policy::Belady) };
+        let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+        prop_assert!(ctx.pager.gpu_pool().starts_with("slabs"), "{}", ctx.pager.gpu_pool());
+        run_steps_against_model(&ctx, &sizes, &step, 3);
+    }
+
+    #[test]
     fn mmap_store_matches_a_plain_model_and_its_files(ops in prop::collection::vec(op(), 1..60), budget_kib in 20u64..64) {
         let budget = budget_kib * 1024;
         let dir = tmpdir("prop");

@@ -21,8 +21,8 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
     let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 23 };
     let tokens: Vec<u32> = (0..32).map(|i| (i * 5 % 23) as u32).collect();
     let targets: Vec<u32> = (0..32).map(|i| (i * 5 % 23 + 1) as u32 % 23).collect();
-    let run = |budget: Option<u64>, upload: UploadPath| {
-        let o = PagerOptions { budget, slot_bytes: 16 << 10, upload, ..Default::default() };
+    let run = |budget: Option<u64>, upload: UploadPath, gpu_pool: GpuPool| {
+        let o = PagerOptions { budget, slot_bytes: 16 << 10, upload, gpu_pool, ..Default::default() };
         let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
         assert_offered_path_taken(&ctx, upload);
         let model = Gpt::new(&ctx, cfg, 9).unwrap();
@@ -33,12 +33,16 @@ fn gpt_under_a_quarter_budget_computes_exactly_what_a_resident_one_does() {
         (steps, ctx.pager.stats(), ctx.pager.counters(), last)
     };
     // Resident, a step uploads only its tokens and writes back only the gradients read.
-    let (resident, full, _, quiet) = run(None, UploadPath::Ring);
+    let (resident, full, _, quiet) = run(None, UploadPath::Ring, GpuPool::Buffers);
     let footprint = full.peak_bytes;
     let budget = footprint / 4;
-    // Every upload path (those the adapter lacks fall back to the ring: checked above).
-    for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::ZeroCopy] {
-        let (paged, stats, counters, last) = run(Some(budget), path);
+    // Every upload path (those the adapter lacks fall back to the ring: checked above), with
+    // buffers of their own and in slabs (zero-copy maps buffers one by one: no slabs there).
+    let pools = [GpuPool::Buffers, GpuPool::Slabs];
+    let ways = [UploadPath::Ring, UploadPath::Pinned].iter().flat_map(|&p| pools.map(|g| (p, g)));
+    for (path, pool) in ways.chain([(UploadPath::ZeroCopy, GpuPool::Buffers)]) {
+        let (paged, stats, counters, last) = run(Some(budget), path, pool);
+        let path = format!("{path:?} in {pool:?}");
         // The per-step telemetry sees the paging: one step's share of the run's traffic.
         assert!(
             last.bytes_up > quiet.bytes_up && last.bytes_up <= counters.bytes_uploaded,

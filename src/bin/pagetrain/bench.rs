@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use pagetrain::kernels::matmul::Gemm;
 use pagetrain::kernels::MatmulVariant;
-use pagetrain::pager::PagerOptions;
+use pagetrain::pager::{GpuPool, PagerOptions};
 use pagetrain::tensor::DType;
 use pagetrain::train::{parse_bytes, OptimizerOn, Precision, TrainConfig};
 use pagetrain::{Context, ContextOptions, Error, StoreKind};
@@ -69,6 +69,10 @@ pub(crate) struct BenchArgs {
     /// How the pager uploads in the timed steps (auto: the fastest measured).
     #[arg(long, default_value = "auto")]
     pub(crate) upload: Upload,
+    /// How the pool gives tensors GPU memory in the timed steps: a buffer each, or ranges of
+    /// shared slabs (default: `PAGETRAIN_GPU_POOL`, else buffers).
+    #[arg(long)]
+    pub(crate) gpu_pool: Option<Pool>,
     /// Write back every dirty tensor the pager evicts, even those the plan knows are freed
     /// unread (the behaviour before the plan skipped them), for before/after figures.
     #[arg(long)]
@@ -98,6 +102,13 @@ impl From<Upload> for pagetrain::pager::UploadPath {
             Upload::ZeroCopy => UploadPath::ZeroCopy,
         }
     }
+}
+
+/// `--gpu-pool`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Pool {
+    Buffers,
+    Slabs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -174,6 +185,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                     slot_bytes: args.slot_size.unwrap_or(d.slot_bytes),
                     upload: args.upload.into(),
                     drop_dead_writebacks: !args.keep_dead_writebacks,
+                    gpu_pool: match args.gpu_pool {
+                        None => d.gpu_pool,
+                        Some(Pool::Buffers) => GpuPool::Buffers,
+                        Some(Pool::Slabs) => GpuPool::Slabs,
+                    },
                     ..d
                 };
                 pollster::block_on(Context::new(&ContextOptions { pager, ..Default::default() }))
@@ -309,7 +325,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                     println!("    ({c})");
                 }
             }
-            println!("  paged runs uploaded by: {}", s.upload_path);
+            println!("  paged runs uploaded by: {}; GPU pool: {}", s.upload_path, s.gpu_pool);
             if !s.host_optimizer_at.is_empty() {
                 println!(
                     "  (AdamW on the host at {:?} % budgets: the GPU update's tensors do not fit)",

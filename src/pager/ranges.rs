@@ -1,0 +1,112 @@
+//! First-fit allocation of byte ranges inside large segments, with coalescing: the host stores
+//! carve tensors out of their segments with it, and the GPU pool out of its slabs
+//! (`pool.rs`), where a segment is a slab.
+
+use super::host::HostRange;
+
+/// Free runs per segment; a segment that was removed has none and a size of 0.
+#[derive(Default)]
+pub(super) struct Allocator {
+    /// Per segment: free (offset, len) runs sorted by offset.
+    free: Vec<Vec<(usize, usize)>>,
+    pub(super) sizes: Vec<usize>,
+}
+
+impl Allocator {
+    pub(super) fn find(&mut self, len: usize) -> Option<HostRange> {
+        for (segment, runs) in self.free.iter_mut().enumerate() {
+            if let Some(i) = runs.iter().position(|&(_, l)| l >= len) {
+                let (offset, l) = runs[i];
+                if l == len {
+                    runs.remove(i);
+                } else {
+                    runs[i] = (offset + len, l - len);
+                }
+                return Some(HostRange { segment, offset, len });
+            }
+        }
+        None
+    }
+
+    /// Whether `find(len)` would succeed.
+    pub(super) fn has_room(&self, len: usize) -> bool {
+        self.free.iter().flatten().any(|&(_, l)| l >= len)
+    }
+
+    /// A new segment of `size` bytes, all free; its index. A removed segment's index is reused.
+    pub(super) fn add_segment(&mut self, size: usize) -> usize {
+        if let Some(i) = self.sizes.iter().position(|&s| s == 0) {
+            self.free[i] = vec![(0, size)];
+            self.sizes[i] = size;
+            return i;
+        }
+        self.free.push(vec![(0, size)]);
+        self.sizes.push(size);
+        self.free.len() - 1
+    }
+
+    /// Whether nothing of `segment` is allocated.
+    pub(super) fn is_free(&self, segment: usize) -> bool {
+        self.sizes[segment] > 0 && self.free[segment] == [(0, self.sizes[segment])]
+    }
+
+    /// Forgets `segment` (wholly free): nothing is found in it any more.
+    pub(super) fn remove_segment(&mut self, segment: usize) {
+        debug_assert!(self.is_free(segment));
+        self.free[segment].clear();
+        self.sizes[segment] = 0;
+    }
+
+    pub(super) fn release(&mut self, r: HostRange) {
+        let runs = &mut self.free[r.segment];
+        let i = runs.partition_point(|&(o, _)| o < r.offset);
+        runs.insert(i, (r.offset, r.len));
+        // merge with the next, then with the previous run
+        if i + 1 < runs.len() && runs[i].0 + runs[i].1 == runs[i + 1].0 {
+            runs[i].1 += runs[i + 1].1;
+            runs.remove(i + 1);
+        }
+        if i > 0 && runs[i - 1].0 + runs[i - 1].1 == runs[i].0 {
+            runs[i - 1].1 += runs[i].1;
+            runs.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocator_reuses_and_coalesces_freed_runs() {
+        let mut a = Allocator::default();
+        a.add_segment(1024);
+        let x = a.find(256).unwrap();
+        let y = a.find(256).unwrap();
+        let z = a.find(512).unwrap();
+        assert!(a.find(256).is_none());
+        assert!(!a.has_room(256));
+        a.release(y);
+        a.release(x);
+        assert_eq!(a.free[0], vec![(0, 512)]);
+        assert!(a.has_room(512) && !a.has_room(768));
+        assert!(!a.is_free(0));
+        a.release(z);
+        assert_eq!(a.free[0], vec![(0, 1024)]);
+        assert!(a.is_free(0));
+        assert_eq!(a.find(1024).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn removed_segments_are_skipped_and_reused() {
+        let mut a = Allocator::default();
+        a.add_segment(512);
+        a.add_segment(1024);
+        a.remove_segment(0);
+        assert!(!a.has_room(1025) && a.has_room(1024));
+        let r = a.find(256).unwrap();
+        assert_eq!(r.segment, 1, "nothing comes from a removed segment");
+        assert_eq!(a.add_segment(2048), 0, "a removed segment's index is reused");
+        assert_eq!(a.find(2048).unwrap().segment, 0);
+    }
+}

@@ -1,0 +1,97 @@
+//! The GPU pool's slabs (`--gpu-pool slabs`): tensors as ranges of a few large buffers that live
+//! as long as the pool, so a paged step makes and frees no driver allocation once warm.
+//!
+//! With a buffer per tensor, a budget that is full turns every placement of a tensor of a new
+//! size into a free buffer destroyed and another created; on an H200 that was 84 buffers a step
+//! for GPT-2 at a quarter budget and 37 % of the main thread in the driver's memory calls
+//! (BENCHMARKS.md, round 20). The price of sharing buffers: wgpu tracks usage per buffer, and a
+//! buffer bound read-only and read-write in one dispatch is a conflict, so every storage binding
+//! of every kernel is declared read-write (`Recorder::set_storage_writable`).
+
+use std::collections::HashMap;
+
+use super::host::HostRange;
+use super::ranges::Allocator;
+
+/// A slab's size at most (a larger tensor gets a slab of its own size).
+pub const SLAB_BYTES: u64 = 256 << 20;
+
+/// The budget is cut into at least this many slabs, and a tensor larger than one gets a buffer
+/// of its own. One slab the size of the budget would fragment: the tensors an op holds (an
+/// AdamW update holds four) can sit so that no gap fits the next one. With several slabs,
+/// evicting what is not held empties some, and an empty slab makes way for a buffer that fits.
+pub const SLABS_PER_BUDGET: u64 = 8;
+
+/// Offsets in a slab are multiples of this (wgpu's storage binding offset alignment is at most
+/// 256 bytes).
+pub const SLAB_ALIGN: u64 = 256;
+
+/// Where a tensor lives on the GPU: `size` bytes at `offset` of `buffer` (a buffer of its own at
+/// offset 0, or a range of a slab).
+#[derive(Clone, Debug)]
+pub struct Region {
+    pub buffer: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+#[derive(Default)]
+pub struct Slabs {
+    buffers: Vec<Option<wgpu::Buffer>>,
+    index: HashMap<wgpu::Buffer, usize>,
+    ranges: Allocator,
+}
+
+impl Slabs {
+    /// The size of a slab under `budget`: an eighth of it, at most [`SLAB_BYTES`] and the
+    /// adapter's largest buffer. Tensors larger than that get buffers of their own.
+    pub fn slab_bytes(budget: u64, max_buffer: u64) -> u64 {
+        (budget / SLABS_PER_BUDGET).min(SLAB_BYTES).min(max_buffer) / SLAB_ALIGN * SLAB_ALIGN
+    }
+
+    /// Bytes a tensor of `bytes` takes in a slab.
+    pub fn footprint(bytes: u64) -> u64 {
+        bytes.max(1).div_ceil(SLAB_ALIGN) * SLAB_ALIGN
+    }
+
+    /// A free range of `len` bytes (a [`Slabs::footprint`]), first fit.
+    pub fn find(&mut self, len: u64) -> Option<Region> {
+        let r = self.ranges.find(usize::try_from(len).ok()?)?;
+        let buffer = self.buffers[r.segment].clone().expect("live slab");
+        Some(Region { buffer, offset: r.offset as u64, size: len })
+    }
+
+    pub fn has_room(&self, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|l| self.ranges.has_room(l))
+    }
+
+    pub fn add(&mut self, buffer: wgpu::Buffer) {
+        let i = self.ranges.add_segment(buffer.size() as usize);
+        if i == self.buffers.len() {
+            self.buffers.push(None);
+        }
+        self.index.insert(buffer.clone(), i);
+        self.buffers[i] = Some(buffer);
+    }
+
+    /// Takes `region` back if it is a slab's (`false`: a buffer of its own).
+    pub fn release(&mut self, region: &Region) -> bool {
+        let Some(&segment) = self.index.get(&region.buffer) else { return false };
+        self.ranges.release(HostRange { segment, offset: region.offset as usize, len: region.size as usize });
+        true
+    }
+
+    /// Forgets one slab with nothing in it and returns it; `None` if every slab holds a tensor.
+    pub fn drop_empty(&mut self) -> Option<wgpu::Buffer> {
+        let i = (0..self.buffers.len()).find(|&i| self.buffers[i].is_some() && self.ranges.is_free(i))?;
+        self.ranges.remove_segment(i);
+        let buffer = self.buffers[i].take().expect("checked");
+        self.index.remove(&buffer);
+        Some(buffer)
+    }
+
+    /// Slabs made and not dropped.
+    pub fn count(&self) -> usize {
+        self.index.len()
+    }
+}
