@@ -30,6 +30,7 @@ pub mod telemetry;
 mod transfers;
 mod upload_path;
 mod upload_ring;
+mod window;
 
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashMap, HashSet};

@@ -101,11 +101,19 @@ pub fn choose_victim(
 ) -> Option<usize> {
     let lru = || (0..candidates.len()).min_by_key(|&i| candidates[i].last_use);
     match (policy, future) {
-        (Policy::Belady, Some(f)) if !f.is_empty() => (0..candidates.len()).max_by_key(|&i| {
-            let c = &candidates[i];
-            (f.next_use(c.key, cursor), !c.dirty, u64::MAX - c.last_use)
-        }),
+        (Policy::Belady, Some(f)) if !f.is_empty() => {
+            (0..candidates.len()).max_by_key(|&i| rank(policy, Some(f), cursor, &candidates[i]))
+        }
         _ => lru(),
+    }
+}
+
+/// How willingly the policy evicts `c` (the larger, the sooner): Belady's farthest next use,
+/// clean before dirty, then least recently used; LRU's least recently used.
+pub fn rank(policy: Policy, future: Option<&Future>, cursor: usize, c: &Candidate) -> (u32, bool, u64) {
+    match (policy, future) {
+        (Policy::Belady, Some(f)) if !f.is_empty() => (f.next_use(c.key, cursor), !c.dirty, u64::MAX - c.last_use),
+        _ => (0, false, u64::MAX - c.last_use),
     }
 }
 

@@ -134,6 +134,14 @@ impl Pool {
         self.slabs.is_some() && !self.zero_copy
     }
 
+    /// The slabs, where a tensor of `bytes` goes to one (empty otherwise).
+    pub fn slabs_for(&self, bytes: u64) -> Vec<wgpu::Buffer> {
+        match (self.slab_for(bytes), &self.slabs) {
+            (Some(_), Some(s)) => s.buffers().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The slab size a tensor of `bytes` goes to; `None`: a buffer of its own.
     fn slab_for(&self, bytes: u64) -> Option<u64> {
         let slab = Slabs::slab_bytes(self.budget, self.max_buffer);

@@ -4,7 +4,9 @@
 use super::pool::Taken;
 use super::slabs::{Region, Slabs};
 use super::staging::Job;
+use super::window::{self, Placed};
 use super::*;
+use std::cmp::Reverse;
 
 /// How many prefetch windows ahead the upload ring's slots are filled.
 const PREFILL_LOOKAHEAD: usize = 2;
@@ -198,6 +200,12 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
+            if let Some(run) = self.slab_run(bytes) {
+                for id in run {
+                    self.evict(recorder, id)?;
+                }
+                continue;
+            }
             match self.victim() {
                 Some(id) => self.evict(recorder, id)?,
                 None if oom.is_some() => return Err(oom.expect("checked")),
@@ -221,17 +229,58 @@ impl State {
         }
     }
 
+    /// Where a tensor of `bytes` goes to a slab and none has room: the neighbours in one slab
+    /// whose eviction opens a range for it that the policy gives up most willingly
+    /// (`window::choose_run`); `None` if no run of evictable neighbours makes room.
+    fn slab_run(&self, bytes: u64) -> Option<Vec<TensorId>> {
+        let slabs = self.pool.slabs_for(bytes);
+        if slabs.is_empty() {
+            return None;
+        }
+        let len = Slabs::footprint(bytes);
+        let future = if self.diverged { None } else { self.future.as_ref() };
+        let cursor = self.trace.len().saturating_sub(1);
+        let rank = |c: &plan::Candidate| plan::rank(self.policy, future, cursor, c);
+        let mut by_slab: HashMap<&wgpu::Buffer, Vec<(Placed, TensorId)>> = HashMap::new();
+        for &id in &self.resident {
+            let e = &self.entries[&id];
+            if let Some(region) = &e.gpu {
+                let candidate = self.candidate(e);
+                by_slab
+                    .entry(&region.buffer)
+                    .or_default()
+                    .push((Placed { offset: region.offset, size: region.size, candidate }, id));
+            }
+        }
+        let mut best: Option<(Vec<TensorId>, (u32, bool, u64), u64)> = None;
+        for slab in &slabs {
+            let Some(mut placed) = by_slab.remove(slab) else { continue };
+            placed.sort_by_key(|(p, _)| p.offset);
+            let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
+            if let Some((run, r, evicted)) = window::choose_run(&ranges, slab.size(), len, rank) {
+                let better =
+                    best.as_ref().is_none_or(|(_, b, b_bytes)| (r, Reverse(evicted)) > (*b, Reverse(*b_bytes)));
+                if better {
+                    best = Some((placed[run].iter().map(|(_, id)| *id).collect(), r, evicted));
+                }
+            }
+        }
+        best.map(|(ids, _, _)| ids)
+    }
+
+    /// What the policy weighs of a resident tensor, if it may be evicted now: unpinned (and a
+    /// dirty one only where it may leave).
+    fn candidate(&self, e: &Entry) -> Option<plan::Candidate> {
+        let may_leave =
+            e.gpu.is_some() && e.pins == 0 && (self.blocking_waits || !e.dirty || self.done_this_step(e.key));
+        may_leave.then_some(plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
+    }
+
     /// The tensor the policy would evict now: an unpinned resident one (a dirty one only where it
     /// may leave).
     fn victim(&self) -> Option<TensorId> {
-        let candidates: Vec<(TensorId, plan::Candidate)> = self
-            .resident
-            .iter()
-            .map(|i| (i, &self.entries[i]))
-            .filter(|(_, e)| e.gpu.is_some() && e.pins == 0)
-            .filter(|(_, e)| self.blocking_waits || !e.dirty || self.done_this_step(e.key))
-            .map(|(&i, e)| (i, plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty }))
-            .collect();
+        let candidates: Vec<(TensorId, plan::Candidate)> =
+            self.resident.iter().filter_map(|&i| Some((i, self.candidate(&self.entries[&i])?))).collect();
         let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
         let future = if self.diverged { None } else { self.future.as_ref() };
         let cursor = self.trace.len().saturating_sub(1);

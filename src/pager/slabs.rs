@@ -90,6 +90,11 @@ impl Slabs {
         Some(buffer)
     }
 
+    /// Every slab held, with its size.
+    pub fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
+        self.buffers.iter().flatten()
+    }
+
     /// Slabs made and not dropped.
     pub fn count(&self) -> usize {
         self.index.len()
