@@ -171,6 +171,8 @@ struct State {
     freed_unread: HashSet<Key>,
     /// Host bytes of tensors released while lent (`Pager::lend_host`): freed when returned.
     released_while_lent: HashMap<TensorId, HostRange>,
+    /// Where in the slabs each key was last placed (`Pool::take`'s hint).
+    last_place: HashMap<Key, (usize, u64)>,
 }
 
 impl Drop for State {
@@ -228,6 +230,7 @@ impl Pager {
             last_step: None,
             freed_unread: HashSet::new(),
             released_while_lent: HashMap::new(),
+            last_place: HashMap::new(),
         };
         #[cfg(vulkan_hal)]
         let (pinned, pinned_error) = match crate::vulkan_hal::PinnedAllocator::new(&gpu.device) {

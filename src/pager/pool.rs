@@ -134,6 +134,11 @@ impl Pool {
         self.slabs.is_some() && !self.zero_copy
     }
 
+    /// Where `region` is in the slabs (`None`: a buffer of its own).
+    pub fn place_of(&self, region: &Region) -> Option<(usize, u64)> {
+        self.slabs.as_ref()?.place_of(region)
+    }
+
     /// The slabs, where a tensor of `bytes` goes to one (empty otherwise).
     pub fn slabs_for(&self, bytes: u64) -> Vec<wgpu::Buffer> {
         match (self.slab_for(bytes), &self.slabs) {
@@ -148,13 +153,27 @@ impl Pool {
         (self.uses_slabs() && Slabs::footprint(bytes) <= slab).then_some(slab)
     }
 
-    /// A region of at least `bytes` bytes: a free range of a slab, or a free buffer of the same
-    /// class, else a new slab or buffer, destroying free ones first when the budget requires it.
+    /// A region of at least `bytes` bytes: a free range of a slab (at `hint`, the place
+    /// [`Pool::place_of`] gave for the tensor's last region, where that is free: the same
+    /// placements step after step keep their bind groups), or a free buffer of the same class,
+    /// else a new slab or buffer, destroying free ones first when the budget requires it.
     /// `mapped`: in zero-copy mode, a new buffer created mapped (for host bytes to be written
     /// straight in); otherwise a free one is reused when there is one.
-    pub fn take(&mut self, device: &wgpu::Device, label: &str, bytes: u64, mapped: bool) -> Result<Taken> {
+    pub fn take(
+        &mut self,
+        device: &wgpu::Device,
+        label: &str,
+        bytes: u64,
+        mapped: bool,
+        hint: Option<(usize, u64)>,
+    ) -> Result<Taken> {
         let mapped = mapped && self.zero_copy;
         if let Some(slab) = self.slab_for(bytes) {
+            let at_hint = hint.and_then(|h| self.slabs.as_mut()?.find_at(h, Slabs::footprint(bytes)));
+            if let Some(region) = at_hint {
+                self.in_use += region.size;
+                return Ok(Taken { region, mapped: false });
+            }
             return self.take_from_slab(device, label, bytes, slab).map(|region| Taken { region, mapped: false });
         }
         let class = size_class(bytes);

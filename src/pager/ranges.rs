@@ -28,6 +28,29 @@ impl Allocator {
         None
     }
 
+    /// `len` bytes at `offset` of `segment`, if they are free.
+    pub(super) fn find_at(&mut self, segment: usize, offset: usize, len: usize) -> Option<HostRange> {
+        let runs = self.free.get_mut(segment)?;
+        let i = runs.partition_point(|&(o, _)| o <= offset).checked_sub(1)?;
+        let (start, l) = runs[i];
+        if offset + len > start + l {
+            return None;
+        }
+        let after = (offset + len, start + l - offset - len);
+        match (offset > start, after.1 > 0) {
+            (false, false) => {
+                runs.remove(i);
+            }
+            (false, true) => runs[i] = after,
+            (true, false) => runs[i] = (start, offset - start),
+            (true, true) => {
+                runs[i] = (start, offset - start);
+                runs.insert(i + 1, after);
+            }
+        }
+        Some(HostRange { segment, offset, len })
+    }
+
     /// Whether `find(len)` would succeed.
     pub(super) fn has_room(&self, len: usize) -> bool {
         self.free.iter().flatten().any(|&(_, l)| l >= len)
@@ -95,6 +118,21 @@ mod tests {
         assert_eq!(a.free[0], vec![(0, 1024)]);
         assert!(a.is_free(0));
         assert_eq!(a.find(1024).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn a_range_is_taken_where_asked_if_free() {
+        let mut a = Allocator::default();
+        a.add_segment(1024);
+        assert_eq!(a.find_at(0, 256, 256).unwrap().offset, 256, "from the middle of a run");
+        assert_eq!(a.free[0], vec![(0, 256), (512, 512)]);
+        assert!(a.find_at(0, 128, 256).is_none(), "overlaps a taken range");
+        assert!(a.find_at(0, 768, 512).is_none(), "past the segment");
+        assert!(a.find_at(1, 0, 4).is_none(), "no such segment");
+        assert_eq!(a.find_at(0, 0, 256).unwrap().offset, 0, "a whole run");
+        assert_eq!(a.find_at(0, 512, 256).unwrap().offset, 512, "a run's start");
+        assert_eq!(a.find_at(0, 896, 128).unwrap().offset, 896, "a run's end");
+        assert_eq!(a.free[0], vec![(768, 128)]);
     }
 
     #[test]

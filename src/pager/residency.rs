@@ -177,6 +177,19 @@ impl State {
         Some(f.next_use(key, cursor)).filter(|&n| n != u32::MAX)
     }
 
+    /// A region from the pool for `id`, where it was last placed if that is free; remembered
+    /// for the next time.
+    fn take(&mut self, device: &wgpu::Device, id: TensorId, mapped: bool) -> Result<Taken> {
+        let e = &self.entries[&id];
+        let key = e.key;
+        let taken = self.pool.take(device, &e.name, e.bytes.max(4), mapped, self.last_place.get(&key).copied())?;
+        match self.pool.place_of(&taken.region) {
+            Some(place) => self.last_place.insert(key, place),
+            None => self.last_place.remove(&key),
+        };
+        Ok(taken)
+    }
+
     /// A GPU buffer for `id`, evicting by the policy until the pool has room.
     pub(super) fn place(
         &mut self,
@@ -190,7 +203,7 @@ impl State {
             (e.name.clone(), e.bytes)
         };
         loop {
-            let oom = match self.pool.take(device, &name, bytes.max(4), mapped) {
+            let oom = match self.take(device, id, mapped) {
                 Ok(buf) => return Ok(buf),
                 Err(Error::BudgetTooSmall { .. }) => None,
                 Err(e @ Error::OutOfMemory { .. }) => {
@@ -405,6 +418,10 @@ impl State {
             if self.in_step && matches!(e.key, Key::Step(_)) && !e.read_on_host {
                 self.freed_unread.insert(e.key);
             }
+            // A step's keys come back next step; a persistent tensor's never does.
+            if matches!(e.key, Key::Persistent(_)) {
+                self.last_place.remove(&e.key);
+            }
             if let Some(buf) = e.gpu {
                 self.pool.give(buf);
             }
@@ -507,7 +524,7 @@ impl State {
                 break;
             }
             self.store.will_need(&e.host);
-            let taken = self.pool.take(device, &e.name.clone(), e.bytes.max(4), true)?;
+            let taken = self.take(device, id, true)?;
             self.fill(recorder, id, &taken, false)?;
             self.entries.get_mut(&id).expect("exists").gpu = Some(taken.region);
             self.resident.insert(id);

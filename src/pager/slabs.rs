@@ -61,6 +61,19 @@ impl Slabs {
         Some(Region { buffer, offset: r.offset as u64, size: len })
     }
 
+    /// Where `region` is: its slab's index and offset (`None`: not a slab's). A hint for the
+    /// next placement of the same tensor ([`Slabs::find_at`]).
+    pub fn place_of(&self, region: &Region) -> Option<(usize, u64)> {
+        self.index.get(&region.buffer).map(|&i| (i, region.offset))
+    }
+
+    /// `len` bytes at a place [`Slabs::place_of`] gave, if they are free now.
+    pub fn find_at(&mut self, (slab, offset): (usize, u64), len: u64) -> Option<Region> {
+        self.ranges.find_at(slab, usize::try_from(offset).ok()?, usize::try_from(len).ok()?)?;
+        let buffer = self.buffers[slab].clone().expect("a live slab has free ranges");
+        Some(Region { buffer, offset, size: len })
+    }
+
     pub fn has_room(&self, len: u64) -> bool {
         usize::try_from(len).is_ok_and(|l| self.ranges.has_room(l))
     }
@@ -90,7 +103,7 @@ impl Slabs {
         Some(buffer)
     }
 
-    /// Every slab held, with its size.
+    /// Every slab held.
     pub fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
         self.buffers.iter().flatten()
     }
