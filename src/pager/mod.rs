@@ -13,6 +13,7 @@ pub mod budget;
 mod copier;
 mod dma;
 mod entry;
+mod eviction;
 mod host;
 mod host_loan;
 mod options;
