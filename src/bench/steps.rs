@@ -33,7 +33,8 @@ pub struct StepReport {
     pub exposed_ms_budget25: Option<f64>,
     /// The upload path the paged runs used.
     pub upload_path: String,
-    /// How the paged runs' pool gave tensors GPU memory (`Pager::gpu_pool`).
+    /// How the paged runs' pool gave tensors GPU memory (`Pager::gpu_pool`, at the end of the
+    /// first of them, else of the resident run).
     pub gpu_pool: String,
     /// Share of the transfer time (bytes / measured ring bandwidth) that did not add to the
     /// step time, at 25 % budget.

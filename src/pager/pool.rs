@@ -147,9 +147,14 @@ impl Pool {
         }
     }
 
+    /// The size of the slabs made now (`Slabs::slab_bytes` of this budget).
+    pub fn slab_bytes(&self) -> u64 {
+        Slabs::slab_bytes(self.budget, self.max_buffer)
+    }
+
     /// The slab size a tensor of `bytes` goes to; `None`: a buffer of its own.
     fn slab_for(&self, bytes: u64) -> Option<u64> {
-        let slab = Slabs::slab_bytes(self.budget, self.max_buffer);
+        let slab = self.slab_bytes();
         (self.uses_slabs() && Slabs::footprint(bytes) <= slab).then_some(slab)
     }
 

@@ -61,11 +61,15 @@ impl Pager {
         self.state().pool.budget()
     }
 
-    /// How tensors get GPU memory now: `buffers` (one each), or `slabs (n held)`.
+    /// How tensors get GPU memory now: `buffers` (one each), or `slabs of S bytes (n held)`.
     pub fn gpu_pool(&self) -> String {
-        match self.state().pool.slabs_held() {
-            None => "buffers".into(),
-            Some(n) => format!("slabs ({n} held)"),
+        let st = self.state();
+        match (st.pool.slabs_held(), st.pool.zero_copy()) {
+            (Some(n), _) => format!("slabs of {} bytes ({n} held)", st.pool.slab_bytes()),
+            (None, true) if self.recorder.storage_writable() => {
+                "buffers (slabs were asked for, but zero-copy maps each buffer on its own)".into()
+            }
+            (None, _) => "buffers".into(),
         }
     }
 

@@ -277,11 +277,12 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
     let ctx = Context::new(&ContextOptions { pager, store, device }).await?;
     let who = dist.as_ref().map_or(String::new(), |d| format!("rank {} of {}: ", d.rank(), d.size()));
     eprintln!(
-        "{who}store: {}; GPU budget {} MiB ({}); uploads by {}",
+        "{who}store: {}; GPU budget {} MiB ({}); uploads by {}; tensors in {}",
         ctx.pager.describe_store(),
         ctx.pager.budget() >> 20,
         ctx.pager.budget_source(),
-        ctx.pager.upload_path()
+        ctx.pager.upload_path(),
+        ctx.pager.gpu_pool()
     );
     eprintln!("{who}adapter: {}", ctx.gpu.describe());
     let mut trainer = Trainer::with_dist(&ctx, cfg, None, dist.clone())?;
