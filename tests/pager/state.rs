@@ -364,3 +364,34 @@ fn a_tensor_handed_to_the_host_is_written_back_and_leaves_the_gpu_without_counti
     let err = pollster::block_on(ctx.to_f32(&a)).unwrap_err().to_string();
     assert!(err.contains("forgotten") && err.contains(&ctx.pager.name(a.id())), "{err}");
 }
+
+#[test]
+fn slabs_split_by_held_tensors_are_an_error_naming_the_tensor_and_nothing_is_lost() {
+    // Slabs of 8 KiB (an eighth of 64 KiB), two 3 KiB tensors in each, every one held by the
+    // op: 52 KiB would fit the budget, but no slab has a 4 KiB gap and none can be emptied.
+    let o = PagerOptions { gpu_pool: GpuPool::Slabs, ..opts(64 << 10, Policy::Belady) };
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+    let small: Vec<(Tensor, Vec<f32>)> = (0..16)
+        .map(|i| (values(i, 768), i))
+        .map(|(v, i)| (ctx.from_f32(&format!("s{i}"), &[768], &v, false).unwrap(), v))
+        .collect();
+    let big = ctx.from_f32("big", &[1024], &values(99, 1024), false).unwrap();
+    {
+        let _op = ctx.op();
+        for (t, _) in &small {
+            ctx.read(t).unwrap();
+        }
+        assert!(ctx.pager.gpu_pool().contains("(8 held)"), "{}", ctx.pager.gpu_pool());
+        match ctx.read(&big) {
+            Err(Error::SlabsFragmented { tensor, bytes, budget }) => {
+                assert_eq!((tensor.as_str(), bytes, budget), ("big", 4096, 64 << 10));
+            }
+            other => panic!("expected SlabsFragmented, got {:?}", other.map(|v| v.offset)),
+        }
+    }
+    // Once the op lets go, everything is there.
+    assert_same("big after the refusal", &read(&ctx, &big), &values(99, 1024));
+    for (t, want) in &small {
+        assert_same("a held tensor after the refusal", &read(&ctx, t), want);
+    }
+}
