@@ -63,6 +63,13 @@ impl State {
         }
     }
 
+    /// What eviction goes by now: the previous step's trace where this step has matched it so
+    /// far, and the position of the latest access in it.
+    fn plan_now(&self) -> (Option<&plan::Future>, usize) {
+        let future = if self.diverged { None } else { self.future.as_ref() };
+        (future, self.trace.len().saturating_sub(1))
+    }
+
     pub(super) fn next_use(&self, key: Key) -> Option<u32> {
         let f = self.future.as_ref()?;
         let cursor = self.trace.len().saturating_sub(1);
@@ -143,8 +150,7 @@ impl State {
             return None;
         }
         let len = Slabs::footprint(bytes);
-        let future = if self.diverged { None } else { self.future.as_ref() };
-        let cursor = self.trace.len().saturating_sub(1);
+        let (future, cursor) = self.plan_now();
         let rank = |c: &plan::Candidate| plan::rank(self.policy, future, cursor, c);
         let mut by_slab: HashMap<&wgpu::Buffer, Vec<(Placed, TensorId)>> = HashMap::new();
         for &id in &self.resident {
@@ -187,8 +193,7 @@ impl State {
         let candidates: Vec<(TensorId, plan::Candidate)> =
             self.resident.iter().filter_map(|&i| Some((i, self.candidate(&self.entries[&i])?))).collect();
         let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
-        let future = if self.diverged { None } else { self.future.as_ref() };
-        let cursor = self.trace.len().saturating_sub(1);
+        let (future, cursor) = self.plan_now();
         plan::choose_victim(self.policy, future, cursor, &cands).map(|v| candidates[v].0)
     }
 }

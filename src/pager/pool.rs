@@ -174,12 +174,8 @@ impl Pool {
     ) -> Result<Taken> {
         let mapped = mapped && self.zero_copy;
         if let Some(slab) = self.slab_for(bytes) {
-            let at_hint = hint.and_then(|h| self.slabs.as_mut()?.find_at(h, Slabs::footprint(bytes)));
-            if let Some(region) = at_hint {
-                self.in_use += region.size;
-                return Ok(Taken { region, mapped: false });
-            }
-            return self.take_from_slab(device, label, bytes, slab).map(|region| Taken { region, mapped: false });
+            let region = self.take_from_slab(device, label, bytes, slab, hint)?;
+            return Ok(Taken { region, mapped: false });
         }
         let class = size_class(bytes);
         if class > self.budget {
@@ -201,11 +197,19 @@ impl Pool {
         Ok(Taken { region: Region { buffer, offset: 0, size: class }, mapped })
     }
 
-    /// A range of a slab: a free one, else one of a new slab where the budget has room.
-    fn take_from_slab(&mut self, device: &wgpu::Device, label: &str, bytes: u64, size: u64) -> Result<Region> {
+    /// A range of a slab: at `hint` if free, else the first free one, else one of a new slab
+    /// of `size` bytes where the budget has room.
+    fn take_from_slab(
+        &mut self,
+        device: &wgpu::Device,
+        label: &str,
+        bytes: u64,
+        size: u64,
+        hint: Option<(usize, u64)>,
+    ) -> Result<Region> {
         let len = Slabs::footprint(bytes);
         let slabs = self.slabs.as_mut().expect("slab mode");
-        if let Some(region) = slabs.find(len) {
+        if let Some(region) = hint.and_then(|h| slabs.find_at(h, len)).or_else(|| slabs.find(len)) {
             self.in_use += len;
             return Ok(region);
         }
