@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::delayed_update::DelayedUpdate;
 use super::half_grads::{grad_half_scale, HalfGrads};
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
 use super::update_ahead::{self, update_in_place, Group, ParamUpdate, UpdateAhead};
@@ -18,6 +19,9 @@ use crate::nn::{Module, Param};
 use crate::tensor::{Tensor, TensorId};
 
 pub struct HostAdamW {
+    /// The delayed update running on its thread (`super::delayed_update`); first, so that a
+    /// dropped optimizer joins it before its tensors go.
+    delayed: Option<DelayedUpdate>,
     /// The deferred step's updates running ahead on their own thread (`super::update_ahead`);
     /// first, so that a dropped optimizer joins it before its tensors go.
     ahead: Option<UpdateAhead>,
@@ -51,6 +55,12 @@ pub struct HostAdamW {
     pub update_ahead: bool,
     /// Deferred steps whose updates ran ahead.
     pub steps_run_ahead: u64,
+    /// ZeRO-Offload's delayed parameter update after this many steps (`None`: never): each
+    /// later update runs during the whole next step, whose forward reads the weights of the
+    /// step before (`super::delayed_update`). Needs a second core.
+    pub delay_after: Option<u64>,
+    /// Steps whose updates were delayed.
+    pub steps_delayed: u64,
 }
 
 /// (zeroed, forgotten) after a parameter's update: its gradient, and its f16 gradient if any.
@@ -164,6 +174,7 @@ impl HostAdamW {
         let (m, v) = super::zero_moments(ctx, &params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
         Ok(HostAdamW {
+            delayed: None,
             ahead: None,
             config,
             m,
@@ -179,6 +190,8 @@ impl HostAdamW {
             after: Vec::new(),
             update_ahead: update_ahead::enabled(worker_threads()),
             steps_run_ahead: 0,
+            delay_after: None,
+            steps_delayed: 0,
         })
     }
 
@@ -241,7 +254,7 @@ impl HostAdamW {
     /// the configured global norm first.
     pub async fn step_lr(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32) -> Result<()> {
         self.defer(ctx, params, lr, grad_scale, None)?;
-        self.apply_deferred(ctx, params)
+        self.land(ctx, params)
     }
 
     /// Begins a step: one GPU round trip brings every gradient down and one pass takes their
@@ -250,6 +263,10 @@ impl HostAdamW {
     /// copy rewritten — from [`HostAdamW::apply_deferred`], just before its next use. The host
     /// passes of the next step's later layers then run while the GPU computes the earlier
     /// ones. The result is [`HostAdamW::step_lr`]'s: each update reads only its own tensors.
+    ///
+    /// Past `delay_after` steps the update is delayed instead: it runs on a thread until the
+    /// next step's `defer` (or [`HostAdamW::land`]) swaps its weights in, and the gradients are
+    /// zeroed at once.
     pub fn defer(
         &mut self,
         ctx: &Context,
@@ -262,6 +279,7 @@ impl HostAdamW {
             return Err(Error::shape("host AdamW step", self.m.len(), params.len()));
         }
         self.apply_deferred(ctx, params)?;
+        self.land_delayed()?;
         let halves = params.iter().filter_map(|p| p.half.as_ref().map(|h| h.id()));
         let values: Vec<_> = params.iter().map(|p| p.value.id()).chain(halves).collect();
         // (An f16 copy is dirty on the GPU only where the GPU made it: before the first step.)
@@ -286,6 +304,14 @@ impl HostAdamW {
         let c = self.config;
         let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
         self.t += 1;
+        if self.delay_after.is_some_and(|after| self.t > after) && worker_threads() > 1 {
+            return self.start_delayed(
+                ctx,
+                params,
+                AdamWStep { config: c, lr, scale: clip * grad_scale, t: self.t },
+                unscales,
+            );
+        }
         let pending = vec![true; self.m.len()];
         self.deferred = Some(Deferred { lr, scale: clip * grad_scale, t: self.t, pending, unscales });
         ctx.pager.expect_host_update(&values);
@@ -296,6 +322,51 @@ impl HostAdamW {
             }
         }
         Ok(())
+    }
+
+    /// Starts this step's update on the delayed update's thread (see `super::delayed_update`)
+    /// and zeroes the gradients it took aside.
+    fn start_delayed(
+        &mut self,
+        ctx: &Context,
+        params: &[&Param],
+        step: AdamWStep,
+        unscales: Option<Vec<f32>>,
+    ) -> Result<()> {
+        let grads: Vec<&Tensor> =
+            (0..params.len()).map(|i| self.half_grads.as_ref().map_or(&params[i].grad, |h| &h.halves[i])).collect();
+        if self.delayed.is_none() {
+            self.delayed = Some(DelayedUpdate::new(ctx, params, &grads)?);
+        }
+        let grad_ids: Vec<TensorId> = grads.iter().map(|g| g.id()).collect();
+        let updates = params.iter().enumerate().map(|(i, p)| self.param_update(i, p, unscales.as_deref())).collect();
+        let delayed = self.delayed.as_mut().expect("made above");
+        delayed.start(&grad_ids, &self.m, &self.v, updates, step, worker_threads())?;
+        for (i, p) in params.iter().enumerate() {
+            ctx.pager.zero(p.grad.id())?;
+            if let Some(h) = self.half_grad(i) {
+                ctx.pager.forget(h)?;
+            }
+        }
+        self.steps_delayed += 1;
+        ctx.pager.end_step();
+        Ok(())
+    }
+
+    /// Waits for a delayed update still running and swaps its weights in.
+    fn land_delayed(&mut self) -> Result<()> {
+        let Some(delayed) = self.delayed.as_mut().filter(|d| d.is_running()) else { return Ok(()) };
+        let start = Stopwatch::start();
+        delayed.land()?;
+        self.host_seconds += start.seconds();
+        Ok(())
+    }
+
+    /// Applies every update still pending, delayed or deferred: call before reading the weights
+    /// or the moments (evaluation, sampling, saving).
+    pub fn land(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        self.land_delayed()?;
+        self.apply_deferred(ctx, params)
     }
 
     /// Lends the host bytes of the deferred step's updates, in `groups`, to a thread that applies
@@ -389,9 +460,9 @@ impl HostAdamW {
         Ok(())
     }
 
-    /// Whether a deferred step still has updates to apply.
+    /// Whether a deferred step still has updates to apply, or a delayed one is running.
     pub fn has_deferred(&self) -> bool {
-        self.deferred.is_some()
+        self.deferred.is_some() || self.delayed.as_ref().is_some_and(|d| d.is_running())
     }
 
     /// One AdamW update of the parameters `due` (index in `m`/`v`, parameter), gradients times
@@ -420,10 +491,15 @@ impl HostAdamW {
                 ids.push(half.id());
                 written.push(half.id());
             }
-            let decay = if p.value.shape().len() >= 2 { self.config.weight_decay } else { 0.0 };
-            let unscale = d.unscales.as_ref().map(|u| u[i]);
-            updates.push(ParamUpdate { decay, unscale, has_half: p.half.is_some() });
+            updates.push(self.param_update(i, p, d.unscales.as_deref()));
         }
         (ids, written, updates)
+    }
+
+    /// What parameter `i`'s update needs besides its bytes (`unscales`: per parameter, what its
+    /// f16 gradient is multiplied by).
+    fn param_update(&self, i: usize, p: &Param, unscales: Option<&[f32]>) -> ParamUpdate {
+        let decay = if p.value.shape().len() >= 2 { self.config.weight_decay } else { 0.0 };
+        ParamUpdate { decay, unscale: unscales.map(|u| u[i]), has_half: p.half.is_some() }
     }
 }

@@ -2,6 +2,7 @@
 
 mod adamw;
 mod clip;
+mod delayed_update;
 mod early_norms;
 #[cfg(target_arch = "x86_64")]
 mod fused_f16_update;

@@ -149,6 +149,41 @@ impl Pager {
         Ok(HostLoan { ids: ids.to_vec(), written: written.to_vec(), bytes })
     }
 
+    /// Exchanges the host bytes of two tensors of one size, each holding its newest values on
+    /// the host (call `sync_to_host` first): O(1), no byte moves. Their GPU copies are dropped.
+    /// For double buffers: the delayed host optimizer (`optim::delayed_update`) writes the next
+    /// weights beside the ones the GPU reads, then swaps them in, and takes the step's gradients
+    /// aside the same way while the next backward writes new ones.
+    pub fn swap_host(&self, a: TensorId, b: TensorId) -> Result<()> {
+        let recorder = &*self.recorder;
+        let mut st = self.state();
+        st.host_bytes_ready(recorder, &[a, b], &[a, b])?;
+        let (ea, eb) = (&st.entries[&a], &st.entries[&b]);
+        if ea.bytes != eb.bytes {
+            return Err(Error::invalid(
+                "swap_host",
+                format!(
+                    "`{}` holds {} bytes and `{}` {}: only tensors of one size swap",
+                    ea.name, ea.bytes, eb.name, eb.bytes
+                ),
+            ));
+        }
+        if let Some(e) = [ea, eb].into_iter().find(|e| e.pins > 0) {
+            return Err(Error::invalid("swap_host", format!("`{}` is held by an op", e.name)));
+        }
+        let (host_a, contents_a) = (ea.host, ea.contents);
+        let (host_b, contents_b) = (eb.host, eb.contents);
+        for (id, host, contents) in [(a, host_b, contents_b), (b, host_a, contents_a)] {
+            let e = st.entries.get_mut(&id).expect("checked");
+            e.host = host;
+            e.unread_writeback = 0;
+            st.host_changed(recorder, id)?;
+            // (`host_changed` says the host bytes are the values; a zero tensor stays zero)
+            st.entries.get_mut(&id).expect("checked").contents = contents;
+        }
+        Ok(())
+    }
+
     /// Takes back a loan from [`Pager::lend_host`]: its tensors hold the newest values on the
     /// host, `written` ones' GPU copies are dropped, and the bytes of tensors released while lent
     /// are freed now.

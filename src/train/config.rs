@@ -95,6 +95,10 @@ pub struct TrainConfig {
     /// Write a checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: u64,
     pub optimizer_on: OptimizerOn,
+    /// With AdamW on the host: after this many steps, each update runs during the whole next
+    /// step, whose forward and backward read the weights of the step before (ZeRO-Offload's
+    /// delayed parameter update, `optim::delayed_update`). `None`: never.
+    pub delayed_update: Option<u64>,
     /// Keep only each block's input in forward; recompute the block in backward.
     pub recompute: bool,
     /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
@@ -139,6 +143,7 @@ impl Default for TrainConfig {
             sampling: super::generate::Sampling::default(),
             checkpoint_every: 0,
             optimizer_on: OptimizerOn::Gpu,
+            delayed_update: None,
             recompute: false,
             remake: None,
             f16_gradients: None,

@@ -104,6 +104,15 @@ impl Optimizer {
         }
     }
 
+    /// Applies every update still pending — delayed or deferred — so that the weights and
+    /// moments are current (before evaluating, sampling or saving).
+    pub(super) fn land(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
+        match self {
+            Optimizer::Host(o) => o.land(ctx, params),
+            _ => self.apply_deferred(ctx, params),
+        }
+    }
+
     /// Applies a deferred update to those of `params` still waiting for it.
     pub(super) fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {

@@ -48,6 +48,8 @@ pub struct RunFile {
     pub top_p: Option<f32>,
     pub checkpoint_every: Option<u64>,
     pub optimizer_on: Option<String>,
+    /// Steps before host AdamW's updates are delayed by one step.
+    pub delayed_update: Option<u64>,
     pub recompute: Option<bool>,
     pub freeze_int8: Option<String>,
     pub precision: Option<String>,
@@ -91,6 +93,9 @@ impl RunFile {
         c.sampling.top_p = self.top_p.unwrap_or(c.sampling.top_p);
         if let Some(v) = self.min_lr {
             c.min_lr = Some(v);
+        }
+        if let Some(v) = self.delayed_update {
+            c.delayed_update = Some(v);
         }
         for (v, field) in [
             (&self.data, &mut c.data),
@@ -159,6 +164,7 @@ impl RunFile {
             top_p: Some(cfg.sampling.top_p),
             checkpoint_every: Some(cfg.checkpoint_every),
             optimizer_on: Some(format!("{:?}", cfg.optimizer_on).to_lowercase()),
+            delayed_update: cfg.delayed_update,
             recompute: Some(cfg.recompute),
             freeze_int8: cfg.freeze_int8.clone(),
             precision: Some(format!("{:?}", cfg.precision).to_lowercase()),

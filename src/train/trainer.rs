@@ -191,10 +191,18 @@ impl Trainer {
                 if host.update_ahead {
                     optimizer_reason += "; updates run ahead on their own thread";
                 }
+                if let Some(after) = cfg.delayed_update {
+                    host.delay_after = Some(after);
+                    optimizer_reason +=
+                        &format!("; from step {} each update runs during the next step (delayed)", after + 1);
+                }
                 Optimizer::Host(host)
             }
             _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
         };
+        if cfg.delayed_update.is_some() && !matches!(opt, Optimizer::Host(_)) {
+            optimizer_reason += "; --delayed-update left off: it delays the host optimizer's updates";
+        }
         crate::clock::startup_phase("optimizer state allocated");
         let mut step = 0;
         let mut data_seed = cfg.seed.wrapping_add(1);
@@ -404,11 +412,12 @@ impl Trainer {
         Ok(loss)
     }
 
-    /// Applies the last step's deferred parameter updates now (the next forward would otherwise):
+    /// Applies the last step's deferred or delayed parameter updates now (the next forward or
+    /// step would otherwise):
     /// call before reading the weights. Evaluation, sampling and saving do.
     pub fn apply_pending(&mut self, ctx: &Context) -> Result<()> {
         let (model, opt) = (&self.model, &mut self.opt);
-        opt.apply_deferred(ctx, &model.params())
+        opt.land(ctx, &model.params())
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).

@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod delayed_update;
 mod host_optimizer;
 
 use std::path::{Path, PathBuf};

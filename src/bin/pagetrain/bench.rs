@@ -44,6 +44,9 @@ pub(crate) struct BenchArgs {
     /// Where AdamW runs in the timed steps.
     #[arg(long, default_value = "gpu")]
     pub(crate) optimizer_on: OptimizerOn,
+    /// Delay host AdamW's updates by one step after STEPS steps (`train --delayed-update`).
+    #[arg(long, value_name = "STEPS")]
+    pub(crate) delayed_update: Option<u64>,
     /// Precision of the timed steps.
     #[arg(long, default_value = "f32")]
     pub(crate) precision: Precision,
@@ -173,6 +176,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 sample_len: 0,
                 recompute: args.recompute,
                 optimizer_on: args.optimizer_on,
+                delayed_update: args.delayed_update,
                 precision: args.precision,
                 ..TrainConfig::default()
             };

@@ -58,6 +58,12 @@ pub(crate) struct TrainArgs {
     /// host-resident states; ~8 instead of ~28 bytes per parameter on the bus), or auto.
     #[arg(long)]
     pub(crate) optimizer_on: Option<OptimizerOn>,
+    /// With AdamW on the host: after STEPS steps, run each update during the whole next step,
+    /// which reads the weights of the step before (ZeRO-Offload's delayed parameter update:
+    /// the host pass and the wait for the norm leave the step's critical path; 40 is the
+    /// paper's warm-up).
+    #[arg(long, value_name = "STEPS")]
+    pub(crate) delayed_update: Option<u64>,
     /// Keep only each block's input in forward and recompute the block in backward.
     #[arg(long)]
     pub(crate) recompute: bool,
@@ -147,6 +153,9 @@ impl TrainArgs {
             if flag.is_some() {
                 field.clone_from(flag);
             }
+        }
+        if self.delayed_update.is_some() {
+            c.delayed_update = self.delayed_update;
         }
         if self.freeze_int8.is_some() {
             c.freeze_int8.clone_from(&self.freeze_int8);
