@@ -194,6 +194,52 @@ fn host_bytes_lent_to_another_thread_are_off_limits_until_returned() {
 }
 
 #[test]
+fn swapping_host_bytes_exchanges_values_and_drops_stale_gpu_copies() {
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &opts(1 << 20, Policy::Belady));
+    let n = 1000;
+    let (a, b) = (ctx.from_f32("a", &[n], &values(1, n), false).unwrap(), ctx.zeros("b", &[n], false).unwrap());
+    // a on the GPU (clean); `out` on the GPU, made there (dirty)
+    {
+        let _op = ctx.op();
+        ctx.read(&a).unwrap();
+    }
+    let (made, want) = halved_on_gpu(&ctx, 2, n);
+    let err = ctx.pager.swap_host(a.id(), made.id()).unwrap_err().to_string();
+    assert!(err.contains("`out`") && err.contains("newer values on the GPU"), "{err}");
+    ctx.pager.sync_to_host(&[made.id()]).unwrap();
+    let uploads = ctx.pager.counters().uploads;
+    ctx.pager.swap_host(a.id(), made.id()).unwrap();
+    // each now holds the other's values, read back through fresh uploads (no stale GPU copy)
+    let (read_a, read_made) = (read(&ctx, &a), read(&ctx, &made));
+    assert_same("a after the swap", &read_a, &want);
+    assert_same("out after the swap", &read_made, &values(1, n));
+    {
+        let _op = ctx.op();
+        ctx.read(&a).unwrap();
+    }
+    assert!(ctx.pager.counters().uploads > uploads, "a went up again");
+    // a zero tensor stays zero where it goes
+    ctx.pager.swap_host(a.id(), b.id()).unwrap();
+    assert!(read(&ctx, &a).iter().all(|&x| x == 0.0));
+    assert_same("b after the swap", &read(&ctx, &b), &want);
+    // sizes must match; held and lent tensors refuse, by name
+    let small = ctx.from_f32("small", &[n - 1], &values(3, n - 1), false).unwrap();
+    let err = ctx.pager.swap_host(a.id(), small.id()).unwrap_err().to_string();
+    assert!(err.contains("`small`") && err.contains("one size"), "{err}");
+    {
+        let _op = ctx.op();
+        ctx.read(&a).unwrap();
+        let err = ctx.pager.swap_host(a.id(), b.id()).unwrap_err().to_string();
+        assert!(err.contains("`a`") && err.contains("held"), "{err}");
+    }
+    let loan = ctx.pager.lend_host(&[b.id()], &[]).unwrap();
+    let err = ctx.pager.swap_host(a.id(), b.id()).unwrap_err().to_string();
+    assert!(err.contains("`b`") && err.contains("lent"), "{err}");
+    ctx.pager.return_host(loan).unwrap();
+    assert_same("b untouched by the refusals", &read(&ctx, &b), &want);
+}
+
+#[test]
 fn a_tensor_expecting_a_host_update_is_not_prefetched_and_reads_its_new_bytes() {
     // Each step reads `a` then `b`. From the second on, the plan knows `b` comes next, so the
     // miss on `a` prefetches it — unless `b` is about to be rewritten on the host.
