@@ -10,6 +10,7 @@ use std::rc::Rc;
 use super::delayed_update::DelayedUpdate;
 use super::half_grads::{grad_half_scale, HalfGrads};
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
+use super::host_values::pods;
 use super::update_ahead::{self, update_in_place, Group, ParamUpdate, UpdateAhead};
 use super::AdamWConfig;
 use crate::clock::Stopwatch;
@@ -95,49 +96,6 @@ pub(crate) fn update_slice(
 ) -> Result<()> {
     let step = AdamWStep { config: *c, lr, scale, t };
     adamw_update(vec![AdamWSlices { p, m, v, g: g.into(), decay, half: None }], &step, worker_threads())
-}
-
-/// The values of host bytes (copied when the bytes are not aligned for `T`).
-pub(super) fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
-    match bytemuck::try_cast_slice(bytes) {
-        Ok(v) => Cow::Borrowed(v),
-        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
-    }
-}
-
-/// Host bytes seen as values of `T` to change: in place when aligned (the store aligns every
-/// tensor to 256 bytes), else through a copy that [`PodsMut::finish`] writes back (the host and
-/// the sharded optimizers' values, moments and f16 copies).
-pub(crate) enum PodsMut<'a, T: bytemuck::Pod> {
-    InPlace(&'a mut [T]),
-    Copied(Vec<T>, &'a mut [u8]),
-}
-
-/// Host bytes seen as f32 to change (see [`PodsMut`]).
-pub(crate) type F32sMut<'a> = PodsMut<'a, f32>;
-
-impl<'a, T: bytemuck::Pod> PodsMut<'a, T> {
-    pub(crate) fn new(bytes: &'a mut [u8]) -> Self {
-        let size = std::mem::size_of::<T>();
-        if bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 && bytes.len().is_multiple_of(size) {
-            PodsMut::InPlace(bytemuck::cast_slice_mut(bytes))
-        } else {
-            PodsMut::Copied(bytemuck::pod_collect_to_vec(bytes), bytes)
-        }
-    }
-
-    pub(crate) fn values(&mut self) -> &mut [T] {
-        match self {
-            PodsMut::InPlace(v) => v,
-            PodsMut::Copied(v, _) => v,
-        }
-    }
-
-    pub(crate) fn finish(self) {
-        if let PodsMut::Copied(v, bytes) = self {
-            bytes.copy_from_slice(bytemuck::cast_slice(&v));
-        }
-    }
 }
 
 impl HostAdamW {

@@ -9,6 +9,7 @@ mod fused_f16_update;
 mod half_grads;
 mod host_adamw;
 mod host_kernels;
+mod host_values;
 mod sgd;
 mod update_ahead;
 
@@ -16,9 +17,10 @@ pub use adamw::{AdamW, AdamWConfig};
 pub use clip::GradClip;
 pub use early_norms::EarlyNorms;
 pub use half_grads::{grad_half_scale, HalfGrads};
+pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
-pub(crate) use host_adamw::{update_slice, F32sMut};
 pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};
+pub(crate) use host_values::F32sMut;
 pub use sgd::{Sgd, SgdConfig};
 
 use crate::context::Context;

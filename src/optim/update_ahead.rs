@@ -14,8 +14,8 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::host_adamw::{pods, F32sMut, PodsMut};
 use super::host_kernels::{adamw_update, AdamWSlices, AdamWStep, GradSlice};
+use super::host_values::{pods, F32sMut, PodsMut};
 use crate::error::{Error, Result};
 use crate::pager::{HostLoan, Pager};
 
