@@ -261,8 +261,9 @@ impl HostAdamW {
         self.last_norm = norm;
         let c = self.config;
         let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        let delay = self.delays_next_update();
         self.t += 1;
-        if self.delay_after.is_some_and(|after| self.t > after) && worker_threads() > 1 {
+        if delay {
             return self.start_delayed(
                 ctx,
                 params,
@@ -311,8 +312,13 @@ impl HostAdamW {
         Ok(())
     }
 
+    /// Whether the next step's update is delayed (see `delay_after`; not with one core).
+    pub fn delays_next_update(&self) -> bool {
+        self.delay_after.is_some_and(|after| self.t >= after) && worker_threads() > 1
+    }
+
     /// Waits for a delayed update still running and swaps its weights in.
-    fn land_delayed(&mut self) -> Result<()> {
+    pub fn land_delayed(&mut self) -> Result<()> {
         let Some(delayed) = self.delayed.as_mut().filter(|d| d.is_running()) else { return Ok(()) };
         let start = Stopwatch::start();
         delayed.land()?;

@@ -104,6 +104,20 @@ impl Optimizer {
         }
     }
 
+    /// Whether the next update is delayed (`--delayed-update`): it then starts just before the
+    /// next backward instead of at this step's end.
+    pub(super) fn delays_next_update(&self) -> bool {
+        matches!(self, Optimizer::Host(o) if o.delays_next_update())
+    }
+
+    /// Waits for a delayed update still running and swaps its weights in.
+    pub(super) fn land_delayed(&mut self) -> Result<()> {
+        match self {
+            Optimizer::Host(o) => o.land_delayed(),
+            _ => Ok(()),
+        }
+    }
+
     /// Applies every update still pending — delayed or deferred — so that the weights and
     /// moments are current (before evaluating, sampling or saving).
     pub(super) fn land(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {

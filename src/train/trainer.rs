@@ -54,6 +54,17 @@ pub struct Trainer {
     pub run_file: Option<String>,
     /// This process's rank in a data-parallel run (None: a single process).
     pub dist: Option<Rc<Dist>>,
+    /// The last step's update, when it is delayed (`--delayed-update`): its norm is taken and
+    /// its update started just before the next backward, so the step's end waits for nothing
+    /// and the next forward is recorded while the GPU finishes this backward.
+    pending_update: Option<PendingUpdate>,
+}
+
+/// A step whose gradients are made and whose update has not started.
+struct PendingUpdate {
+    step: u64,
+    lr: f32,
+    grad_scale: f32,
 }
 
 /// Loss scale a mixed-precision run starts with, and good steps before it doubles.
@@ -248,6 +259,7 @@ impl Trainer {
             forward_snapshot: None,
             run_file: None,
             dist,
+            pending_update: None,
         };
         // A prompt the vocabulary cannot encode fails now, not after the training.
         trainer.sample_prompt()?;
@@ -276,7 +288,7 @@ impl Trainer {
 
     /// Forward and backward over one step's batch in micro-batches; their losses are copied
     /// into `losses` (read later: no wait here).
-    fn accumulate(&mut self, ctx: &Context, x: &[u32], y: &[u32]) -> Result<PendingLosses> {
+    async fn accumulate(&mut self, ctx: &Context, x: &[u32], y: &[u32]) -> Result<PendingLosses> {
         let t = self.cfg.seq_len;
         let micro = self.micro_batch;
         let n_micro = self.effective_batch() / micro;
@@ -292,6 +304,8 @@ impl Trainer {
             if std::mem::take(&mut self.want_forward_snapshot) {
                 self.forward_snapshot = Some(ctx.pager.snapshot());
             }
+            // (a delayed update takes the last step's gradients aside before backward adds new ones)
+            self.start_pending_update(ctx).await?;
             let mut grads = self.model.grads();
             let last = i + 1 == n_micro;
             if let Some(watcher) = self.opt.gradient_watcher(ctx).filter(|_| last) {
@@ -346,14 +360,16 @@ impl Trainer {
             None => (&x[..], &y[..]),
         };
         let evictions = ctx.pager.counters().evictions;
+        // The update delayed at the step before last lands before this forward reads the weights.
+        self.opt.land_delayed()?;
         let loss = loop {
             ctx.pager.begin_step();
-            match self.accumulate(ctx, x, y) {
+            match self.accumulate(ctx, x, y).await {
                 Ok(losses) => break losses,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
                     // Throw the partial step away and run it again in smaller pieces.
                     ctx.tape().clear();
-                    self.apply_pending(ctx)?;
+                    self.apply_pending(ctx).await?;
                     self.model.zero_grad(ctx)?;
                     ctx.pager.trim();
                     let from = self.micro_batch;
@@ -377,25 +393,12 @@ impl Trainer {
             None => StepLoss::pending(self.step, loss),
         };
         let forward_backward_s = clock.seconds();
-        let lr = self.cfg.lr_at(self.step);
-        let grad_scale = 1.0 / self.loss_scale;
-        if self.precision == Precision::F16 && !self.opt.grad_norm(ctx, &self.model, grad_scale).await?.is_finite() {
-            // Overflow: skip the update, halve the scale (the step's data is not seen again).
-            self.loss_scale = (self.loss_scale / 2.0).max(1.0);
-            self.good_steps = 0;
-            self.skipped_steps += 1;
-            log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", self.step, self.loss_scale);
-            self.model.zero_grad(ctx)?;
+        let update =
+            PendingUpdate { step: self.step, lr: self.cfg.lr_at(self.step), grad_scale: 1.0 / self.loss_scale };
+        if self.opt.delays_next_update() {
+            self.pending_update = Some(update);
         } else {
-            let clipped = self.precision == Precision::F16;
-            self.opt.step(ctx, &self.model, lr, grad_scale, clipped).await?;
-            if self.precision == Precision::F16 {
-                self.good_steps += 1;
-                if self.good_steps >= GROWTH_INTERVAL {
-                    self.loss_scale *= 2.0;
-                    self.good_steps = 0;
-                }
-            }
+            self.update(ctx, update).await?;
         }
         if self.print_phases {
             ctx.sync()?;
@@ -412,17 +415,49 @@ impl Trainer {
         Ok(loss)
     }
 
+    /// The optimizer's step for `u`'s gradients: under f16 a step whose gradients overflowed
+    /// is skipped and the loss scale halved.
+    async fn update(&mut self, ctx: &Context, u: PendingUpdate) -> Result<()> {
+        if self.precision == Precision::F16 && !self.opt.grad_norm(ctx, &self.model, u.grad_scale).await?.is_finite() {
+            // Overflow: skip the update, halve the scale (the step's data is not seen again).
+            self.loss_scale = (self.loss_scale / 2.0).max(1.0);
+            self.good_steps = 0;
+            self.skipped_steps += 1;
+            log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", u.step, self.loss_scale);
+            return self.model.zero_grad(ctx);
+        }
+        let clipped = self.precision == Precision::F16;
+        self.opt.step(ctx, &self.model, u.lr, u.grad_scale, clipped).await?;
+        if self.precision == Precision::F16 {
+            self.good_steps += 1;
+            if self.good_steps >= GROWTH_INTERVAL {
+                self.loss_scale *= 2.0;
+                self.good_steps = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the last step's delayed update, if it waits (see `pending_update`).
+    async fn start_pending_update(&mut self, ctx: &Context) -> Result<()> {
+        match self.pending_update.take() {
+            Some(u) => self.update(ctx, u).await,
+            None => Ok(()),
+        }
+    }
+
     /// Applies the last step's deferred or delayed parameter updates now (the next forward or
-    /// step would otherwise):
-    /// call before reading the weights. Evaluation, sampling and saving do.
-    pub fn apply_pending(&mut self, ctx: &Context) -> Result<()> {
+    /// step would otherwise): call before reading the weights. Evaluation, sampling and saving
+    /// do.
+    pub async fn apply_pending(&mut self, ctx: &Context) -> Result<()> {
+        self.start_pending_update(ctx).await?;
         let (model, opt) = (&self.model, &mut self.opt);
         opt.land(ctx, &model.params())
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
     pub async fn evaluate(&mut self, ctx: &Context) -> Result<f32> {
-        self.apply_pending(ctx)?;
+        self.apply_pending(ctx).await?;
         // The same sequences whatever the micro-batch, so runs that shrank it compare.
         let mut rng = Rng::new(self.cfg.seed ^ 0xE7A1);
         let (b, t, micro) = (self.cfg.batch_size, self.cfg.seq_len, self.micro_batch.min(self.cfg.batch_size));
@@ -452,7 +487,7 @@ impl Trainer {
         sampling: Sampling,
         seed: u64,
     ) -> Result<String> {
-        self.apply_pending(ctx)?;
+        self.apply_pending(ctx).await?;
         let start = [start_token(&self.data.vocab)];
         let prompt = if prompt.is_empty() { &start[..] } else { prompt };
         let vocab = self.data.vocab.size();
@@ -489,7 +524,7 @@ impl Trainer {
     /// Writes a checkpoint of the current step under `dir` (see [`checkpoint::save`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn save(&mut self, ctx: &Context, dir: &std::path::Path) -> Result<std::path::PathBuf> {
-        self.apply_pending(ctx)?;
+        self.apply_pending(ctx).await?;
         if let (Some(d), Optimizer::Sharded(o)) = (&self.dist, &self.opt) {
             let state = self.state();
             return crate::dist::shard_files::save(ctx, d, dir, &self.model, o, &state, self.run_file.as_deref()).await;

@@ -45,7 +45,7 @@ fn host_updates_run_ahead_on_their_thread_give_the_same_bits() {
             host.update_ahead = ahead;
             let losses: Vec<f32> = (0..6).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
             assert!(ctx.pager.counters().evictions > 0, "the budget pages");
-            t.apply_pending(&ctx).unwrap();
+            pollster::block_on(t.apply_pending(&ctx)).unwrap();
             let Optimizer::Host(host) = &t.opt else { panic!("host AdamW") };
             let steps_ahead = host.steps_run_ahead;
             let tensors =
@@ -102,7 +102,7 @@ fn host_optimizer_under_f16_writes_the_weight_copies_and_keeps_the_masters_on_th
     let uploaded: Vec<_> = later.iter().filter(|(name, &n)| n != after_two[*name]).collect();
     assert!(uploaded.is_empty(), "masters uploaded again after step 2: {uploaded:?}");
     // Every copy is its master rounded to f16, bit for bit.
-    t.apply_pending(&paged).unwrap();
+    pollster::block_on(t.apply_pending(&paged)).unwrap();
     use pagetrain::nn::Module;
     for p in t.model.params() {
         let Some(half) = &p.half else { continue };
