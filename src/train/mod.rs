@@ -19,6 +19,7 @@ mod run_setup;
 pub mod tensor_file;
 pub mod tokenizer;
 pub mod trainer;
+mod update;
 
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};

@@ -16,6 +16,8 @@ use super::pending_loss::{PendingLosses, StepLoss};
 pub use super::report::{Quiet, Reporter, RunSummary, StepReport};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
+use super::update::PendingUpdate;
+pub use super::update::{GROWTH_INTERVAL, INITIAL_LOSS_SCALE};
 use crate::context::Context;
 use crate::dist::{Dist, ShardedAdamW};
 use crate::error::{Error, Result};
@@ -42,7 +44,7 @@ pub struct Trainer {
     /// Dynamic loss scale (1 in f32): the loss gradient is seeded with it, the update divides it
     /// out; a step whose gradients overflow is skipped and the scale halved.
     pub loss_scale: f32,
-    good_steps: u64,
+    pub(super) good_steps: u64,
     pub skipped_steps: u64,
     /// `PAGETRAIN_PHASES=1`: time each step's forward+backward and optimizer (syncing between).
     print_phases: bool,
@@ -57,19 +59,8 @@ pub struct Trainer {
     /// The last step's update, when it is delayed (`--delayed-update`): its norm is taken and
     /// its update started just before the next backward, so the step's end waits for nothing
     /// and the next forward is recorded while the GPU finishes this backward.
-    pending_update: Option<PendingUpdate>,
+    pub(super) pending_update: Option<PendingUpdate>,
 }
-
-/// A step whose gradients are made and whose update has not started.
-struct PendingUpdate {
-    step: u64,
-    lr: f32,
-    grad_scale: f32,
-}
-
-/// Loss scale a mixed-precision run starts with, and good steps before it doubles.
-pub const INITIAL_LOSS_SCALE: f32 = 65536.0;
-pub const GROWTH_INTERVAL: u64 = 1000;
 
 /// Whether a mixed-precision run with AdamW on the host sends its gradients down in f16:
 /// `TrainConfig::f16_gradients`, else `PAGETRAIN_F16_GRADS=0|1`, else yes.
@@ -413,46 +404,6 @@ impl Trainer {
         loss.submit(ctx);
         self.step += 1;
         Ok(loss)
-    }
-
-    /// The optimizer's step for `u`'s gradients: under f16 a step whose gradients overflowed
-    /// is skipped and the loss scale halved.
-    async fn update(&mut self, ctx: &Context, u: PendingUpdate) -> Result<()> {
-        if self.precision == Precision::F16 && !self.opt.grad_norm(ctx, &self.model, u.grad_scale).await?.is_finite() {
-            // Overflow: skip the update, halve the scale (the step's data is not seen again).
-            self.loss_scale = (self.loss_scale / 2.0).max(1.0);
-            self.good_steps = 0;
-            self.skipped_steps += 1;
-            log::warn!("step {}: gradients overflowed; update skipped, loss scale now {}", u.step, self.loss_scale);
-            return self.model.zero_grad(ctx);
-        }
-        let clipped = self.precision == Precision::F16;
-        self.opt.step(ctx, &self.model, u.lr, u.grad_scale, clipped).await?;
-        if self.precision == Precision::F16 {
-            self.good_steps += 1;
-            if self.good_steps >= GROWTH_INTERVAL {
-                self.loss_scale *= 2.0;
-                self.good_steps = 0;
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts the last step's delayed update, if it waits (see `pending_update`).
-    async fn start_pending_update(&mut self, ctx: &Context) -> Result<()> {
-        match self.pending_update.take() {
-            Some(u) => self.update(ctx, u).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Applies the last step's deferred or delayed parameter updates now (the next forward or
-    /// step would otherwise): call before reading the weights. Evaluation, sampling and saving
-    /// do.
-    pub async fn apply_pending(&mut self, ctx: &Context) -> Result<()> {
-        self.start_pending_update(ctx).await?;
-        let (model, opt) = (&self.model, &mut self.opt);
-        opt.land(ctx, &model.params())
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
