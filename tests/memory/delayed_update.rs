@@ -1,13 +1,15 @@
 //! Host AdamW's delayed parameter update (`--delayed-update`): each step's update lands one step
 //! late, the bits of an update not delayed; the weights the GPU reads meanwhile are those of the
-//! step before; training with it pages exactly as it runs resident, and learns.
+//! step before; training with it pages exactly as it runs resident, learns, and resumes from a
+//! checkpoint as if it had not stopped.
 
-use super::{cfg, common, context, losses, tmpdir};
+use super::{cfg, common, context, losses, tmpdir, to64};
+use common::assert_close;
 use pagetrain::nn::{Linear, Module};
 use pagetrain::optim::{AdamWConfig, HostAdamW};
 use pagetrain::rng::Rng;
 use pagetrain::train::trainer::Optimizer;
-use pagetrain::train::{OptimizerOn, Precision, TrainConfig};
+use pagetrain::train::{OptimizerOn, Precision, TrainConfig, Trainer};
 use pagetrain::{Context, Tensor};
 
 /// A 37 → 29 layer with a bias; its weight computes in f16 where the adapter can (then the GPU
@@ -142,5 +144,29 @@ fn delayed_training_pages_as_it_runs_resident_and_learns() {
         assert_eq!(e, ep, "{precision:?}: evaluation after landing");
         let Optimizer::Host(o) = &t.opt else { panic!("host AdamW") };
         assert!(!o.has_deferred(), "evaluation landed the update");
+    }
+}
+
+#[test]
+fn a_delayed_run_saved_and_resumed_goes_on_as_the_run_that_did_not_stop() {
+    let probe = context(None);
+    let precisions: &[Precision] =
+        if common::has_f16(&probe) { &[Precision::F32, Precision::F16] } else { &[Precision::F32] };
+    for &precision in precisions {
+        let out = tmpdir(&format!("delayed-resume-{precision:?}"));
+        let config = TrainConfig { optimizer_on: OptimizerOn::Host, precision, delayed_update: Some(1), ..cfg(&out) };
+        let ctx = context(None);
+        let (_, mut t) = losses(&ctx, config.clone(), 6);
+        // Saving lands the update pending at step 6: the checkpoint holds every update.
+        pollster::block_on(t.save(&ctx, &out)).unwrap();
+        let next: Vec<f32> = (0..4).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+        let ctx2 = context(None);
+        let mut resumed = Trainer::new(&ctx2, TrainConfig { resume: Some(out.clone()), ..config }, None).unwrap();
+        let again: Vec<f32> = (0..4).map(|_| pollster::block_on(resumed.train_step(&ctx2)).unwrap()).collect();
+        assert_close(&format!("{precision:?} delayed, resumed"), &again, &to64(&next), 0.0, 1e-6);
+        let Optimizer::Host(o) = &resumed.opt else { panic!("host AdamW") };
+        if pagetrain::optim::worker_threads() > 1 {
+            assert!(o.steps_delayed >= 3, "{precision:?}: the resumed run delays its updates");
+        }
     }
 }
