@@ -39,6 +39,10 @@ fn train_json_reports_the_run() {
             "16",
             "--sample-len",
             "8",
+            "--optimizer-on",
+            "host",
+            "--delayed-update",
+            "1",
             "--json",
             "--out",
             &out,
@@ -46,6 +50,7 @@ fn train_json_reports_the_run() {
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("from step 2 each update runs during the next step (delayed)"), "{}", stderr(&o));
     let stdout = String::from_utf8(o.stdout).unwrap();
     let line = stdout.lines().last().expect("a JSON line");
     let v: serde_json::Value = serde_json::from_str(line).unwrap();

@@ -188,12 +188,13 @@ mod tests {
         let f = RunFile::parse(
             "steps = 7\nbatch_size = 3\nseq_len = 32\nlr = 0.001\nmin_lr = 1e-5\nprecision = \"f16\"\n\
              n_layer = 3\nn_head = 2\nn_embd = 48\nblock_size = 40\ntokenizer = \"gpt2\"\ngpu_budget = \"64MiB\"\n\
-             sample_prompt = \"Once\"\ntemperature = 0.5\ntop_k = 40\ntop_p = 0.9\n",
+             sample_prompt = \"Once\"\ntemperature = 0.5\ntop_k = 40\ntop_p = 0.9\ndelayed_update = 40\n",
         )
         .unwrap();
         let c = f.apply(TrainConfig::default()).unwrap();
         assert_eq!((c.steps, c.batch_size, c.seq_len, c.lr, c.min_lr), (7, 3, 32, 0.001, Some(1e-5)));
         assert_eq!(c.precision, Precision::F16);
+        assert_eq!(c.delayed_update, Some(40));
         assert_eq!(c.tokenizer, Tokenizer::Gpt2);
         assert_eq!(c.sample_prompt.as_deref(), Some("Once"));
         assert_eq!((c.sampling.temperature, c.sampling.top_k, c.sampling.top_p), (0.5, 40, 0.9));
