@@ -14,6 +14,8 @@ enum Op {
     Read(usize),
     Drop(usize),
     Flush,
+    /// Exchange two tensors' host bytes (`Pager::swap_host`, after bringing both to the host).
+    Swap(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -25,6 +27,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Read),
         1 => any::<usize>().prop_map(Op::Drop),
         1 => Just(Op::Flush),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Op::Swap(a, b)),
     ]
 }
 
@@ -102,6 +105,18 @@ fn run_against_model(ctx: &Context, ops: &[Op], budget: u64, store_dir: Option<&
             Op::Drop(a) => {
                 if let Some(a) = pick(a, tensors.len()) {
                     tensors.swap_remove(a);
+                }
+            }
+            Op::Swap(a, b) => {
+                if let Some(a) = pick(a, tensors.len()) {
+                    let n = tensors[a].1.len();
+                    let same: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].1.len() == n).collect();
+                    let b = same[b % same.len()];
+                    let ids = [tensors[a].0.id(), tensors[b].0.id()];
+                    ctx.pager.sync_to_host(&ids).unwrap();
+                    ctx.pager.swap_host(ids[0], ids[1]).unwrap();
+                    let (va, vb) = (tensors[a].1.clone(), tensors[b].1.clone());
+                    (tensors[a].1, tensors[b].1) = (vb, va);
                 }
             }
             Op::Flush => {
