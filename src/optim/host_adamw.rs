@@ -222,9 +222,9 @@ impl HostAdamW {
     /// passes of the next step's later layers then run while the GPU computes the earlier
     /// ones. The result is [`HostAdamW::step_lr`]'s: each update reads only its own tensors.
     ///
-    /// Past `delay_after` steps the update is delayed instead: it runs on a thread until the
-    /// next step's `defer` (or [`HostAdamW::land`]) swaps its weights in, and the gradients are
-    /// zeroed at once.
+    /// Past `delay_after` steps the update is delayed instead: it runs on a thread until
+    /// [`HostAdamW::land_delayed`] (the trainer calls it as the next step starts; `defer` and
+    /// [`HostAdamW::land`] do too) swaps its weights in, and the gradients are zeroed at once.
     pub fn defer(
         &mut self,
         ctx: &Context,
