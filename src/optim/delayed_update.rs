@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::host_kernels::AdamWStep;
+use super::host_kernels::{copy_on_threads, AdamWStep};
 use super::update_ahead::{update_in_place, ParamUpdate};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -155,9 +155,9 @@ impl DelayedUpdate {
             let (update, copies) = slices.split_at_mut(update_slices);
             let result = update_in_place(update, &updates, step, threads);
             if result.is_ok() {
-                for (next, &master) in copies.iter_mut().zip(&copied_masters) {
-                    copy_on_threads(next, update[master], threads);
-                }
+                let pairs =
+                    copies.iter_mut().zip(&copied_masters).map(|(next, &m)| (&mut **next, &*update[m])).collect();
+                copy_on_threads(pairs, threads);
             }
             drop(slices);
             Some((loan, result))
@@ -208,15 +208,4 @@ impl Drop for DelayedUpdate {
             }
         }
     }
-}
-
-/// `dst.copy_from_slice(src)` split over `threads` (one thread copies a few GB/s: GPT-2 small's
-/// embedding alone, 154 MB, would take ~20 ms of the step the update has).
-fn copy_on_threads(dst: &mut [u8], src: &[u8], threads: usize) {
-    let piece = src.len().div_ceil(threads.max(1)).max(1 << 20);
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
-            scope.spawn(move || d.copy_from_slice(s));
-        }
-    });
 }
