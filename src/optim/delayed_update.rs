@@ -112,6 +112,9 @@ impl DelayedUpdate {
         if [grads.len(), m.len(), v.len(), updates.len()].iter().any(|&l| l != n) {
             return Err(Error::shape("delayed update parameters", n, grads.len()));
         }
+        if self.twins.iter().zip(&updates).any(|(t, u)| u.has_half == t.own_master.is_some()) {
+            return Err(Error::invalid("delayed update", "an f16 copy is asked for where the GPU reads the value"));
+        }
         let pager = &self.pager;
         let visible = self.twins.iter().map(|t| t.visible);
         let masters = self.twins.iter().map(|t| t.master);
@@ -126,14 +129,11 @@ impl DelayedUpdate {
         let mut written = Vec::with_capacity(4 * n);
         let mut copied_masters = Vec::new();
         for (i, t) in self.twins.iter().enumerate() {
-            if updates[i].has_half == t.own_master.is_some() {
-                return Err(Error::invalid("delayed update", "an f16 copy is asked for where the GPU reads the value"));
-            }
             let quad = [t.master, m[i].id(), v[i].id(), t.taken.id()];
-            if t.own_master.is_none() {
-                written.push(t.next.id());
+            match t.own_master {
+                Some(_) => copied_masters.push(ids.len()),
+                None => written.push(t.next.id()),
             }
-            copied_masters.extend(t.own_master.is_some().then_some(ids.len()));
             ids.extend(quad);
             written.extend(&quad[..3]);
             if t.own_master.is_none() {
