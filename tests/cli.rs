@@ -66,6 +66,30 @@ fn train_json_reports_the_run() {
 }
 
 #[test]
+fn paged_f16_runs_ask_for_slabs_and_others_for_buffers() {
+    // (zero-copy adapters keep buffers whatever is asked, and say so: the line names slabs then
+    // as asked for)
+    let pool_line = |precision: &str, budget: Option<&str>| {
+        let out = out_dir(&format!("pool-{precision}-{}", budget.is_some()));
+        let mut args = vec!["train", "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--sample-len", "0"];
+        args.extend(["--precision", precision, "--out", &out]);
+        if let Some(b) = budget {
+            args.extend(["--gpu-budget", b]);
+        }
+        let o = pagetrain(&args, &[("PAGETRAIN_GPU_POOL", "")]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        err.lines().find(|l| l.contains("tensors in")).unwrap_or_else(|| panic!("no pool line in {err}")).to_string()
+    };
+    let paged_f16 = pool_line("f16", Some("1MiB"));
+    assert!(paged_f16.contains("slabs"), "{paged_f16}");
+    for (precision, budget) in [("f32", Some("1MiB")), ("f16", None)] {
+        let line = pool_line(precision, budget);
+        assert!(line.contains("tensors in buffers") && !line.contains("slabs"), "{precision} {budget:?}: {line}");
+    }
+}
+
+#[test]
 fn info_lists_the_chosen_adapter_and_its_limits() {
     let o = pagetrain(&["info"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -8,6 +8,7 @@
 //! GPU-side order needs no waits: wgpu orders copies and kernels touching the same buffers.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,7 +58,6 @@ pub enum Dir {
 }
 
 struct Copy {
-    tensor: TensorId,
     dir: Dir,
     batch: Rc<Batch>,
 }
@@ -65,7 +65,9 @@ struct Copy {
 /// Direct copies in flight, and host ranges waiting for theirs to finish before they are freed.
 #[derive(Default)]
 pub struct DmaCopies {
-    copies: RefCell<Vec<Copy>>,
+    /// Per tensor, so the pager's per-access checks look at that tensor's copies only (a list of
+    /// every copy was the pager's top symbol on lavapipe, zero-copy, where every upload is one).
+    copies: RefCell<HashMap<TensorId, Vec<Copy>>>,
     /// The batch of the submission being recorded (taken by its after-submit hook).
     recording: Rc<RefCell<Option<Rc<Batch>>>>,
     frees: RefCell<Vec<(HostRange, Vec<Rc<Batch>>)>>,
@@ -100,31 +102,40 @@ impl DmaCopies {
             });
             batch
         });
-        self.copies.borrow_mut().push(Copy { tensor, dir, batch });
+        self.copies.borrow_mut().entry(tensor).or_default().push(Copy { dir, batch });
         // Submits once enough bytes are pending, so the GPU starts on them while we record on.
         recorder.copied_direct(len);
     }
 
     /// Forgets the copies known to be done.
     pub fn reap(&self) {
-        self.copies.borrow_mut().retain(|c| !c.batch.is_done());
+        self.copies.borrow_mut().retain(|_, copies| {
+            copies.retain(|c| !c.batch.is_done());
+            !copies.is_empty()
+        });
     }
 
     /// Whether a copy of `tensor`'s host bytes may still be under way (in `dir`, or either way).
     pub fn busy(&self, tensor: TensorId, dir: Option<Dir>) -> bool {
-        self.copies.borrow().iter().any(|c| c.tensor == tensor && dir.is_none_or(|d| d == c.dir) && !c.batch.is_done())
+        let copies = self.copies.borrow();
+        let Some(copies) = copies.get(&tensor) else { return false };
+        copies.iter().any(|c| dir.is_none_or(|d| d == c.dir) && !c.batch.is_done())
     }
 
     /// Blocks until the copies of `tensor` (every copy, for `None`) are done; returns seconds
     /// waited.
     pub fn wait(&self, recorder: &Recorder, tensor: Option<TensorId>) -> Result<f64> {
-        let batches: Vec<Rc<Batch>> = self
-            .copies
-            .borrow()
-            .iter()
-            .filter(|c| tensor.is_none_or(|t| t == c.tensor) && !c.batch.is_done())
-            .map(|c| c.batch.clone())
-            .collect();
+        let batches: Vec<Rc<Batch>> = match tensor {
+            Some(t) => self.pending_batches(t),
+            None => self
+                .copies
+                .borrow()
+                .values()
+                .flatten()
+                .filter(|c| !c.batch.is_done())
+                .map(|c| c.batch.clone())
+                .collect(),
+        };
         if batches.is_empty() {
             return Ok(0.0);
         }
@@ -139,18 +150,19 @@ impl DmaCopies {
     /// `range` (the host bytes of `tensor`, released) if no copy uses it any more; else it is
     /// held back until they are done (see [`DmaCopies::ready_frees`]) and `None` returned.
     pub fn free_when_done(&self, range: HostRange, tensor: TensorId) -> Option<HostRange> {
-        let batches: Vec<Rc<Batch>> = self
-            .copies
-            .borrow()
-            .iter()
-            .filter(|c| c.tensor == tensor && !c.batch.is_done())
-            .map(|c| c.batch.clone())
-            .collect();
+        let batches = self.pending_batches(tensor);
         if batches.is_empty() {
             return Some(range);
         }
         self.frees.borrow_mut().push((range, batches));
         None
+    }
+
+    /// The batches of `tensor`'s copies not known to be done.
+    fn pending_batches(&self, tensor: TensorId) -> Vec<Rc<Batch>> {
+        let copies = self.copies.borrow();
+        let Some(copies) = copies.get(&tensor) else { return Vec::new() };
+        copies.iter().filter(|c| !c.batch.is_done()).map(|c| c.batch.clone()).collect()
     }
 
     /// Host ranges held back whose copies are done by now: free to reuse.

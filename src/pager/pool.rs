@@ -33,10 +33,29 @@ pub enum GpuPool {
 impl GpuPool {
     /// `PAGETRAIN_GPU_POOL=slabs|buffers`, else buffers.
     pub fn from_env() -> GpuPool {
+        GpuPool::asked().unwrap_or(GpuPool::Buffers)
+    }
+
+    /// `PAGETRAIN_GPU_POOL`, where it names a pool.
+    fn asked() -> Option<GpuPool> {
         match std::env::var("PAGETRAIN_GPU_POOL").as_deref() {
-            Ok("slabs") => GpuPool::Slabs,
-            _ => GpuPool::Buffers,
+            Ok("slabs") => Some(GpuPool::Slabs),
+            Ok("buffers") => Some(GpuPool::Buffers),
+            _ => None,
         }
+    }
+
+    /// The pool for a training run (`PAGETRAIN_GPU_POOL` where set): slabs where the products
+    /// read f16 (`mixed_precision`) and a budget was asked for (`paged`), else buffers. Measured
+    /// on an H100 (BENCHMARKS.md, stop 38), GPT-2 small: f16 at a quarter of its footprint 157–172
+    /// → 125 ms a step in slabs, the resident f16 step 61 → 63 ms; in f32 the read-write bindings
+    /// slabs need make the resident step 216 → 640 ms.
+    pub fn for_run(mixed_precision: bool, paged: bool) -> GpuPool {
+        GpuPool::choose(GpuPool::asked(), mixed_precision, paged)
+    }
+
+    fn choose(asked: Option<GpuPool>, mixed_precision: bool, paged: bool) -> GpuPool {
+        asked.unwrap_or(if mixed_precision && paged { GpuPool::Slabs } else { GpuPool::Buffers })
     }
 }
 
@@ -337,7 +356,17 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{size_class, GpuPool};
+
+    #[test]
+    fn runs_page_f16_products_in_slabs_unless_told_otherwise() {
+        use GpuPool::{Buffers, Slabs};
+        assert_eq!(GpuPool::choose(None, true, true), Slabs);
+        assert_eq!(GpuPool::choose(None, true, false), Buffers, "resident f16");
+        assert_eq!(GpuPool::choose(None, false, true), Buffers, "paged f32");
+        assert_eq!(GpuPool::choose(Some(Buffers), true, true), Buffers);
+        assert_eq!(GpuPool::choose(Some(Slabs), false, false), Slabs);
+    }
 
     #[test]
     fn size_classes_cover_request_with_bounded_slack() {

@@ -73,7 +73,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "auto")]
     pub(crate) upload: Upload,
     /// How the pool gives tensors GPU memory in the timed steps: a buffer each, or ranges of
-    /// shared slabs (default: `PAGETRAIN_GPU_POOL`, else buffers).
+    /// shared slabs (default: `PAGETRAIN_GPU_POOL`, else slabs for f16 steps at a budget and
+    /// buffers otherwise, as `train` chooses).
     #[arg(long)]
     pub(crate) gpu_pool: Option<Pool>,
     /// Write back every dirty tensor the pager evicts, even those the plan knows are freed
@@ -190,7 +191,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                     upload: args.upload.into(),
                     drop_dead_writebacks: !args.keep_dead_writebacks,
                     gpu_pool: match args.gpu_pool {
-                        None => d.gpu_pool,
+                        None => GpuPool::for_run(args.precision == Precision::F16, budget.is_some()),
                         Some(Pool::Buffers) => GpuPool::Buffers,
                         Some(Pool::Slabs) => GpuPool::Slabs,
                     },

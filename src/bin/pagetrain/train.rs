@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pagetrain::dist::Dist;
 use pagetrain::nn::Module;
-use pagetrain::pager::PagerOptions;
+use pagetrain::pager::{GpuPool, PagerOptions};
 use pagetrain::train::{
     parse_bytes, OptimizerOn, Precision, Reporter, RunFile, Sampling, StepReport, Tokenizer, TrainConfig, Trainer,
 };
@@ -282,7 +282,8 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
         }
         device.adapter_index = device.adapter_index.or(Some(d.local_rank));
     }
-    let pager = PagerOptions { budget, ..Default::default() };
+    let gpu_pool = GpuPool::for_run(cfg.precision == Precision::F16, budget.is_some());
+    let pager = PagerOptions { budget, gpu_pool, ..Default::default() };
     let ctx = Context::new(&ContextOptions { pager, store, device }).await?;
     let who = dist.as_ref().map_or(String::new(), |d| format!("rank {} of {}: ", d.rank(), d.size()));
     eprintln!(
