@@ -11,7 +11,7 @@ use eframe::egui;
 use super::feed::{check_budget, Command, Event, HostMemory, RunInfo, RunSetup, StepStart};
 use crate::context::{Context, ContextOptions};
 use crate::error::Result;
-use crate::pager::PagerOptions;
+use crate::pager::{GpuPool, PagerOptions};
 use crate::train::Trainer;
 
 /// Snapshots walk every tensor (and ask the OS which pages are in RAM): at most this often.
@@ -108,7 +108,9 @@ impl Outbox {
 }
 
 async fn drive(setup: RunSetup, out: &mut Outbox, commands: &Receiver<Command>) -> Result<()> {
-    let pager = PagerOptions { budget: setup.budget, ..Default::default() };
+    let mixed = setup.train.precision == crate::train::Precision::F16;
+    let gpu_pool = GpuPool::for_run(mixed, setup.budget.is_some());
+    let pager = PagerOptions { budget: setup.budget, gpu_pool, ..Default::default() };
     let opts = ContextOptions { device: setup.device.clone(), pager, store: setup.store.clone() };
     let ctx = Context::new(&opts).await?;
     let mut trainer = Trainer::new(&ctx, setup.train.clone(), None)?;
