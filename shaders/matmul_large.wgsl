@@ -219,25 +219,42 @@ fn large_put(is_a: bool, depth_fast: bool, by_vec4: bool, quads: u32, buf: u32, 
     }
 }
 
-// Stores the first `cols` (<= 4) outputs of row gm from column gn: alpha·acc (+ bias)
-// (+ beta·C), in bounds only.
-fn large_store(c_base: u32, gm: u32, gn: u32, acc: vec4<f32>, cols: u32) {
+// The epilogue indexes the accumulators and their lanes only by constants. A loop over them
+// relies on the driver unrolling it: NVIDIA's did not once every binding was read-write (GPU pool
+// in slabs), and the accumulators went to local memory (8192×3072×768: 11 → 200 ms a step).
+
+// Stores output (gm, n): alpha·v (+ bias) (+ beta·C), in bounds only.
+fn large_store_one(c_base: u32, gm: u32, n: u32, v0: f32) {
+    if (n < p.n) {
+        let idx = c_base + gm * p.n + n;
+        var v = p.alpha * v0;
+        if (BIAS) {
+            v += bias[n];
+        }
+        if (ACCUMULATE) {
+            v += p.beta * f32(c[idx]);
+        }
+        c[idx] = B0(v);
+    }
+}
+
+// Stores row gm's outputs of one thread: 4 from column 4tx (`lo`), then 4 from 64 + 4tx, or 2
+// from 64 + 2tx with narrow tiles (`hi`).
+fn large_store_row(c_base: u32, gm: u32, n0: u32, tx: u32, lo: vec4<f32>, hi: vec4<f32>) {
     if (gm >= p.m) {
         return;
     }
-    for (var j = 0u; j < cols; j++) {
-        let n = gn + j;
-        if (n < p.n) {
-            let idx = c_base + gm * p.n + n;
-            var v = p.alpha * acc[j];
-            if (BIAS) {
-                v += bias[n];
-            }
-            if (ACCUMULATE) {
-                v += p.beta * f32(c[idx]);
-            }
-            c[idx] = B0(v);
-        }
+    let gn = n0 + 4u * tx;
+    large_store_one(c_base, gm, gn, lo.x);
+    large_store_one(c_base, gm, gn + 1u, lo.y);
+    large_store_one(c_base, gm, gn + 2u, lo.z);
+    large_store_one(c_base, gm, gn + 3u, lo.w);
+    let hn = n0 + 64u + select(4u, 2u, NARROW) * tx;
+    large_store_one(c_base, gm, hn, hi.x);
+    large_store_one(c_base, gm, hn + 1u, hi.y);
+    if (!NARROW) {
+        large_store_one(c_base, gm, hn + 2u, hi.z);
+        large_store_one(c_base, gm, hn + 3u, hi.w);
     }
 }
 
@@ -254,10 +271,7 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     // acc[2i + h]: row (i < 4 ? 4ty + i : 64 + 4ty + i - 4), columns 4tx.. (h = 0) or 64 + 4tx..
     // (h = 1); narrow tiles: 64 + 2tx, 64 + 2tx + 1 in lanes x, y for h = 1
     let b_loads = tid < B_LOADERS;
-    var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
+    var acc: array<vec4<f32>, 16>; // zeros
 
     for (var j = 0u; j < LV; j++) {
         large_put(true, !TRANS_A, VEC_A, 32u, 0u, tid, j, large_fetch_a(a_base, m0, 0u, tid, j, true));
@@ -360,13 +374,15 @@ fn matmul_large(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         workgroupBarrier();
     }
 
-    for (var i = 0u; i < 8u; i++) {
-        let gm = m0 + select(4u * ty + i, 64u + 4u * ty + i - 4u, i >= 4u);
-        large_store(c_base, gm, n0 + 4u * tx, acc[2u * i], 4u);
-        if (NARROW) {
-            large_store(c_base, gm, n0 + 64u + 2u * tx, acc[2u * i + 1u], 2u);
-        } else {
-            large_store(c_base, gm, n0 + 64u + 4u * tx, acc[2u * i + 1u], 4u);
-        }
-    }
+    // Rows 4ty..4ty+3 and 64+4ty..64+4ty+3 (acc[2i], acc[2i + 1] for the i-th of them).
+    let r0 = m0 + 4u * ty;
+    let r1 = m0 + 64u + 4u * ty;
+    large_store_row(c_base, r0, n0, tx, acc[0], acc[1]);
+    large_store_row(c_base, r0 + 1u, n0, tx, acc[2], acc[3]);
+    large_store_row(c_base, r0 + 2u, n0, tx, acc[4], acc[5]);
+    large_store_row(c_base, r0 + 3u, n0, tx, acc[6], acc[7]);
+    large_store_row(c_base, r1, n0, tx, acc[8], acc[9]);
+    large_store_row(c_base, r1 + 1u, n0, tx, acc[10], acc[11]);
+    large_store_row(c_base, r1 + 2u, n0, tx, acc[12], acc[13]);
+    large_store_row(c_base, r1 + 3u, n0, tx, acc[14], acc[15]);
 }

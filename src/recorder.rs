@@ -70,8 +70,8 @@ pub struct Recorder {
     submissions: Cell<u64>,
     /// Pool buffers dropped so far (kept bind groups holding them are let go: `kernels::bindings`).
     retired: Rc<Cell<u64>>,
-    /// Every storage binding read-write: the pool's tensors share buffers (`pager/slabs.rs`).
-    storage_writable: Cell<bool>,
+    /// The pool's tensors share buffers (`pager/slabs.rs`).
+    tensors_share_buffers: Cell<bool>,
 }
 
 impl Recorder {
@@ -102,7 +102,7 @@ impl Recorder {
             direct_submit_bytes: direct_submit_bytes(),
             submissions: Cell::new(0),
             retired: Rc::new(Cell::new(0)),
-            storage_writable: Cell::new(false),
+            tensors_share_buffers: Cell::new(false),
         }
     }
 
@@ -327,15 +327,15 @@ impl Recorder {
         self.retired.get()
     }
 
-    /// From now on, kernels are compiled with every storage binding read-write: one buffer may
-    /// then hold a kernel's inputs and its output (wgpu refuses a buffer bound both read-only
-    /// and read-write in one dispatch). Set before the first kernel is compiled.
-    pub fn set_storage_writable(&self) {
-        self.storage_writable.set(true);
+    /// From now on, one buffer may hold a kernel's inputs and its outputs (the GPU pool's slabs):
+    /// dispatches that bind it so run pipelines whose storage bindings are all read-write
+    /// (`Kernels::dispatch_detailed`).
+    pub fn set_tensors_share_buffers(&self) {
+        self.tensors_share_buffers.set(true);
     }
 
-    pub fn storage_writable(&self) -> bool {
-        self.storage_writable.get()
+    pub fn tensors_share_buffers(&self) -> bool {
+        self.tensors_share_buffers.get()
     }
 
     /// Dispatches that waited for their pipeline's worker so far.

@@ -45,12 +45,7 @@ impl Kernels {
         }
         self.gpu.check("before compiling a shader")?;
         let clock = crate::clock::Stopwatch::start();
-        let mut source = specialize(shader, variant);
-        if self.recorder.storage_writable() {
-            // The pool's tensors share buffers: a binding's declared access must match the
-            // layout's, and the layout must be read-write (`Recorder::set_storage_writable`).
-            source = source.replace("var<storage, read>", "var<storage, read_write>");
-        }
+        let source = specialize(shader, variant);
         let signatures = Rc::new(bindings::reflect(shader.name, &source)?);
         let desc =
             wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(source.into()) };

@@ -105,13 +105,16 @@ pub const TRANSPOSE: Shader = shader!("transpose", transpose::Params, true, "");
 /// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
 /// and f32 elsewhere. `dim` and `tile` are sizes a family unrolls for (attention's head size and
 /// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`; `flags` are choices fixed at compile
-/// time (matmul's layout and epilogue), as `FLAGS`.
+/// time (matmul's layout and epilogue), as `FLAGS`. `writable` declares every storage binding
+/// read-write: for a dispatch that binds one buffer (a slab of the GPU pool) to an input and to an
+/// output, which wgpu refuses where the input is read-only (`Kernels::dispatch_detailed`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub f16_bindings: u32,
     pub dim: u32,
     pub tile: u32,
     pub flags: u32,
+    pub writable: bool,
 }
 
 /// Bindings a kernel may declare through the `Bi` aliases.
@@ -133,7 +136,11 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     src.push_str(&format!("const PER_THREAD: u32 = {PER_THREAD}u;\n"));
     src.push_str(&format!("const PER_THREAD_FEW: u32 = {PER_THREAD_FEW}u;\n"));
     src.push_str(shader.params);
-    src.push_str(shader.source);
+    if variant.writable {
+        src.push_str(&shader.source.replace("var<storage, read>", "var<storage, read_write>"));
+    } else {
+        src.push_str(shader.source);
+    }
     src
 }
 

@@ -196,7 +196,7 @@ impl Pager {
         // The browser cannot block, whatever the options say.
         let may_block = opts.blocking_waits && !cfg!(target_arch = "wasm32");
         if opts.gpu_pool == GpuPool::Slabs {
-            recorder.set_storage_writable();
+            recorder.set_tensors_share_buffers();
         }
         let state = State {
             store,

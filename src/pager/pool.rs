@@ -26,7 +26,7 @@ pub enum GpuPool {
     /// A buffer per tensor, reused by size class: destroyed and created as a full budget's
     /// tensors change size.
     Buffers,
-    /// Ranges of slabs that live as long as the pool; every storage binding read-write.
+    /// Ranges of slabs that live as long as the pool.
     Slabs,
 }
 

@@ -66,7 +66,7 @@ impl Pager {
         let st = self.state();
         match (st.pool.slabs_held(), st.pool.zero_copy()) {
             (Some(n), _) => format!("slabs of {} bytes ({n} held)", st.pool.slab_bytes()),
-            (None, true) if self.recorder.storage_writable() => {
+            (None, true) if self.recorder.tensors_share_buffers() => {
                 "buffers (slabs were asked for, but zero-copy maps each buffer on its own)".into()
             }
             (None, _) => "buffers".into(),

@@ -5,8 +5,9 @@
 //! size into a free buffer destroyed and another created; on an H200 that was 84 buffers a step
 //! for GPT-2 at a quarter budget and 37 % of the main thread in the driver's memory calls
 //! (BENCHMARKS.md, round 20). The price of sharing buffers: wgpu tracks usage per buffer, and a
-//! buffer bound read-only and read-write in one dispatch is a conflict, so every storage binding
-//! of every kernel is declared read-write (`Recorder::set_storage_writable`).
+//! buffer bound read-only and read-write in one dispatch is a conflict, so a dispatch whose
+//! inputs share a slab with its outputs runs a pipeline with every storage binding declared
+//! read-write (`Recorder::set_tensors_share_buffers`).
 
 use std::collections::HashMap;
 
