@@ -49,16 +49,20 @@ fn every_shader_validates_with_naga() {
             if stem.starts_with("attention_coop") && dim != 64 {
                 continue;
             }
-            let src = specialize(shader, Variant { f16_bindings, dim, tile, flags });
-            match naga::front::wgsl::parse_str(&src) {
-                Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
-                Ok(module) => {
-                    let mut v = naga::valid::Validator::new(
-                        naga::valid::ValidationFlags::all(),
-                        naga::valid::Capabilities::all(),
-                    );
-                    if let Err(e) = v.validate(&module) {
-                        failures.push(e.emit_to_string_with_path(&src, &name));
+            // as written, and with every storage binding read-write (inputs sharing a slab
+            // with an output)
+            for writable in [false, true] {
+                let src = specialize(shader, Variant { f16_bindings, dim, tile, flags, writable });
+                match naga::front::wgsl::parse_str(&src) {
+                    Err(e) => failures.push(e.emit_to_string_with_path(&src, &name)),
+                    Ok(module) => {
+                        let mut v = naga::valid::Validator::new(
+                            naga::valid::ValidationFlags::all(),
+                            naga::valid::Capabilities::all(),
+                        );
+                        if let Err(e) = v.validate(&module) {
+                            failures.push(e.emit_to_string_with_path(&src, &name));
+                        }
                     }
                 }
             }
@@ -74,12 +78,20 @@ fn every_shader_validates_with_naga() {
 fn every_entry_binds_storage_then_one_uniform() {
     for shader in pagetrain::kernels::ALL {
         for f16_bindings in [0, u32::MAX >> 24] {
-            let src = specialize(*shader, Variant { f16_bindings, dim: 64, tile: 32, flags: 0 });
+            let variant = Variant { f16_bindings, dim: 64, tile: 32, ..Variant::default() };
+            let src = specialize(*shader, variant);
             let sigs = pagetrain::kernels::bindings::reflect(shader.name, &src).unwrap_or_else(|e| panic!("{e}"));
             assert!(!sigs.is_empty(), "{}: no entry points", shader.name);
             // Every kernel writes something: at least one storage binding is read-write.
             for (entry, sig) in &sigs {
                 assert!(sig.iter().any(|read_only| !read_only), "{}::{entry} writes nothing: {sig:?}", shader.name);
+            }
+            // The writable variant binds the same storage, all of it read-write.
+            let src = specialize(*shader, Variant { writable: true, ..variant });
+            let writable = pagetrain::kernels::bindings::reflect(shader.name, &src).unwrap_or_else(|e| panic!("{e}"));
+            for (entry, sig) in &sigs {
+                let all_read_write = vec![false; sig.len()];
+                assert_eq!(writable.get(entry), Some(&all_read_write), "{}::{entry} writable", shader.name);
             }
         }
     }

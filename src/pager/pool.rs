@@ -48,8 +48,8 @@ impl GpuPool {
     /// The pool for a training run (`PAGETRAIN_GPU_POOL` where set): slabs where the products
     /// read f16 (`mixed_precision`) and a budget was asked for (`paged`), else buffers. Measured
     /// on an H100 (BENCHMARKS.md, stop 38), GPT-2 small: f16 at a quarter of its footprint 157–172
-    /// → 125 ms a step in slabs, the resident f16 step 61 → 63 ms; in f32 the read-write bindings
-    /// slabs need make the resident step 216 → 640 ms.
+    /// → 125 ms a step in slabs, the resident f16 step 61 → 62 ms; f32 at a quarter 357–365 →
+    /// 406–412 ms (more evictions to open contiguous ranges), at a tenth 561 → 504 (stop 39).
     pub fn for_run(mixed_precision: bool, paged: bool) -> GpuPool {
         GpuPool::choose(GpuPool::asked(), mixed_precision, paged)
     }
