@@ -79,7 +79,9 @@ impl Kernels {
         if let Some(p) = self.pipelines.borrow().get(&(shader.name, entry, variant)) {
             return Ok(p.clone());
         }
-        let first_of_module = !self.modules.borrow().contains_key(&(shader.name, variant));
+        // The module's first pipeline queues its siblings. (Not "the module is new": in slab mode
+        // `Kernels::input_is_output` makes the module before its first pipeline is asked for.)
+        let first_of_module = !self.pipelines.borrow().keys().any(|&(s, _, v)| s == shader.name && v == variant);
         let (module, signatures) = self.module(shader, variant)?;
         let clock = crate::clock::Stopwatch::start();
         let sig = signatures

@@ -1,7 +1,7 @@
 //! Pipelines compiled ahead of use, on worker threads. A fresh machine's first step waits for
 //! every pipeline it needs, one after the other, when each is first dispatched (NVIDIA: 3.5 s of
-//! a GPT-2 step's first 5 s, 0.13 s a pipeline). When a family's module is created for a
-//! variant, its other entry points are compiled beside the main thread, since a step uses most
+//! a GPT-2 step's first 5 s, 0.13 s a pipeline). When a family's first pipeline of a variant is
+//! asked for, its other entry points are compiled beside the main thread, since a step uses most
 //! of a family's entries with the same variant (LayerNorm forward, backward, parameter
 //! gradients). An entry the run never dispatches costs a worker's time, not the main thread's.
 //!
