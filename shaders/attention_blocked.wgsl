@@ -59,30 +59,64 @@ fn load_qkv(prm: Params, bh: u32, r0: u32, n: u32, part: u32, mul: f32, dst: u32
 }
 
 // s[i][c] = x_(ty + rb4·i) · y_(tx + CB4·c): rows of x from vec4 offset xo, of y from yo.
+// (Every per-row array in this file is indexed by constants, not by a loop counter: where the
+// driver keeps such a loop, as NVIDIA's did once the bindings were all read-write, the whole array
+// lives in local memory.)
 fn scores(xo: u32, yo: u32, ty: u32, tx: u32, rb4: u32) -> array<vec4<f32>, 4> {
     var s: array<vec4<f32>, 4>;
     for (var d = 0u; d < DP4; d++) {
-        let y0 = sm[yo + tx * SD4 + d];
-        let y1 = sm[yo + (tx + CB4) * SD4 + d];
-        let y2 = sm[yo + (tx + 2u * CB4) * SD4 + d];
-        let y3 = sm[yo + (tx + 3u * CB4) * SD4 + d];
-        for (var i = 0u; i < 4u; i++) {
-            let x = sm[xo + (ty + rb4 * i) * SD4 + d];
-            s[i] += vec4(dot(x, y0), dot(x, y1), dot(x, y2), dot(x, y3));
-        }
+        let y = mat4x4<f32>(sm[yo + tx * SD4 + d], sm[yo + (tx + CB4) * SD4 + d],
+                            sm[yo + (tx + 2u * CB4) * SD4 + d], sm[yo + (tx + 3u * CB4) * SD4 + d]);
+        s[0] += sm[xo + ty * SD4 + d] * y;
+        s[1] += sm[xo + (ty + rb4) * SD4 + d] * y;
+        s[2] += sm[xo + (ty + 2u * rb4) * SD4 + d] * y;
+        s[3] += sm[xo + (ty + 3u * rb4) * SD4 + d] * y;
     }
     return s;
 }
 
+// Score row `lr` of the block (query q0 + lr) with the keys after the query masked; its maximum
+// over the thread's columns into stat.
+fn mask_row(s: vec4<f32>, key: vec4<u32>, q0: u32, lr: u32, tx: u32) -> vec4<f32> {
+    let r = select(vec4(MASKED), s, key <= vec4(q0 + lr));
+    stat[lr * CB4 + tx] = max(max(r.x, r.y), max(r.z, r.w));
+    return r;
+}
+
+// The largest and the sum of the CB4 partial statistics of block row `lr` in stat.
+fn stat_max(lr: u32) -> f32 {
+    var x = stat[lr * CB4];
+    for (var k = 1u; k < CB4; k++) {
+        x = max(x, stat[lr * CB4 + k]);
+    }
+    return x;
+}
+
+fn stat_sum(lr: u32) -> f32 {
+    var x = 0.0;
+    for (var k = 0u; k < CB4; k++) {
+        x += stat[lr * CB4 + k];
+    }
+    return x;
+}
+
+// Columns tx + CB4·c of a probability row (component c of v) into the row at vec4 offset `row`
+// (CB4 is a multiple of 4, so column tx + CB4·c is lane tx % 4 of vec4 tx / 4 + c·CB4 / 4).
+fn store_p_row(row: u32, v: vec4<f32>, tx: u32) {
+    let j = row + tx / 4u;
+    let k = tx % 4u;
+    sm[j][k] = v.x;
+    sm[j + CB4 / 4u][k] = v.y;
+    sm[j + CB4 / 2u][k] = v.z;
+    sm[j + 3u * CB4 / 4u][k] = v.w;
+}
+
 // Stores a score tile as probability rows (row ty + rb4·i, column tx + CB4·c) from vec4 offset po.
 fn store_p(po: u32, s: array<vec4<f32>, 4>, ty: u32, tx: u32, rb4: u32) {
-    for (var i = 0u; i < 4u; i++) {
-        let row = po + (ty + rb4 * i) * PS4;
-        for (var c = 0u; c < 4u; c++) {
-            let j = tx + CB4 * c;
-            sm[row + j / 4u][j % 4u] = s[i][c];
-        }
-    }
+    store_p_row(po + ty * PS4, s[0], tx);
+    store_p_row(po + (ty + rb4) * PS4, s[1], tx);
+    store_p_row(po + (ty + 2u * rb4) * PS4, s[2], tx);
+    store_p_row(po + (ty + 3u * rb4) * PS4, s[3], tx);
 }
 
 // acc[4·n + i] + Σ_j P[ty + rb4·i][j] · B[j][tx + CB4·n] over the CB columns of the probability
@@ -91,38 +125,75 @@ fn store_p(po: u32, s: array<vec4<f32>, 4>, ty: u32, tx: u32, rb4: u32) {
 fn accumulate(acc0: array<vec4<f32>, 4u * NC>, po: u32, bo: u32, ty: u32, tx: u32, rb4: u32) -> array<vec4<f32>, 4u * NC> {
     var acc = acc0;
     for (var j4 = 0u; j4 < CB4; j4++) {
-        var a: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i++) {
-            a[i] = sm[po + (ty + rb4 * i) * PS4 + j4];
-        }
+        let a0 = sm[po + ty * PS4 + j4];
+        let a1 = sm[po + (ty + rb4) * PS4 + j4];
+        let a2 = sm[po + (ty + 2u * rb4) * PS4 + j4];
+        let a3 = sm[po + (ty + 3u * rb4) * PS4 + j4];
         for (var jj = 0u; jj < 4u; jj++) {
             let brow = bo + (4u * j4 + jj) * SD4;
             for (var n = 0u; n < NC; n++) {
                 let bv = sm[brow + min(tx + CB4 * n, DP4 - 1u)];
-                for (var i = 0u; i < 4u; i++) {
-                    acc[4u * n + i] += a[i][jj] * bv;
-                }
+                acc[4u * n] += a0[jj] * bv;
+                acc[4u * n + 1u] += a1[jj] * bv;
+                acc[4u * n + 2u] += a2[jj] * bv;
+                acc[4u * n + 3u] += a3[jj] * bv;
             }
         }
     }
     return acc;
 }
 
-// out rows r0 + ty + rb4·i (below T) = mul[i]·acc (forward). (Few branches: lavapipe compiles
+// Every accumulator times its row's `corr` (the online softmax's rescale).
+fn rescale(acc0: array<vec4<f32>, 4u * NC>, corr: vec4<f32>) -> array<vec4<f32>, 4u * NC> {
+    var acc = acc0;
+    for (var n = 0u; n < NC; n++) {
+        acc[4u * n] *= corr.x;
+        acc[4u * n + 1u] *= corr.y;
+        acc[4u * n + 2u] *= corr.z;
+        acc[4u * n + 3u] *= corr.w;
+    }
+    return acc;
+}
+
+// Row i's accumulators times `mul`, as an array of their own that the stores may index freely.
+fn row_values(acc: array<vec4<f32>, 4u * NC>, i: u32, mul: f32) -> array<vec4<f32>, NC> {
+    var r: array<vec4<f32>, NC>;
+    for (var n = 0u; n < NC; n++) {
+        r[n] = acc[4u * n + i] * mul;
+    }
+    return r;
+}
+
+// out elements d0.. of the row at `a` = v, those below DIM.
+fn store4(a: u32, d0: u32, v: vec4<f32>) {
+    for (var k = 0u; k < min(4u, DIM - min(d0, DIM)); k++) {
+        out[a + d0 + k] = B0(v[k]);
+    }
+}
+
+// out row `row` (if below T), vec4 groups tx + CB4·n, = v[n]. (Few branches: lavapipe compiles
 // each one into the coroutine its barriers make, and that time grows fast with blocks.)
-fn store_out(prm: Params, bh: u32, r0: u32, acc: array<vec4<f32>, 4u * NC>, mul: vec4<f32>, ty: u32, tx: u32, rb4: u32) {
-    for (var i = 0u; i < 4u; i++) {
-        let row = r0 + ty + rb4 * i;
-        if (row < prm.t) {
-            let a = out_row(prm, bh, row);
-            for (var n = 0u; n < NC; n++) {
-                let d0 = (tx + CB4 * n) * 4u;
-                let v = acc[4u * n + i] * mul[i];
-                for (var k = 0u; k < min(4u, DIM - min(d0, DIM)); k++) {
-                    out[a + d0 + k] = B0(v[k]);
-                }
-            }
+fn store_out_row(prm: Params, bh: u32, row: u32, v: array<vec4<f32>, NC>, tx: u32) {
+    if (row < prm.t) {
+        let a = out_row(prm, bh, row);
+        for (var n = 0u; n < NC; n++) {
+            store4(a, (tx + CB4 * n) * 4u, v[n]);
         }
+    }
+}
+
+// out rows r0 + ty + rb4·i = mul[i]·acc (forward).
+fn store_out(prm: Params, bh: u32, r0: u32, acc: array<vec4<f32>, 4u * NC>, mul: vec4<f32>, ty: u32, tx: u32, rb4: u32) {
+    store_out_row(prm, bh, r0 + ty, row_values(acc, 0u, mul.x), tx);
+    store_out_row(prm, bh, r0 + ty + rb4, row_values(acc, 1u, mul.y), tx);
+    store_out_row(prm, bh, r0 + ty + 2u * rb4, row_values(acc, 2u, mul.z), tx);
+    store_out_row(prm, bh, r0 + ty + 3u * rb4, row_values(acc, 3u, mul.w), tx);
+}
+
+// lse of query `row` (if below T) from its running maximum and sum.
+fn store_lse(prm: Params, bh: u32, row: u32, m: f32, l: f32) {
+    if (row < prm.t) {
+        lse[bh * prm.t + row] = m + log(l);
     }
 }
 
@@ -153,45 +224,38 @@ fn blocked_forward(@builtin(local_invocation_index) lid: u32, @builtin(workgroup
         workgroupBarrier();
         var s = scores(R0, T0, ty, tx, rb4);
         let key = vec4(k0 + tx) + vec4(0u, CB4, 2u * CB4, 3u * CB4);
-        for (var i = 0u; i < 4u; i++) {
-            s[i] = select(vec4(MASKED), s[i], key <= vec4(q0 + ty + rb4 * i));
-            stat[(ty + rb4 * i) * CB4 + tx] = max(max(s[i].x, s[i].y), max(s[i].z, s[i].w));
-        }
+        s[0] = mask_row(s[0], key, q0, ty, tx);
+        s[1] = mask_row(s[1], key, q0, ty + rb4, tx);
+        s[2] = mask_row(s[2], key, q0, ty + 2u * rb4, tx);
+        s[3] = mask_row(s[3], key, q0, ty + 3u * rb4, tx);
         workgroupBarrier();
-        var mt = m;
-        for (var i = 0u; i < 4u; i++) {
-            for (var x = 0u; x < CB4; x++) {
-                mt[i] = max(mt[i], stat[(ty + rb4 * i) * CB4 + x]);
-            }
-        }
+        let mt = max(m, vec4(stat_max(ty), stat_max(ty + rb4), stat_max(ty + 2u * rb4), stat_max(ty + 3u * rb4)));
         let corr = exp(m - mt);
         m = mt;
-        for (var i = 0u; i < 4u; i++) {
-            s[i] = exp(s[i] - vec4(mt[i]));
-            l[i] = l[i] * corr[i] + s[i].x + s[i].y + s[i].z + s[i].w;
-            for (var n = 0u; n < NC; n++) {
-                acc[4u * n + i] *= corr[i];
-            }
-        }
+        s[0] = exp(s[0] - vec4(mt.x));
+        s[1] = exp(s[1] - vec4(mt.y));
+        s[2] = exp(s[2] - vec4(mt.z));
+        s[3] = exp(s[3] - vec4(mt.w));
+        let one = vec4(1.0);
+        l = l * corr + vec4(dot(s[0], one), dot(s[1], one), dot(s[2], one), dot(s[3], one));
+        acc = rescale(acc, corr);
         store_p(P0, s, ty, tx, rb4);
         workgroupBarrier();
         acc = accumulate(acc, P0, T1, ty, tx, rb4);
         workgroupBarrier();
     }
     // Row sums: each thread holds the part over its own key columns.
-    for (var i = 0u; i < 4u; i++) {
-        stat[(ty + rb4 * i) * CB4 + tx] = l[i];
-    }
+    stat[ty * CB4 + tx] = l.x;
+    stat[(ty + rb4) * CB4 + tx] = l.y;
+    stat[(ty + 2u * rb4) * CB4 + tx] = l.z;
+    stat[(ty + 3u * rb4) * CB4 + tx] = l.w;
     workgroupBarrier();
-    var lt = vec4(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        for (var x = 0u; x < CB4; x++) {
-            lt[i] += stat[(ty + rb4 * i) * CB4 + x];
-        }
-        let row = q0 + ty + rb4 * i;
-        if (tx == 0u && row < p.t) {
-            lse[bh * p.t + row] = m[i] + log(lt[i]);
-        }
+    let lt = vec4(stat_sum(ty), stat_sum(ty + rb4), stat_sum(ty + 2u * rb4), stat_sum(ty + 3u * rb4));
+    if (tx == 0u) {
+        store_lse(p, bh, q0 + ty, m.x, lt.x);
+        store_lse(p, bh, q0 + ty + rb4, m.y, lt.y);
+        store_lse(p, bh, q0 + ty + 2u * rb4, m.z, lt.z);
+        store_lse(p, bh, q0 + ty + 3u * rb4, m.w, lt.w);
     }
     store_out(p, bh, q0, acc, 1.0 / lt, ty, tx, rb4);
 }
