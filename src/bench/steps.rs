@@ -169,6 +169,7 @@ pub fn time_steps(
     let mut first_step_s = None;
     let mut first_step_creation = Default::default();
     for _ in 0..warmup.max(1) {
+        ctx.kernels.profile_step();
         pollster::block_on(t.train_step(&ctx))?;
         if first_step_s.is_none() {
             ctx.sync()?;
@@ -177,6 +178,7 @@ pub fn time_steps(
         }
     }
     ctx.sync()?;
+    ctx.kernels.profile_restart();
     let before = ctx.pager.counters();
     let host_before = ctx.recorder.host_seconds();
     let recording = || {
@@ -194,6 +196,7 @@ pub fn time_steps(
     // As the training loop runs: a step's loss is read once the next step is recorded.
     let mut pending = None;
     for _ in 0..steps {
+        ctx.kernels.profile_step();
         let loss = pollster::block_on(t.train_step_pending(&ctx))?;
         if let Some(prev) = pending.replace(loss) {
             pollster::block_on(prev.get(&ctx))?;
@@ -208,15 +211,17 @@ pub fn time_steps(
     for (after, before) in per_step.iter_mut().zip(recorded_before) {
         *after = (*after - before) / steps.max(1) as f64;
     }
-    // PAGETRAIN_PROFILE=1: GPU time per kernel entry and step (warm-up steps included).
+    // PAGETRAIN_PROFILE=1: GPU time per kernel entry and timed step (not the warm-up steps,
+    // which compile and run at cold clocks: a paged H100's first steps took 3× the kernel time).
     let profile = ctx.kernels.profile();
     if let Some((how, lost)) = ctx.kernels.profile_method() {
         eprintln!("profile: GPU time per kernel entry, timed by {how}; {lost} dispatches' timestamps lost");
     }
     for (entry, n, secs) in profile {
-        let per = (warmup + steps) as f64;
+        let per = steps.max(1) as f64;
         eprintln!("profile: {entry:<28} {:>8.1} dispatches {:>9.2} ms a step", n as f64 / per, secs * 1e3 / per);
     }
+    print_timeline(&ctx.kernels.profile_timeline());
     let after = ctx.pager.counters();
     let host_after = ctx.recorder.host_seconds();
     let n = steps.max(1) as u64;
@@ -244,6 +249,27 @@ pub fn time_steps(
         optimizer_reason: t.optimizer_reason.clone(),
         host_optimizer_s: (host_optimizer_s(&t) - host_optimizer_before) / n as f64,
     })
+}
+
+/// `PAGETRAIN_PROFILE=timeline`: per step, its time on the GPU, the kernels' share, and the
+/// longest gaps between dispatches (copies, or the GPU waiting for the host).
+fn print_timeline(steps: &[crate::kernels::timeline::StepTimeline]) {
+    for (i, s) in steps.iter().enumerate() {
+        eprintln!(
+            "timeline: step {i}: {:.1} ms on the GPU, {} dispatches, kernels {:.1} ms, between them {:.1} ms",
+            s.span_ms,
+            s.dispatches,
+            s.kernel_ms,
+            s.between_ms()
+        );
+        for g in s.gaps.iter().take(10).filter(|g| g.ms >= 0.2) {
+            let why = if g.profiler_wait { " (the profiler's read-back)" } else { "" };
+            eprintln!(
+                "timeline:   {:>7.2} ms after dispatch {:>4} {} -> {}{why}",
+                g.ms, g.after_index, g.before, g.after
+            );
+        }
+    }
 }
 
 /// The budgets [`step_times`] times steps at, besides resident.

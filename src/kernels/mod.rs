@@ -29,6 +29,7 @@ pub mod reduce;
 mod shaders;
 pub mod softmax;
 pub mod sumsq;
+pub mod timeline;
 pub mod transpose;
 pub mod tuned;
 mod tuning;
@@ -106,7 +107,7 @@ impl Kernels {
         let profile = std::env::var("PAGETRAIN_PROFILE")
             .ok()
             .filter(|v| v != "0")
-            .map(|v| profile::Profile::new(&gpu, v == "shapes"));
+            .map(|v| profile::Profile::new(&gpu, v == "shapes", v == "timeline"));
         Kernels {
             compile_ahead: compile_ahead::CompileAhead::new(&gpu),
             pipeline_cache,
@@ -310,6 +311,25 @@ impl Kernels {
     /// (see `profile` for how they are timed).
     pub fn profile(&self) -> Vec<(&'static str, u64, f64)> {
         self.profile.as_ref().map(|p| p.totals(&self.recorder)).unwrap_or_default()
+    }
+
+    /// Starts the per-entry totals of `PAGETRAIN_PROFILE` again from here.
+    pub fn profile_restart(&self) {
+        if let Some(p) = &self.profile {
+            p.restart(&self.recorder);
+        }
+    }
+
+    /// Marks the start of a training step for `PAGETRAIN_PROFILE=timeline`.
+    pub fn profile_step(&self) {
+        if let Some(p) = &self.profile {
+            p.mark_step();
+        }
+    }
+
+    /// The marked steps as the GPU ran them, under `PAGETRAIN_PROFILE=timeline` (else empty).
+    pub fn profile_timeline(&self) -> Vec<timeline::StepTimeline> {
+        self.profile.as_ref().map(|p| p.steps(&self.recorder)).unwrap_or_default()
     }
 
     /// How the profile times dispatches: "timestamps", "waits" (each dispatch waited for), or

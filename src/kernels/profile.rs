@@ -7,11 +7,13 @@
 //! Timestamps bracket a dispatch from the end of the work before it to the end of its own;
 //! dispatches the driver overlaps count their shared time in each.
 //!
-//! `PAGETRAIN_PROFILE=shapes` also splits the products by shape, layout and compiled flags.
+//! `PAGETRAIN_PROFILE=shapes` also splits the products by shape, layout and compiled flags;
+//! `PAGETRAIN_PROFILE=timeline` also keeps the timestamps in order (`timeline`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+use super::timeline::{Span, StepTimeline, Timeline};
 use crate::device::Gpu;
 use crate::recorder::Recorder;
 
@@ -25,6 +27,8 @@ pub(super) struct Profile {
     /// dozen distinct products).
     shapes: Option<RefCell<std::collections::HashSet<&'static str>>>,
     timer: Option<Timer>,
+    /// `PAGETRAIN_PROFILE=timeline` (with timestamps only).
+    timeline: Option<RefCell<Timeline>>,
 }
 
 /// The query set and the buffers its timestamps come back through.
@@ -38,13 +42,15 @@ struct Timer {
     period_ns: f64,
     /// Pairs whose timestamps a failed read-back lost (reported beside the profile).
     lost: Cell<u64>,
+    /// The first timestamp read back: the timeline's origin.
+    origin: Cell<Option<u64>>,
 }
 
 /// Where a dispatch writes its timestamps: (query set, first of its two queries).
 pub(super) type Stamps = Option<(wgpu::QuerySet, u32)>;
 
 impl Profile {
-    pub(super) fn new(gpu: &Gpu, shapes: bool) -> Self {
+    pub(super) fn new(gpu: &Gpu, shapes: bool, timeline: bool) -> Self {
         let timer = gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES).then(|| {
             let bytes = PAIRS as u64 * 2 * 8;
             let buffer = |label, usage| {
@@ -66,10 +72,12 @@ impl Profile {
                 entries: RefCell::new(Vec::new()),
                 period_ns: gpu.queue.get_timestamp_period() as f64,
                 lost: Cell::new(0),
+                origin: Cell::new(None),
             }
         });
         let shapes = shapes.then(Default::default);
-        Profile { totals: RefCell::new(HashMap::new()), shapes, timer }
+        let timeline = (timeline && timer.is_some()).then(Default::default);
+        Profile { totals: RefCell::new(HashMap::new()), shapes, timer, timeline }
     }
 
     /// `entry`, or under `PAGETRAIN_PROFILE=shapes` the label `detail` makes (kept once).
@@ -146,6 +154,38 @@ impl Profile {
             e.0 += 1;
             e.1 += pair[1].saturating_sub(pair[0]) as f64 * timer.period_ns * 1e-9;
         }
+        if let Some(timeline) = &self.timeline {
+            let origin = *timer.origin.get().get_or_insert(ticks[0]);
+            timer.origin.set(Some(origin));
+            let ns = |t: u64| (t as i128 - origin as i128) as f64 * timer.period_ns;
+            let mut timeline = timeline.borrow_mut();
+            for (&entry, pair) in entries.iter().zip(ticks.chunks_exact(2)) {
+                timeline.push(Span { entry, start_ns: ns(pair[0]), end_ns: ns(pair[1]) });
+            }
+            timeline.mark_read_back();
+        }
+    }
+
+    /// Forgets the totals so far (after reading back what is outstanding); the timeline keeps
+    /// its steps.
+    pub(super) fn restart(&self, recorder: &Recorder) {
+        self.read_back(recorder);
+        self.totals.borrow_mut().clear();
+    }
+
+    /// The next dispatch starts a training step (for the timeline).
+    pub(super) fn mark_step(&self) {
+        if let (Some(timeline), Some(timer)) = (&self.timeline, &self.timer) {
+            timeline.borrow_mut().mark_step(timer.entries.borrow().len());
+        }
+    }
+
+    /// The marked steps as the GPU ran them (`PAGETRAIN_PROFILE=timeline`); reads outstanding
+    /// timestamps back first.
+    pub(super) fn steps(&self, recorder: &Recorder) -> Vec<StepTimeline> {
+        let Some(timeline) = &self.timeline else { return Vec::new() };
+        self.read_back(recorder);
+        timeline.borrow().steps()
     }
 
     /// Per entry (dispatches, seconds), slowest first; reads outstanding timestamps back first.
