@@ -75,6 +75,10 @@ pub struct Gemm {
     /// The same for B. Where B is stored (K,N), its padding only meets columns of C past N, which
     /// are never written; stored (N,K), it must be zeros as A's.
     pub b_stride: usize,
+    /// Elements from one batch entry's A, B and C to the next's; `None`: each entry's matrices
+    /// follow the last one's (packed as their row strides say). Deep split-K products set them:
+    /// their entries are slices of one K ([`matmul_split_deep`]).
+    pub batch_strides: Option<[usize; 3]>,
 }
 
 impl Gemm {
@@ -91,6 +95,7 @@ impl Gemm {
             offsets: [0; 3],
             a_stride: 0,
             b_stride: 0,
+            batch_strides: None,
         }
     }
 }
@@ -183,6 +188,79 @@ pub fn matmul_split(
     let gs = Gemm { batch: splits, k: g.k / splits, beta: 0.0, offsets: [g.offsets[0], g.offsets[1], 0], ..g };
     matmul_variant(k, variant, partials, a, b, None, dummy, gs)?;
     super::reduce::sum_rows(k, c, partials, None, splits, g.m * g.n)
+}
+
+/// Most K slices [`split_k_deep`] cuts, and the shallowest slice it leaves (partials take
+/// splits·M·N floats: a slice of 2048 writes one for 2048 multiply-adds).
+const DEEP_MAX_SPLITS: usize = 16;
+const DEEP_MIN_SLICE: usize = 2048;
+
+/// Into how many K slices to split `C = alpha·A·op(B) + beta·C` (A stored (M,K), rows padded
+/// to `a_stride`) on cooperative matrices: a product whose output has too few tiles to fill the
+/// GPU over a deep K — the head's dx = dlogits·wte a chunk of rows at a time (1024 × 768 over
+/// K = 50304 at a quarter of GPT-2's footprint: 48 tiles; 8 chunks took 13.9 ms a step on an
+/// H100 against 3.5 for the whole 8192 rows). As many slices as keep each a whole number of
+/// the kernel's depth steps (64: no bounds tests) and at least [`DEEP_MIN_SLICE`] deep; 1 = no
+/// split.
+pub fn split_k_deep(tuned: MatmulVariant, g: &Gemm) -> usize {
+    let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
+    if tuned != MatmulVariant::Coop
+        || g.trans_a
+        || g.batch != 1
+        || g.batch_strides.is_some()
+        || tiles >= SPLIT_TARGET_TILES
+    {
+        return 1;
+    }
+    let fits = |s: &usize| g.k.is_multiple_of(*s) && (g.k / s).is_multiple_of(64) && g.k / s >= DEEP_MIN_SLICE;
+    (1..=DEEP_MAX_SPLITS).rev().find(fits).unwrap_or(1)
+}
+
+/// `C = alpha·A·op(B) + beta·C` (A stored (M,K), not transposed; cooperative matrices, which
+/// take A's padded row stride) as `splits` K slices run as one batch into `partials`
+/// (splits·M·N f32), then summed into C in slice order by a product with `ones` (`splits` f32
+/// ones): one more read of the partials, deterministic, and C may be f16 or f32.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split_deep(
+    k: &Kernels,
+    c: &View,
+    a: &View,
+    b: &View,
+    partials: &View,
+    ones: &View,
+    dummy: &View,
+    splits: usize,
+    g: Gemm,
+) -> Result<()> {
+    let fits = !g.trans_a && g.batch == 1 && g.batch_strides.is_none() && splits > 0 && g.k.is_multiple_of(splits);
+    let room = partials.size >= (splits * g.m * g.n * 4) as u64 && ones.size >= splits as u64 * 4;
+    if !fits || !room || partials.dtype != DType::F32 || ones.dtype != DType::F32 {
+        return Err(Error::invalid(
+            "matmul",
+            format!("{g:?} cannot be split into {splits} deep K slices (partials {partials:?}, ones {ones:?})"),
+        ));
+    }
+    let ks = g.k / splits;
+    // rows along K keep their whole length (A's, and B's stored (N,K)); slice s starts s·ks
+    // into them, or s·ks rows into B stored (K,N)
+    let whole = |stride: usize| if stride == 0 { g.k } else { stride };
+    let (a_stride, b_stride) = (whole(g.a_stride), if g.trans_b { whole(g.b_stride) } else { g.b_stride });
+    let b_slice = if g.trans_b { ks } else { ks * if g.b_stride == 0 { g.n } else { g.b_stride } };
+    let gs = Gemm {
+        batch: splits,
+        k: ks,
+        beta: 0.0,
+        offsets: [g.offsets[0], g.offsets[1], 0],
+        a_stride,
+        b_stride,
+        batch_strides: Some([ks, b_slice, g.m * g.n]),
+        ..g
+    };
+    matmul_variant(k, MatmulVariant::Coop, partials, a, b, None, dummy, gs)?;
+    // C (one row of M·N) = ones (1 × splits) · partials (splits × M·N) + beta·C
+    let sum = Gemm { beta: g.beta, offsets: [0, 0, g.offsets[2]], ..Gemm::new(1, g.m * g.n, splits) };
+    let variant = pick(k.tuning.matmul, &sum);
+    matmul_variant(k, variant, c, ones, partials, None, dummy, sum)
 }
 
 /// The variant for `g` under the adapter's choice `tuned`: `Large` (or `Narrow`) keeps products
@@ -292,9 +370,9 @@ fn launch(
         n: g.n as u32,
         k: g.k as u32,
         batch: g.batch as u32,
-        stride_a: (if g.trans_a { g.k } else { g.m } * a_stride) as u32,
-        stride_b: (if g.trans_b { g.n } else { g.k } * b_stride) as u32,
-        stride_c: (g.m * g.n) as u32,
+        stride_a: g.batch_strides.map_or(if g.trans_a { g.k } else { g.m } * a_stride, |s| s[0]) as u32,
+        stride_b: g.batch_strides.map_or(if g.trans_b { g.n } else { g.k } * b_stride, |s| s[1]) as u32,
+        stride_c: g.batch_strides.map_or(g.m * g.n, |s| s[2]) as u32,
         has_bias: bias.is_some() as u32,
         a_rs: a_rs as u32,
         a_cs: a_cs as u32,

@@ -60,7 +60,9 @@ pub(super) fn launch_coop(
     let vec_ok = |row: usize, off: usize, v: &View| {
         row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
     };
-    let (vec_a, vec_b) = (vec_ok(a_row, g.offsets[0], a), vec_ok(b_row, g.offsets[1], b));
+    // (batch entries start 8-aligned too: packed ones do where rows are)
+    let (vec_a, vec_b) =
+        (vec_ok(a_row, g.offsets[0], a) && p.stride_a % 8 == 0, vec_ok(b_row, g.offsets[1], b) && p.stride_b % 8 == 0);
     // whole tiles of a plain f32 C (no bias, rows 4-aligned) store their accumulators directly
     let direct_c = c.dtype == DType::F32
         && p.has_bias == 0
@@ -119,14 +121,14 @@ pub fn coop_loads_inside(g: &Gemm, a: &View, b: &View) -> bool {
     if g.m == 0 || g.n == 0 || g.k == 0 {
         return false;
     }
-    let a_dims = (g.trans_a, g.m, g.a_stride, g.offsets[0]);
-    let b_dims = (!g.trans_b, g.n, g.b_stride, g.offsets[1]);
-    [(a, a_dims), (b, b_dims)].into_iter().all(|(view, (depth_rows, width, stride, offset))| {
+    let a_dims = (g.trans_a, g.m, g.a_stride, g.offsets[0], g.batch_strides.map(|s| s[0]));
+    let b_dims = (!g.trans_b, g.n, g.b_stride, g.offsets[1], g.batch_strides.map(|s| s[1]));
+    [(a, a_dims), (b, b_dims)].into_iter().all(|(view, (depth_rows, width, stride, offset, entry_stride))| {
         let (width_p, depth_p) = (width.next_multiple_of(COOP_TILE), g.k.next_multiple_of(COOP_DEPTH));
         // stored (rows, row length) as the tiles reach them, and the stored row's stride
         let (rows, row_len, contiguous) = if depth_rows { (depth_p, width_p, width) } else { (width_p, depth_p, g.k) };
         let stride = if stride == 0 { contiguous } else { stride };
-        let matrix = if depth_rows { g.k } else { width } * stride;
+        let matrix = entry_stride.unwrap_or(if depth_rows { g.k } else { width } * stride);
         let last_row_end = g.batch.saturating_sub(1) * matrix + (rows - 1) * stride + row_len;
         let elements = (view.size / view.dtype.size() as u64) as usize;
         (!depth_rows || g.k == depth_p) && row_len <= stride && offset + last_row_end <= elements

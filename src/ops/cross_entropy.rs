@@ -118,7 +118,7 @@ pub fn head_keeps_logits(ctx: &Context, rows: usize, v: usize) -> bool {
 
 /// What the head's products read for wte: wte itself, or under mixed precision on cooperative
 /// matrices a copy stored (C,V) in f16, rows padded with zeros to whole tiles
-/// ([`mm::coop_padded_len`]): the logits' product runs NN on f16 operands (H200, GPT-2 small: 7.1
+/// ([`head_padded_len`]): the logits' product runs NN on f16 operands (H200, GPT-2 small: 7.1
 /// ms a step NT on the f32 wte), and with dlogits padded alike both backward products fetch
 /// without bounds tests.
 enum HeadWeight {
@@ -133,12 +133,20 @@ impl HeadWeight {
         if x.dtype() != DType::F16 || !mm::coop_pads_rows(&ctx.kernels, DType::F16, DType::F16) {
             return Ok(HeadWeight::Wte(wte.clone()));
         }
-        let stride = mm::coop_padded_len(v);
+        let stride = head_padded_len(v);
         let t = ctx.empty("lm_head weight transposed", &[c, stride], DType::F16, false)?;
         let _op = ctx.op();
         crate::kernels::transpose::transpose_padded(&ctx.kernels, &ctx.write(&t)?, &ctx.read(wte)?, v, c, stride)?;
         Ok(HeadWeight::Transposed(t))
     }
+}
+
+/// Where the head pads V (with zeros) in dlogits' rows and the transposed weight's: whole
+/// tiles for `matmul_coop` ([`mm::coop_padded_len`]), and a multiple of 1024 so that dx's deep
+/// product splits into up to 16 K slices of whole depth steps ([`mm::split_k_deep`]; GPT-2:
+/// 51200 instead of 50304 = 64·786, which splits only 2, 3 or 6 ways).
+fn head_padded_len(v: usize) -> usize {
+    mm::coop_padded_len(v).next_multiple_of(1024)
 }
 
 /// `logits = x · wteᵀ` for rows `r0..r0+n` of x (N,C) into `logits` (n,V).
@@ -207,6 +215,33 @@ pub fn lm_head_loss(
     Ok(out)
 }
 
+/// dx[chunk] = dlogits · wte (`g`; `padded_k`: the length of dlogits' and the weight's zero-padded
+/// rows, over which the product may run as deep as it likes). A chunk of rows has few output
+/// tiles over a K of V, so where the product runs on cooperative matrices it is split into K
+/// slices that fill the GPU ([`mm::split_k_deep`]).
+fn head_dx(
+    ctx: &Context,
+    dx: &Tensor,
+    dx_written: bool,
+    dlogits: &Tensor,
+    b: &Tensor,
+    g: Gemm,
+    padded_k: Option<usize>,
+) -> Result<()> {
+    let _op = ctx.op();
+    let (dxv, av, bv, dummy) = (ctx.write_or_modify(dx, dx_written)?, ctx.read(dlogits)?, ctx.read(b)?, ctx.dummy()?);
+    let deep = Gemm { k: padded_k.unwrap_or(g.k), ..g };
+    let variant = mm::for_operands(&ctx.kernels, mm::pick(ctx.kernels.tuning.matmul, &deep), &av, &bv);
+    let splits = if padded_k.is_some() { mm::split_k_deep(variant, &deep) } else { 1 };
+    if splits == 1 {
+        return mm::matmul(&ctx.kernels, &dxv, &av, &bv, None, &dummy, g);
+    }
+    let parts = ctx.empty("head dx partials", &[splits, g.m * g.n], DType::F32, false)?;
+    let ones = ctx.from_f32("head dx ones", &[splits], &vec![1.0; splits], false)?;
+    let (pv, ov) = (ctx.write(&parts)?, ctx.read(&ones)?);
+    mm::matmul_split_deep(&ctx.kernels, &dxv, &av, &bv, &pv, &ov, &dummy, splits, deep)
+}
+
 struct HeadLossBackward {
     x: Tensor,
     wte: Tensor,
@@ -242,7 +277,7 @@ impl Backward for HeadLossBackward {
         // matrices, which then read them 8 halves at a time and without bounds tests
         let (xt, wt) = (self.x.dtype(), self.wte.dtype());
         let pad = mm::coop_pads_rows(&ctx.kernels, xt, wt) && mm::coop_pads_rows(&ctx.kernels, xt, xt);
-        let stride = if pad { mm::coop_padded_len(v) } else { v };
+        let stride = if pad { head_padded_len(v) } else { v };
         let a_stride = if stride == v { 0 } else { stride };
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
         let weight = match self.weight.borrow_mut().take() {
@@ -278,7 +313,6 @@ impl Backward for HeadLossBackward {
             }
             drop(logits);
             if let Some((dx, beta)) = &dx {
-                let _op = ctx.op();
                 let g = Gemm { beta: *beta, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
                 // wte itself, or its padded copy read transposed (its K padding is zeros)
                 let (b, g) = match &weight {
@@ -286,8 +320,7 @@ impl Backward for HeadLossBackward {
                     _ => (&self.wte, g),
                 };
                 // (only the first chunk of a new dx may take it as unwritten)
-                let dxv = ctx.write_or_modify(dx, *beta != 0.0 || r0 != 0)?;
-                mm::matmul(&ctx.kernels, &dxv, &ctx.read(&dlogits)?, &ctx.read(b)?, None, &ctx.dummy()?, g)?;
+                head_dx(ctx, dx, *beta != 0.0 || r0 != 0, &dlogits, b, g, pad.then_some(stride))?;
             }
             if let Some(dwte) = &dwte {
                 let _op = ctx.op();

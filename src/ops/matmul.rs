@@ -121,16 +121,10 @@ fn gemm_of(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, opts: MatmulOpts) -> R
     }
     let g = Gemm {
         batch,
-        m,
-        n,
-        k: ka,
         trans_a: opts.trans_a,
         trans_b: opts.trans_b,
         alpha: opts.alpha.unwrap_or(1.0),
-        beta: 0.0,
-        offsets: [0; 3],
-        a_stride: 0,
-        b_stride: 0,
+        ..Gemm::new(m, n, ka)
     };
     Ok((g, out_shape))
 }

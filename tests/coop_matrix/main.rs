@@ -407,7 +407,8 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
     // lie inside the padded operands (matmul_coop without bounds tests). Against the f64
     // reference on f16-rounded x and wte: the loss, dx, and dwte.
     let mut rng = Rng::new(67);
-    for (n, c, v) in [(70, 64, 1001), (256, 128, 1001)] {
+    // (V = 5000, padded to 5120: dx's chunks split into two K slices on cooperative matrices)
+    for (n, c, v) in [(70, 64, 1001), (256, 128, 1001), (70, 64, 5000)] {
         let x = round_f16(&randn(&mut rng, n * c, 1.0));
         let w = randn(&mut rng, v * c, 0.5);
         let w16 = round_f16(&w);
@@ -425,7 +426,8 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
                 (0..c).for_each(|k| want_dw[j * c + k] += g * x[r * c + k] as f64);
             }
         }
-        for budget in [None, Some(1u64 << 20)] {
+        // paged: a budget of two f32 wte copies (at least 1 MiB) keeps no logits
+        for budget in [None, Some((1u64 << 20).max(8 * (v * c) as u64))] {
             let ctx = common::paged_ctx(&pagetrain::pager::PagerOptions {
                 budget,
                 slot_bytes: 64 << 10,
@@ -449,5 +451,67 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
             let dw = pollster::block_on(ctx.to_f32(&grads.get(&wt).unwrap())).unwrap();
             assert_close(&what("dwte"), &dw, &want_dw, 2e-3, 2e-3);
         }
+    }
+}
+
+#[test]
+fn deep_products_split_into_k_slices_match_the_reference() {
+    // C = alpha·A·op(B) + beta·C over a deep K as `splits` K slices (a batch whose entries are
+    // a slice apart: Gemm::batch_strides) summed by a product with ones, as the head's dx does.
+    // A's rows padded (zeros), awkward M and N, B stored (K,N) and (N,K), f32 and f16 C, C
+    // poisoned where it is overwritten.
+    use kernels::matmul::{matmul_split_deep, split_k_deep};
+    let tiles_of = |m, n, k| Gemm { trans_b: true, ..Gemm::new(m, n, k) };
+    assert_eq!(split_k_deep(MatmulVariant::Coop, &tiles_of(1024, 768, 51200)), 16, "the head's dx chunk");
+    assert_eq!(split_k_deep(MatmulVariant::Coop, &tiles_of(1024, 768, 50304)), 6, "50304 = 64·2·3·131");
+    assert_eq!(split_k_deep(MatmulVariant::Coop, &tiles_of(1024, 768, 50257)), 1, "K past a slice of 64");
+    assert_eq!(split_k_deep(MatmulVariant::Coop, &tiles_of(128, 128, 4096)), 2, "slices of at least 2048");
+    assert_eq!(split_k_deep(MatmulVariant::Large, &tiles_of(1024, 768, 50304)), 1, "cooperative matrices only");
+    assert_eq!(split_k_deep(MatmulVariant::Coop, &tiles_of(8192, 3072, 50304)), 1, "fills the GPU already");
+    let ctx = ctx();
+    let dummy = Guarded::new(&ctx, 4, Some(&[0.0; 4]));
+    let mut rng = Rng::new(83);
+    // a split the arguments cannot serve is an error before anything runs
+    let x = Guarded::new(&ctx, 64, Some(&[0.5; 64]));
+    let refuse = |g: Gemm, splits| {
+        matmul_split_deep(&ctx.kernels, &x.view(), &x.view(), &x.view(), &x.view(), &x.view(), &dummy.view(), splits, g)
+    };
+    assert!(refuse(Gemm::new(2, 2, 9), 2).is_err(), "K not a multiple of the splits");
+    assert!(refuse(Gemm { trans_a: true, ..Gemm::new(2, 2, 8) }, 2).is_err(), "A transposed");
+    assert!(refuse(Gemm::new(8, 8, 8), 2).is_err(), "64 floats of partials, not 2·8·8");
+    if !has_coop(&ctx) {
+        return;
+    }
+    for &(m, n, k, splits, trans_b, c_dtype, beta) in &[
+        (200, 72, 384, 3, true, DType::F32, 0.0),
+        (129, 136, 512, 4, false, DType::F16, 0.0),
+        (70, 33, 768, 6, true, DType::F16, 0.5),
+        (256, 128, 1024, 2, false, DType::F32, 1.0),
+    ] {
+        let a = round_f16(&randn(&mut rng, m * k, 1.0));
+        let b = round_f16(&randn(&mut rng, k * n, 1.0));
+        let a_stride = k + 128;
+        let stored_a = padded_rows(&a, k, a_stride, 0.0, m);
+        let mut c0 = randn(&mut rng, m * n, 1.0);
+        if c_dtype == DType::F16 {
+            c0 = round_f16(&c0);
+        }
+        let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { c0.clone() };
+        let (ga, gb, gc) = (
+            Guarded::of(&ctx, DType::F16, stored_a.len(), Some(&stored_a)),
+            Guarded::of(&ctx, DType::F16, b.len(), Some(&b)),
+            Guarded::of(&ctx, c_dtype, m * n, Some(&init)),
+        );
+        let (parts, ones) =
+            (Guarded::new(&ctx, splits * m * n, None), Guarded::new(&ctx, splits, Some(&vec![1.0; splits])));
+        let g = Gemm { trans_b, alpha: 0.75, beta, a_stride, ..Gemm::new(m, n, k) };
+        let (c, av, bv) = (gc.view(), ga.view(), gb.view());
+        matmul_split_deep(&ctx.kernels, &c, &av, &bv, &parts.view(), &ones.view(), &dummy.view(), splits, g).unwrap();
+        let mut want = r::matmul_forward(&to64(&a), &to64(&b), None, 1, m, n, k, false, trans_b, false, 0.75);
+        want.iter_mut().zip(&c0).for_each(|(w, &c)| *w += beta as f64 * c as f64);
+        let rtol = if c_dtype == DType::F16 { 1.5e-3 } else { 1e-4 };
+        let what = format!("deep split {m}x{n}x{k} / {splits} tb={trans_b} c {c_dtype:?} beta={beta}");
+        assert_close(&what, &gc.read(&ctx), &want, rtol, 1e-4 * (k as f64).sqrt());
+        parts.read(&ctx);
     }
 }

@@ -73,6 +73,7 @@ fn check_flagged(
             offsets: [0; 3],
             a_stride: 0,
             b_stride: 0,
+            batch_strides: None,
         };
         check_matmul(ctx, rng, variant, g, flags & 4 != 0);
     }
@@ -239,6 +240,7 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
                 offsets: [0; 3],
                 a_stride: 0,
                 b_stride: 0,
+                batch_strides: None,
             };
             check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
