@@ -61,8 +61,10 @@ pub(super) fn launch_coop(
         row.is_multiple_of(8) && off.is_multiple_of(8) && v.offset.is_multiple_of(16) && v.size >= 16
     };
     // (batch entries start 8-aligned too: packed ones do where rows are)
-    let (vec_a, vec_b) =
-        (vec_ok(a_row, g.offsets[0], a) && p.stride_a % 8 == 0, vec_ok(b_row, g.offsets[1], b) && p.stride_b % 8 == 0);
+    let (vec_a, vec_b) = (
+        vec_ok(a_row, g.offsets[0], a) && p.stride_a.is_multiple_of(8),
+        vec_ok(b_row, g.offsets[1], b) && p.stride_b.is_multiple_of(8),
+    );
     // whole tiles of a plain f32 C (no bias, rows 4-aligned) store their accumulators directly
     let direct_c = c.dtype == DType::F32
         && p.has_bias == 0
