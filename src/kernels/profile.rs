@@ -155,7 +155,7 @@ impl Profile {
             e.1 += pair[1].saturating_sub(pair[0]) as f64 * timer.period_ns * 1e-9;
         }
         if let Some(timeline) = &self.timeline {
-            let origin = *timer.origin.get().get_or_insert(ticks[0]);
+            let origin = timer.origin.get().unwrap_or(ticks[0]);
             timer.origin.set(Some(origin));
             let ns = |t: u64| (t as i128 - origin as i128) as f64 * timer.period_ns;
             let mut timeline = timeline.borrow_mut();

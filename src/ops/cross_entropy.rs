@@ -314,13 +314,16 @@ impl Backward for HeadLossBackward {
             drop(logits);
             if let Some((dx, beta)) = &dx {
                 let g = Gemm { beta: *beta, offsets: [0, 0, r0 * c], a_stride, ..Gemm::new(n, c, v) };
-                // wte itself, or its padded copy read transposed (its K padding is zeros)
-                let (b, g) = match &weight {
-                    HeadWeight::Transposed(t) if pad => (t, Gemm { trans_b: true, b_stride: t.shape()[1], ..g }),
-                    _ => (&self.wte, g),
+                // wte itself, or its padded copy read transposed (its K padding is zeros, as
+                // dlogits': the product may run over all of it)
+                let (b, g, padded_k) = match &weight {
+                    HeadWeight::Transposed(t) if pad => {
+                        (t, Gemm { trans_b: true, b_stride: t.shape()[1], ..g }, Some(stride))
+                    }
+                    _ => (&self.wte, g, None),
                 };
                 // (only the first chunk of a new dx may take it as unwritten)
-                head_dx(ctx, dx, *beta != 0.0 || r0 != 0, &dlogits, b, g, pad.then_some(stride))?;
+                head_dx(ctx, dx, *beta != 0.0 || r0 != 0, &dlogits, b, g, padded_k)?;
             }
             if let Some(dwte) = &dwte {
                 let _op = ctx.op();
