@@ -99,8 +99,10 @@ impl Backward for CrossEntropyBackward {
 /// and 1 GiB where backward makes them again, split evenly. Chunks must be tall: backward's
 /// dx[chunk] = dlogits · wte has only rows/128 × C/128 output tiles over a K of V, so short chunks
 /// leave most of a GPU idle (GPT-2, 8 × 1024 rows: 64 MiB chunks of 333 rows gave 18 tiles, 1 GiB
-/// gives two of 4096). Kept logits are all held anyway, so they come in the tallest chunks (H200,
-/// f16 dx: 8192×768×50264 NN 113.6 TFLOP/s against 85.2 at 4096 rows).
+/// gives two of 4096; on cooperative matrices dx now splits along K instead, [`head_dx`], but
+/// dwte still rewrites all of itself once a chunk). Kept logits are all held anyway, so they
+/// come in the tallest chunks (H200, f16 dx: 8192×768×50264 NN 113.6 TFLOP/s against 85.2 at
+/// 4096 rows).
 fn chunk_rows(ctx: &Context, rows: usize, v: usize, keep: bool) -> usize {
     let cap = if keep { u64::MAX } else { 1 << 30 };
     let target = cap.min(ctx.pager.budget() / 8).min(ctx.gpu.max_binding_bytes());
