@@ -144,7 +144,7 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, whose weight gradients have K = 2048: a step
 /// of 1050–1080 ms unsplit, 865–903 at slices of 512, 984 at 256, 823–1137 at 1024).
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
-    let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0;
+    let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.batch_strides.is_none();
     if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct)
         || !layout_ok
         || g.m * g.n > super::MAX_GROUPS as usize * 256
@@ -180,7 +180,9 @@ pub fn matmul_split(
     splits: usize,
     g: Gemm,
 ) -> Result<()> {
+    // (slices take the packed batch strides: a product that names its own is not split)
     let fits = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.offsets[2] == 0;
+    let fits = fits && g.batch_strides.is_none();
     let fits = fits && splits > 0 && g.k.is_multiple_of(splits);
     if !fits || g.m * g.n > super::MAX_GROUPS as usize * 256 {
         return Err(Error::invalid("matmul", format!("{g:?} cannot be split into {splits} K slices")));

@@ -178,6 +178,7 @@ fn split_k_weight_gradient_matches_reference() {
     assert!(split(g, 4).is_err());
     assert!(split(Gemm { trans_a: false, ..g }, 2).is_err());
     assert!(split(Gemm { beta: 0.0, ..g }, 2).is_err());
+    assert!(split(Gemm { batch_strides: Some([1, 1, 16]), ..g }, 2).is_err(), "strides of its own");
     assert!(split(g, 2).is_ok());
 }
 
@@ -188,6 +189,7 @@ fn matmul_picks_large_tiles_only_for_products_that_fill_the_gpu() {
     let dw = |m, n| Gemm { trans_a: true, beta: 1.0, ..Gemm::new(m, n, 8192) };
     assert_eq!(split_k(MatmulVariant::Large, &dw(768, 768)), 16);
     assert_eq!(split_k(MatmulVariant::Large, &dw(768, 3072)), 4);
+    assert_eq!(split_k(MatmulVariant::Large, &Gemm { batch_strides: Some([1, 1, 1]), ..dw(768, 768) }), 1);
     assert_eq!(split_k(MatmulVariant::Large, &dw(3072, 3072)), 1);
     // matmul_direct (CPU adapters) splits for its caches: slices of at least 512
     assert_eq!(split_k(MatmulVariant::Direct, &dw(768, 768)), 16);
