@@ -22,6 +22,7 @@ mod grid;
 pub mod layernorm;
 pub mod matmul;
 mod matmul_coop;
+mod matmul_split;
 pub mod optim;
 pub mod pipeline_cache;
 mod profile;
