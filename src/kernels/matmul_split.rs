@@ -24,11 +24,7 @@ const SPLIT_TARGET_TILES: usize = 400;
 /// [`DIRECT_MIN_SLICE`] (llvmpipe, char GPT 16 × 128, whose weight gradients have K = 2048: a step
 /// of 1050–1080 ms unsplit, 865–903 at slices of 512, 984 at 256, 823–1137 at 1024).
 pub fn split_k(tuned: MatmulVariant, g: &Gemm) -> usize {
-    let layout_ok = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.batch_strides.is_none();
-    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct)
-        || !layout_ok
-        || g.m * g.n > super::MAX_GROUPS as usize * 256
-    {
+    if !matches!(tuned, MatmulVariant::Large | MatmulVariant::Coop | MatmulVariant::Direct) || !gradient_splits(g) {
         return 1;
     }
     if tuned == MatmulVariant::Direct {
@@ -60,16 +56,21 @@ pub fn matmul_split(
     splits: usize,
     g: Gemm,
 ) -> Result<()> {
-    // (slices take the packed batch strides: a product that names its own is not split)
-    let fits = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.offsets[2] == 0;
-    let fits = fits && g.batch_strides.is_none();
-    let fits = fits && splits > 0 && g.k.is_multiple_of(splits);
-    if !fits || g.m * g.n > super::MAX_GROUPS as usize * 256 {
+    let fits = gradient_splits(&g) && g.offsets[2] == 0 && splits > 0 && g.k.is_multiple_of(splits);
+    if !fits {
         return Err(Error::invalid("matmul", format!("{g:?} cannot be split into {splits} K slices")));
     }
     let gs = Gemm { batch: splits, k: g.k / splits, beta: 0.0, offsets: [g.offsets[0], g.offsets[1], 0], ..g };
     matmul_variant(k, variant, partials, a, b, None, dummy, gs)?;
     super::reduce::sum_rows(k, c, partials, None, splits, g.m * g.n)
+}
+
+/// Whether `g` has the layout [`split_k`] and [`matmul_split`] split: `C += alpha·Aᵀ·B`, one
+/// product whose M·N partial sums `reduce::sum_rows` can add. (Slices take the packed batch
+/// strides: a product that names its own is not split.)
+fn gradient_splits(g: &Gemm) -> bool {
+    let layout = g.trans_a && !g.trans_b && g.batch == 1 && g.beta == 1.0 && g.batch_strides.is_none();
+    layout && g.m * g.n <= super::MAX_GROUPS as usize * 256
 }
 
 /// Most K slices [`split_k_deep`] cuts, and the shallowest slice it leaves (partials take
@@ -86,16 +87,17 @@ const DEEP_MIN_SLICE: usize = 2048;
 /// split.
 pub fn split_k_deep(tuned: MatmulVariant, g: &Gemm) -> usize {
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
-    if tuned != MatmulVariant::Coop
-        || g.trans_a
-        || g.batch != 1
-        || g.batch_strides.is_some()
-        || tiles >= SPLIT_TARGET_TILES
-    {
+    if tuned != MatmulVariant::Coop || !deep_splits(g) || tiles >= SPLIT_TARGET_TILES {
         return 1;
     }
     let fits = |s: &usize| g.k.is_multiple_of(*s) && (g.k / s).is_multiple_of(64) && g.k / s >= DEEP_MIN_SLICE;
     (1..=DEEP_MAX_SPLITS).rev().find(fits).unwrap_or(1)
+}
+
+/// Whether `g` has the layout [`split_k_deep`] and [`matmul_split_deep`] split: one product,
+/// A not transposed (its slices are column ranges of its rows), packed batch strides.
+fn deep_splits(g: &Gemm) -> bool {
+    !g.trans_a && g.batch == 1 && g.batch_strides.is_none()
 }
 
 /// `C = alpha·A·op(B) + beta·C` (A stored (M,K), not transposed; cooperative matrices, which
@@ -114,7 +116,7 @@ pub fn matmul_split_deep(
     splits: usize,
     g: Gemm,
 ) -> Result<()> {
-    let fits = !g.trans_a && g.batch == 1 && g.batch_strides.is_none() && splits > 0 && g.k.is_multiple_of(splits);
+    let fits = deep_splits(&g) && splits > 0 && g.k.is_multiple_of(splits);
     let room = partials.size >= (splits * g.m * g.n * 4) as u64 && ones.size >= splits as u64 * 4;
     if !fits || !room || partials.dtype != DType::F32 || ones.dtype != DType::F32 {
         return Err(Error::invalid(

@@ -63,17 +63,11 @@ fn check_flagged(
     for &(batch, m, n, k) in shapes {
         let g = Gemm {
             batch,
-            m,
-            n,
-            k,
             trans_a: flags & 1 != 0,
             trans_b: flags & 2 != 0,
             alpha: 0.5,
             beta: if flags & 8 != 0 { 0.25 } else { 0.0 },
-            offsets: [0; 3],
-            a_stride: 0,
-            b_stride: 0,
-            batch_strides: None,
+            ..Gemm::new(m, n, k)
         };
         check_matmul(ctx, rng, variant, g, flags & 4 != 0);
     }
@@ -232,17 +226,11 @@ fn matmul_matches_reference_on_awkward_shapes_and_transposes() {
             let (ta, tb, with_bias, accumulate) = (i % 2 == 1, i % 3 == 1, i % 4 == 0, i % 5 == 2);
             let g = Gemm {
                 batch,
-                m,
-                n,
-                k,
                 trans_a: ta,
                 trans_b: tb,
                 alpha: 0.75,
                 beta: if accumulate { 1.0 } else { 0.0 },
-                offsets: [0; 3],
-                a_stride: 0,
-                b_stride: 0,
-                batch_strides: None,
+                ..Gemm::new(m, n, k)
             };
             check_matmul(&ctx, &mut rng, variant, g, with_bias);
         }
