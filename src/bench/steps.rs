@@ -78,6 +78,8 @@ pub struct AtBudget {
     pub step_ms: Option<f64>,
     pub bytes_up_per_step: Option<u64>,
     pub bytes_down_per_step: Option<u64>,
+    /// Bytes moved inside GPU memory a step to open ranges in slabs (compaction).
+    pub bytes_moved_in_gpu_per_step: Option<u64>,
     pub tokens_per_s: Option<f64>,
     /// Resident step time / this step time, each step with the optimizer its run chose.
     pub vs_resident: Option<f64>,
@@ -122,6 +124,8 @@ pub struct StepTiming {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub unread_writeback: u64,
+    /// Per step: bytes moved inside GPU memory (`Counters::bytes_relocated`).
+    pub bytes_moved_in_gpu: u64,
     pub exposed_s: f64,
     /// Per step: seconds in the pager's accesses (`Counters::access_s`).
     pub access_s: f64,
@@ -230,6 +234,7 @@ pub fn time_steps(
         bytes_up: (after.bytes_uploaded - before.bytes_uploaded) / n,
         bytes_down: (after.bytes_written_back - before.bytes_written_back) / n,
         unread_writeback: (after.writeback_unread_bytes - before.writeback_unread_bytes) / n,
+        bytes_moved_in_gpu: (after.bytes_relocated - before.bytes_relocated) / n,
         exposed_s: (after.stall_s - before.stall_s) / n as f64,
         access_s: (after.access_s - before.access_s) / n as f64,
         fill_wait_s: (after.fill_wait_s - before.fill_wait_s) / n as f64,
@@ -340,6 +345,7 @@ pub fn step_times(
             step_ms: t.as_ref().map(|t| t.ms),
             bytes_up_per_step: t.as_ref().map(|t| t.bytes_up),
             bytes_down_per_step: t.as_ref().map(|t| t.bytes_down),
+            bytes_moved_in_gpu_per_step: t.as_ref().map(|t| t.bytes_moved_in_gpu),
             tokens_per_s: t.as_ref().map(|t| tokens as f64 / (t.ms / 1e3)),
             vs_resident: t.as_ref().map(|t| resident / t.ms),
             optimizer: t.as_ref().map(|t| t.optimizer.clone()),

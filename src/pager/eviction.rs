@@ -1,9 +1,7 @@
 //! Making room on the GPU: where a tensor goes (the pool's region, at its last place in the
-//! slabs when that is free), which tensors leave for it (the plan's victim, or in slabs the run
-//! of neighbours that opens a range: `window.rs`), and what leaving costs (a write-back, none
-//! where the plan knows the values are dead).
-
-use std::cmp::Reverse;
+//! slabs when that is free), which tensors leave for it (the plan's victim; in slabs, victims
+//! until the neighbours in one range can move to the other slabs' gaps, `window.rs`), and what
+//! leaving costs (a write-back, none where the plan knows the values are dead).
 
 use super::pool::Taken;
 use super::slabs::Slabs;
@@ -25,6 +23,70 @@ impl State {
         self.drop_gpu_copy(id);
         self.counters.evictions += 1;
         Ok(())
+    }
+
+    /// Where a tensor of `bytes` goes to a slab and none has a range for it: opens one without
+    /// bus traffic where the other slabs have room, moving the run's tensors into their gaps
+    /// (compaction) except those that may leave for free (clean, not needed again this step).
+    /// The run chosen moves the fewest bytes. False where no run can be cleared so.
+    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64) -> bool {
+        let len = Slabs::footprint(bytes);
+        let mut by_slab: Vec<(wgpu::Buffer, Vec<(Placed, TensorId)>)> =
+            self.pool.slabs_for(bytes).into_iter().map(|slab| (slab, Vec::new())).collect();
+        for &id in &self.resident {
+            let Some(region) = &self.entries[&id].gpu else { continue };
+            if let Some((_, placed)) = by_slab.iter_mut().find(|(slab, _)| *slab == region.buffer) {
+                placed.push((Placed { offset: region.offset, size: region.size }, id));
+            }
+        }
+        let mut best: Option<(Vec<TensorId>, u64)> = None;
+        for (slab, mut placed) in by_slab {
+            placed.sort_by_key(|(p, _)| p.offset);
+            let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
+            // Anything unpinned may move: its views are not in a dispatch being recorded.
+            let cost = |i: usize| {
+                let e = &self.entries[&placed[i].1];
+                (e.pins == 0).then_some(if self.leaves_for_free(e) { 0 } else { placed[i].0.size })
+            };
+            let Some((run, moved)) = window::cheapest_run(&ranges, slab.size(), len, cost) else { continue };
+            if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| moved < *b) {
+                best = Some((placed[run].iter().map(|(_, id)| *id).collect(), moved));
+            }
+        }
+        let Some((run, _)) = best else { return false };
+        for id in run {
+            if self.leaves_for_free(&self.entries[&id]) {
+                self.drop_gpu_copy(id);
+                self.counters.evictions += 1;
+            } else if !self.relocate(recorder, id) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether `e` may leave the GPU at no cost: clean (its host bytes are current) and not
+    /// needed again this step.
+    fn leaves_for_free(&self, e: &Entry) -> bool {
+        !e.dirty && self.next_use(e.key).is_none()
+    }
+
+    /// Moves `id` into a gap of a slab other than its own (a GPU copy cannot stay within one
+    /// buffer), by a copy inside GPU memory: far cheaper than a write-back and a second upload
+    /// over the bus. False where no gap fits it.
+    fn relocate(&mut self, recorder: &Recorder, id: TensorId) -> bool {
+        let e = &self.entries[&id];
+        let (Some(from), len, key) = (e.gpu.clone(), e.copy_len(), e.key) else { return false };
+        let Some(to) = self.pool.take_away_from(&from) else { return false };
+        recorder.record(|enc| enc.copy_buffer_to_buffer(&from.buffer, from.offset, &to.buffer, to.offset, len));
+        if let Some(place) = self.pool.place_of(&to) {
+            self.last_place.insert(key, place);
+        }
+        self.entries.get_mut(&id).expect("exists").gpu = Some(to);
+        self.pool.give(from);
+        self.counters.relocations += 1;
+        self.counters.bytes_relocated += len;
+        true
     }
 
     /// Gives `id`'s GPU buffer back to the pool: its values are on the host, or not wanted.
@@ -112,10 +174,11 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
-            if let Some(run) = self.slab_run(bytes) {
-                for id in run {
-                    self.evict(recorder, id)?;
-                }
+            if self.open_by_moving(recorder, bytes) {
+                continue;
+            }
+            if let Some(id) = self.slab_victim(bytes) {
+                self.evict(recorder, id)?;
                 continue;
             }
             match self.victim() {
@@ -141,44 +204,6 @@ impl State {
         }
     }
 
-    /// Where a tensor of `bytes` goes to a slab and none has room: the neighbours in one slab
-    /// whose eviction opens a range for it that the policy gives up most willingly
-    /// (`window::choose_run`); `None` if no run of evictable neighbours makes room.
-    fn slab_run(&self, bytes: u64) -> Option<Vec<TensorId>> {
-        let slabs = self.pool.slabs_for(bytes);
-        if slabs.is_empty() {
-            return None;
-        }
-        let len = Slabs::footprint(bytes);
-        let (future, cursor) = self.plan_now();
-        let rank = |c: &plan::Candidate| plan::rank(self.policy, future, cursor, c);
-        let mut by_slab: HashMap<&wgpu::Buffer, Vec<(Placed, TensorId)>> = HashMap::new();
-        for &id in &self.resident {
-            let e = &self.entries[&id];
-            if let Some(region) = &e.gpu {
-                let candidate = self.candidate(e);
-                by_slab
-                    .entry(&region.buffer)
-                    .or_default()
-                    .push((Placed { offset: region.offset, size: region.size, candidate }, id));
-            }
-        }
-        let mut best: Option<(Vec<TensorId>, (u32, bool, u64), u64)> = None;
-        for slab in &slabs {
-            let Some(mut placed) = by_slab.remove(slab) else { continue };
-            placed.sort_by_key(|(p, _)| p.offset);
-            let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
-            if let Some((run, r, evicted)) = window::choose_run(&ranges, slab.size(), len, rank) {
-                let better =
-                    best.as_ref().is_none_or(|(_, b, b_bytes)| (r, Reverse(evicted)) > (*b, Reverse(*b_bytes)));
-                if better {
-                    best = Some((placed[run].iter().map(|(_, id)| *id).collect(), r, evicted));
-                }
-            }
-        }
-        best.map(|(ids, _, _)| ids)
-    }
-
     /// What the policy weighs of a resident tensor, if it may be evicted now: unpinned (and a
     /// dirty one only where it may leave).
     fn candidate(&self, e: &Entry) -> Option<plan::Candidate> {
@@ -187,11 +212,27 @@ impl State {
         may_leave.then_some(plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
     }
 
+    /// Where a tensor of `bytes` goes to a slab: the tensor in a slab the policy would evict now.
+    fn slab_victim(&self, bytes: u64) -> Option<TensorId> {
+        let slabs = self.pool.slabs_for(bytes);
+        let in_slab = |e: &Entry| e.gpu.as_ref().is_some_and(|r| slabs.contains(&r.buffer));
+        self.victim_where(in_slab)
+    }
+
     /// The tensor the policy would evict now: an unpinned resident one (a dirty one only where it
     /// may leave).
     fn victim(&self) -> Option<TensorId> {
-        let candidates: Vec<(TensorId, plan::Candidate)> =
-            self.resident.iter().filter_map(|&i| Some((i, self.candidate(&self.entries[&i])?))).collect();
+        self.victim_where(|_| true)
+    }
+
+    /// [`State::victim`] among the tensors `among` accepts.
+    fn victim_where(&self, among: impl Fn(&Entry) -> bool) -> Option<TensorId> {
+        let candidates: Vec<(TensorId, plan::Candidate)> = self
+            .resident
+            .iter()
+            .filter(|&i| among(&self.entries[i]))
+            .filter_map(|&i| Some((i, self.candidate(&self.entries[&i])?)))
+            .collect();
         let cands: Vec<plan::Candidate> = candidates.iter().map(|c| c.1).collect();
         let (future, cursor) = self.plan_now();
         plan::choose_victim(self.policy, future, cursor, &cands).map(|v| candidates[v].0)

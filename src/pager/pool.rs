@@ -242,6 +242,19 @@ impl Pool {
         Ok(region)
     }
 
+    /// A free range the size of `region` (a slab's) in another slab, for its tensor to move to:
+    /// no eviction, no new slab.
+    pub fn take_away_from(&mut self, region: &Region) -> Option<Region> {
+        let moved = self.slabs.as_mut()?.find_away_from(region, region.size)?;
+        self.in_use += moved.size;
+        Some(moved)
+    }
+
+    /// Free bytes in the slabs other than `slab`.
+    pub fn free_outside(&self, slab: &wgpu::Buffer) -> u64 {
+        self.slabs.as_ref().map_or(0, |s| s.free_outside(slab))
+    }
+
     /// Destroys free buffers and empty slabs until `bytes` more fit the budget.
     fn make_room(&mut self, label: &str, bytes: u64) -> Result<()> {
         while self.held + bytes > self.budget {

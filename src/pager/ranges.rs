@@ -28,6 +28,27 @@ impl Allocator {
         None
     }
 
+    /// `len` bytes from the smallest free run that fits outside segment `not_in` (filling small
+    /// gaps first keeps the large ones for what needs them).
+    pub(super) fn find_best_outside(&mut self, len: usize, not_in: usize) -> Option<HostRange> {
+        let (segment, i) = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|&(segment, _)| segment != not_in)
+            .flat_map(|(segment, runs)| runs.iter().enumerate().map(move |(i, &(_, l))| (l, segment, i)))
+            .filter(|&(l, _, _)| l >= len)
+            .min()
+            .map(|(_, segment, i)| (segment, i))?;
+        let (offset, l) = self.free[segment][i];
+        if l == len {
+            self.free[segment].remove(i);
+        } else {
+            self.free[segment][i] = (offset + len, l - len);
+        }
+        Some(HostRange { segment, offset, len })
+    }
+
     /// `len` bytes at `offset` of `segment`, if they are free.
     pub(super) fn find_at(&mut self, segment: usize, offset: usize, len: usize) -> Option<HostRange> {
         let runs = self.free.get_mut(segment)?;
@@ -49,6 +70,12 @@ impl Allocator {
             }
         }
         Some(HostRange { segment, offset, len })
+    }
+
+    /// Free bytes in every segment but `not_in`.
+    pub(super) fn free_outside(&self, not_in: usize) -> usize {
+        let runs = self.free.iter().enumerate().filter(|&(segment, _)| segment != not_in);
+        runs.flat_map(|(_, runs)| runs.iter().map(|&(_, l)| l)).sum()
     }
 
     /// Whether `find(len)` would succeed.
@@ -133,6 +160,26 @@ mod tests {
         assert_eq!(a.find_at(0, 512, 256).unwrap().offset, 512, "a run's start");
         assert_eq!(a.find_at(0, 896, 128).unwrap().offset, 896, "a run's end");
         assert_eq!(a.free[0], vec![(768, 128)]);
+    }
+
+    #[test]
+    fn the_smallest_fitting_run_outside_a_segment_is_taken() {
+        let mut a = Allocator::default();
+        for _ in 0..3 {
+            a.add_segment(1024);
+        }
+        a.find_at(0, 0, 1024).unwrap();
+        a.find_at(1, 0, 512).unwrap();
+        a.find_at(2, 256, 768).unwrap();
+        // free: segment 1 (512, 512), segment 2 (0, 256)
+        let r = a.find_best_outside(200, 0).unwrap();
+        assert_eq!((r.segment, r.offset), (2, 0), "the 256-byte run, not the 512");
+        let r = a.find_best_outside(300, 1);
+        assert!(r.is_none(), "segment 1 is excluded and segment 2 is full");
+        let r = a.find_best_outside(300, 2).unwrap();
+        assert_eq!((r.segment, r.offset, r.len), (1, 512, 300));
+        assert_eq!(a.free[1], vec![(812, 212)]);
+        assert_eq!((a.free_outside(0), a.free_outside(1), a.free_outside(2)), (212 + 56, 56, 212));
     }
 
     #[test]

@@ -62,6 +62,20 @@ impl Slabs {
         Some(Region { buffer, offset: r.offset as u64, size: len })
     }
 
+    /// A free range of `len` bytes in a slab other than `region`'s, the smallest that fits
+    /// (where a tensor in `region` can move: a GPU copy cannot stay within one buffer).
+    pub fn find_away_from(&mut self, region: &Region, len: u64) -> Option<Region> {
+        let &from = self.index.get(&region.buffer)?;
+        let r = self.ranges.find_best_outside(usize::try_from(len).ok()?, from)?;
+        let buffer = self.buffers[r.segment].clone().expect("live slab");
+        Some(Region { buffer, offset: r.offset as u64, size: len })
+    }
+
+    /// Free bytes in the slabs other than `slab`: what its tensors could move to.
+    pub fn free_outside(&self, slab: &wgpu::Buffer) -> u64 {
+        self.index.get(slab).map_or(0, |&i| self.ranges.free_outside(i) as u64)
+    }
+
     /// Where `region` is: its slab's index and offset (`None`: not a slab's). A hint for the
     /// next placement of the same tensor ([`Slabs::find_at`]).
     pub fn place_of(&self, region: &Region) -> Option<(usize, u64)> {

@@ -59,6 +59,10 @@ pub struct Counters {
     /// Accesses that had to place it on the GPU.
     pub misses: u64,
     pub evictions: u64,
+    /// Tensors moved between slabs inside GPU memory to open a range, instead of evicted, and
+    /// their bytes.
+    pub relocations: u64,
+    pub bytes_relocated: u64,
     pub prefetches: u64,
     /// Seconds the host waited for GPU transfers (staging slots, readbacks).
     pub stall_s: f64,

@@ -441,3 +441,46 @@ fn slabs_split_by_held_tensors_are_an_error_naming_the_tensor_and_nothing_is_los
         assert_same("a held tensor after the refusal", &read(&ctx, t), want);
     }
 }
+
+#[test]
+fn slabs_open_a_range_by_moving_tensors_inside_gpu_memory_with_nothing_on_the_bus() {
+    // Slabs of 8 KiB (an eighth of 64 KiB), each holding a 4 KiB tensor from the host and a
+    // 4 KiB tensor written on the GPU (dirty). Freeing four of the host ones leaves 16 KiB free in
+    // 4 KiB holes, none 8 KiB long: an 8 KiB tensor fits only once a dirty one moves into a
+    // hole of another slab (a copy inside GPU memory), not by writing anything back.
+    let o = PagerOptions { gpu_pool: GpuPool::Slabs, ..opts(64 << 10, Policy::Belady) };
+    let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
+    let mut from_host = Vec::new();
+    let mut made = Vec::new();
+    for i in 0..8 {
+        let b = ctx.from_f32(&format!("b{i}"), &[1024], &values(i, 1024), false).unwrap();
+        let a = ctx.zeros(&format!("a{i}"), &[1024], false).unwrap();
+        {
+            let _op = ctx.op();
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&a).unwrap(), &ctx.read(&b).unwrap(), 0.5, 1024)
+                .unwrap();
+        }
+        let want: Vec<f32> = values(i, 1024).iter().map(|v| v * 0.5).collect();
+        from_host.push(b);
+        made.push((a, want));
+    }
+    assert!(ctx.pager.gpu_pool().contains("(8 held)"), "{}", ctx.pager.gpu_pool());
+    from_host.truncate(4);
+    drop(from_host);
+    let before = ctx.pager.counters();
+    let big = ctx.from_f32("big", &[2048], &values(99, 2048), false).unwrap();
+    {
+        let _op = ctx.op();
+        ctx.read(&big).unwrap();
+    }
+    let after = ctx.pager.counters();
+    assert!(after.relocations > before.relocations, "{after:?}");
+    assert!(after.bytes_relocated - before.bytes_relocated >= 4096, "{after:?}");
+    assert_eq!(after.bytes_written_back, before.bytes_written_back, "nothing went back to the host");
+    assert_eq!(after.bytes_uploaded - before.bytes_uploaded, 8192, "only the big tensor came up");
+    assert!(ctx.pager.gpu_pool().contains("(8 held)"), "no slab made: {}", ctx.pager.gpu_pool());
+    assert_same("big", &read(&ctx, &big), &values(99, 2048));
+    for (t, want) in &made {
+        assert_same("a tensor written on the GPU, moved or not", &read(&ctx, t), want);
+    }
+}
