@@ -14,14 +14,15 @@ use std::collections::HashMap;
 use super::host::HostRange;
 use super::ranges::Allocator;
 
-/// A slab's size at most (a larger tensor gets a slab of its own size).
-pub const SLAB_BYTES: u64 = 256 << 20;
-
-/// The budget is cut into at least this many slabs, and a tensor larger than one gets a buffer
-/// of its own. One slab the size of the budget would fragment: the tensors an op holds (an
-/// AdamW update holds four) can sit so that no gap fits the next one. With several slabs,
-/// evicting what is not held empties some, and an empty slab makes way for a buffer that fits.
-pub const SLABS_PER_BUDGET: u64 = 8;
+/// The budget is cut into this many slabs, and a tensor larger than one gets a buffer of its
+/// own. One slab the size of the budget would fragment: the tensors an op holds (an AdamW update
+/// holds four) can sit so that no gap fits the next one, and no copy can move a tensor within its
+/// own buffer. With several, evicting what is not held empties some, and a range is opened by
+/// moving tensors into the other slabs' gaps (`eviction.rs`). Measured with the 1/16 model of
+/// GPT-2 small's paged step (`examples/paging_proxy.rs`, BENCHMARKS.md stop 42): quarters move
+/// what buffers of their own do (f16 at a tenth of the footprint: 75.8 MB up a step against
+/// 92.0 with eighths), and the head's logits chunk (an eighth of the budget) fits one.
+pub const SLABS_PER_BUDGET: u64 = 4;
 
 /// Offsets in a slab are multiples of this (wgpu's storage binding offset alignment is at most
 /// 256 bytes).
@@ -44,10 +45,10 @@ pub struct Slabs {
 }
 
 impl Slabs {
-    /// The size of a slab under `budget`: an eighth of it, at most [`SLAB_BYTES`] and the
-    /// adapter's largest buffer. Tensors larger than that get buffers of their own.
+    /// The size of a slab under `budget`: a quarter of it, at most the adapter's largest buffer.
+    /// Tensors larger than that get buffers of their own.
     pub fn slab_bytes(budget: u64, max_buffer: u64) -> u64 {
-        (budget / SLABS_PER_BUDGET).min(SLAB_BYTES).min(max_buffer) / SLAB_ALIGN * SLAB_ALIGN
+        (budget / SLABS_PER_BUDGET).min(max_buffer) / SLAB_ALIGN * SLAB_ALIGN
     }
 
     /// Bytes a tensor of `bytes` takes in a slab.

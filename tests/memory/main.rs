@@ -122,7 +122,7 @@ fn the_pool_counts_the_buffers_it_creates_none_once_a_resident_run_is_warm() {
     let (_, later) = created_in_steps(&ring(Some(footprint / 10)));
     assert!(later > 0, "three steps at 10 % of the footprint created no buffer");
     // Slabs: at half the footprint, warm steps make no allocation at all; at 10 %, where this
-    // model's largest tensors are over a slab (an eighth of the budget) and get buffers of
+    // model's largest tensors may be over a slab (a quarter of the budget) and get buffers of
     // their own, fewer than buffers of their own for every tensor.
     let in_slabs = |percent: u64| {
         let ctx = common::paged_ctx(&PagerOptions {

@@ -413,30 +413,31 @@ fn a_tensor_handed_to_the_host_is_written_back_and_leaves_the_gpu_without_counti
 
 #[test]
 fn slabs_split_by_held_tensors_are_an_error_naming_the_tensor_and_nothing_is_lost() {
-    // Slabs of 8 KiB (an eighth of 64 KiB), two 3 KiB tensors in each, every one held by the
-    // op: 52 KiB would fit the budget, but no slab has a 4 KiB gap and none can be emptied.
+    // Slabs of 16 KiB (a quarter of 64 KiB), three 5 KiB tensors in each, every one held by the
+    // op: 62 KiB would fit the budget, but no slab has a 2 KiB gap, none can be emptied and
+    // nothing held may move.
     let o = PagerOptions { gpu_pool: GpuPool::Slabs, ..opts(64 << 10, Policy::Belady) };
     let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
-    let small: Vec<(Tensor, Vec<f32>)> = (0..16)
-        .map(|i| (values(i, 768), i))
-        .map(|(v, i)| (ctx.from_f32(&format!("s{i}"), &[768], &v, false).unwrap(), v))
+    let small: Vec<(Tensor, Vec<f32>)> = (0..12)
+        .map(|i| (values(i, 1280), i))
+        .map(|(v, i)| (ctx.from_f32(&format!("s{i}"), &[1280], &v, false).unwrap(), v))
         .collect();
-    let big = ctx.from_f32("big", &[1024], &values(99, 1024), false).unwrap();
+    let big = ctx.from_f32("big", &[512], &values(99, 512), false).unwrap();
     {
         let _op = ctx.op();
         for (t, _) in &small {
             ctx.read(t).unwrap();
         }
-        assert!(ctx.pager.gpu_pool().contains("(8 held)"), "{}", ctx.pager.gpu_pool());
+        assert!(ctx.pager.gpu_pool().contains("(4 held)"), "{}", ctx.pager.gpu_pool());
         match ctx.read(&big) {
             Err(Error::SlabsFragmented { tensor, bytes, budget }) => {
-                assert_eq!((tensor.as_str(), bytes, budget), ("big", 4096, 64 << 10));
+                assert_eq!((tensor.as_str(), bytes, budget), ("big", 2048, 64 << 10));
             }
             other => panic!("expected SlabsFragmented, got {:?}", other.map(|v| v.offset)),
         }
     }
     // Once the op lets go, everything is there.
-    assert_same("big after the refusal", &read(&ctx, &big), &values(99, 1024));
+    assert_same("big after the refusal", &read(&ctx, &big), &values(99, 512));
     for (t, want) in &small {
         assert_same("a held tensor after the refusal", &read(&ctx, t), want);
     }
@@ -444,42 +445,42 @@ fn slabs_split_by_held_tensors_are_an_error_naming_the_tensor_and_nothing_is_los
 
 #[test]
 fn slabs_open_a_range_by_moving_tensors_inside_gpu_memory_with_nothing_on_the_bus() {
-    // Slabs of 8 KiB (an eighth of 64 KiB), each holding a 4 KiB tensor from the host and a
-    // 4 KiB tensor written on the GPU (dirty). Freeing four of the host ones leaves 16 KiB free in
-    // 4 KiB holes, none 8 KiB long: an 8 KiB tensor fits only once a dirty one moves into a
-    // hole of another slab (a copy inside GPU memory), not by writing anything back.
+    // Slabs of 16 KiB (a quarter of 64 KiB), each holding an 8 KiB tensor from the host and an
+    // 8 KiB tensor written on the GPU (dirty). Freeing two of the host ones leaves 16 KiB free
+    // in 8 KiB holes: a 16 KiB tensor fits only once a dirty one moves into the hole of another
+    // slab (a copy inside GPU memory), not by writing anything back.
     let o = PagerOptions { gpu_pool: GpuPool::Slabs, ..opts(64 << 10, Policy::Belady) };
     let ctx = Context::with_store(gpu(), Box::new(MemStore::new()), &o);
     let mut from_host = Vec::new();
     let mut made = Vec::new();
-    for i in 0..8 {
-        let b = ctx.from_f32(&format!("b{i}"), &[1024], &values(i, 1024), false).unwrap();
-        let a = ctx.zeros(&format!("a{i}"), &[1024], false).unwrap();
+    for i in 0..4 {
+        let b = ctx.from_f32(&format!("b{i}"), &[2048], &values(i, 2048), false).unwrap();
+        let a = ctx.zeros(&format!("a{i}"), &[2048], false).unwrap();
         {
             let _op = ctx.op();
-            elementwise::scale_forward(&ctx.kernels, &ctx.write(&a).unwrap(), &ctx.read(&b).unwrap(), 0.5, 1024)
+            elementwise::scale_forward(&ctx.kernels, &ctx.write(&a).unwrap(), &ctx.read(&b).unwrap(), 0.5, 2048)
                 .unwrap();
         }
-        let want: Vec<f32> = values(i, 1024).iter().map(|v| v * 0.5).collect();
+        let want: Vec<f32> = values(i, 2048).iter().map(|v| v * 0.5).collect();
         from_host.push(b);
         made.push((a, want));
     }
-    assert!(ctx.pager.gpu_pool().contains("(8 held)"), "{}", ctx.pager.gpu_pool());
-    from_host.truncate(4);
+    assert!(ctx.pager.gpu_pool().contains("(4 held)"), "{}", ctx.pager.gpu_pool());
+    from_host.truncate(2);
     drop(from_host);
     let before = ctx.pager.counters();
-    let big = ctx.from_f32("big", &[2048], &values(99, 2048), false).unwrap();
+    let big = ctx.from_f32("big", &[4096], &values(99, 4096), false).unwrap();
     {
         let _op = ctx.op();
         ctx.read(&big).unwrap();
     }
     let after = ctx.pager.counters();
     assert!(after.relocations > before.relocations, "{after:?}");
-    assert!(after.bytes_relocated - before.bytes_relocated >= 4096, "{after:?}");
+    assert!(after.bytes_relocated - before.bytes_relocated >= 8192, "{after:?}");
     assert_eq!(after.bytes_written_back, before.bytes_written_back, "nothing went back to the host");
-    assert_eq!(after.bytes_uploaded - before.bytes_uploaded, 8192, "only the big tensor came up");
-    assert!(ctx.pager.gpu_pool().contains("(8 held)"), "no slab made: {}", ctx.pager.gpu_pool());
-    assert_same("big", &read(&ctx, &big), &values(99, 2048));
+    assert_eq!(after.bytes_uploaded - before.bytes_uploaded, 16384, "only the big tensor came up");
+    assert!(ctx.pager.gpu_pool().contains("(4 held)"), "no slab made: {}", ctx.pager.gpu_pool());
+    assert_same("big", &read(&ctx, &big), &values(99, 4096));
     for (t, want) in &made {
         assert_same("a tensor written on the GPU, moved or not", &read(&ctx, t), want);
     }
