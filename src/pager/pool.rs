@@ -50,6 +50,8 @@ impl GpuPool {
     /// on an H100 (BENCHMARKS.md, stop 38), GPT-2 small: f16 at a quarter of its footprint 157–172
     /// → 125 ms a step in slabs, the resident f16 step 61 → 62 ms; f32 at a quarter 357–365 →
     /// 406–412 ms (more evictions to open contiguous ranges), at a tenth 561 → 504 (stop 39).
+    /// Since slabs compact instead (stop 42), they move what buffers do without the driver
+    /// allocations; f32 stays in buffers until a GPU says which is faster.
     pub fn for_run(mixed_precision: bool, paged: bool) -> GpuPool {
         GpuPool::choose(GpuPool::asked(), mixed_precision, paged)
     }
