@@ -44,11 +44,14 @@ impl State {
             placed.sort_by_key(|(p, _)| p.offset);
             let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
             // Anything unpinned may move: its views are not in a dispatch being recorded.
-            let cost = |i: usize| {
-                let e = &self.entries[&placed[i].1];
-                (e.pins == 0).then_some(if self.leaves_for_free(e) { 0 } else { placed[i].0.size })
-            };
-            let Some((run, moved)) = window::cheapest_run(&ranges, slab.size(), len, cost) else { continue };
+            let costs: Vec<Option<u64>> = placed
+                .iter()
+                .map(|(p, id)| {
+                    let e = &self.entries[id];
+                    (e.pins == 0).then_some(if self.leaves_for_free(e) { 0 } else { p.size })
+                })
+                .collect();
+            let Some((run, moved)) = window::cheapest_run(&ranges, slab.size(), len, |i| costs[i]) else { continue };
             if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| moved < *b) {
                 best = Some((placed[run].iter().map(|(_, id)| *id).collect(), moved));
             }
