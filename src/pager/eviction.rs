@@ -29,7 +29,7 @@ impl State {
     /// bus traffic where the other slabs have room, moving the run's tensors into their gaps
     /// (compaction) except those that may leave for free (clean, not needed again this step).
     /// The run chosen moves the fewest bytes. False where no run can be cleared so.
-    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64) -> bool {
+    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64) -> Result<bool> {
         let len = Slabs::footprint(bytes);
         let mut by_slab: Vec<(wgpu::Buffer, Vec<(Placed, TensorId)>)> =
             self.pool.slabs_for(bytes).into_iter().map(|slab| (slab, Vec::new())).collect();
@@ -56,16 +56,16 @@ impl State {
                 best = Some((placed[run].iter().map(|(_, id)| *id).collect(), moved));
             }
         }
-        let Some((run, _)) = best else { return false };
+        let Some((run, _)) = best else { return Ok(false) };
         for id in run {
+            // (clean: its eviction writes nothing back)
             if self.leaves_for_free(&self.entries[&id]) {
-                self.drop_gpu_copy(id);
-                self.counters.evictions += 1;
+                self.evict(recorder, id)?;
             } else if !self.relocate(recorder, id) {
-                return false;
+                return Ok(false);
             }
         }
-        true
+        Ok(true)
     }
 
     /// Whether `e` may leave the GPU at no cost: clean (its host bytes are current) and not
@@ -177,7 +177,7 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
-            if self.open_by_moving(recorder, bytes) {
+            if self.open_by_moving(recorder, bytes)? {
                 continue;
             }
             if let Some(id) = self.slab_victim(bytes) {

@@ -110,7 +110,7 @@ pub fn choose_victim(
 
 /// How willingly the policy evicts `c` (the larger, the sooner): Belady's farthest next use,
 /// clean before dirty, then least recently used; LRU's least recently used.
-pub fn rank(policy: Policy, future: Option<&Future>, cursor: usize, c: &Candidate) -> (u32, bool, u64) {
+fn rank(policy: Policy, future: Option<&Future>, cursor: usize, c: &Candidate) -> (u32, bool, u64) {
     match (policy, future) {
         (Policy::Belady, Some(f)) if !f.is_empty() => (f.next_use(c.key, cursor), !c.dirty, u64::MAX - c.last_use),
         _ => (0, false, u64::MAX - c.last_use),

@@ -247,7 +247,7 @@ impl Pool {
     /// A free range the size of `region` (a slab's) in another slab, for its tensor to move to:
     /// no eviction, no new slab.
     pub fn take_away_from(&mut self, region: &Region) -> Option<Region> {
-        let moved = self.slabs.as_mut()?.find_away_from(region, region.size)?;
+        let moved = self.slabs.as_mut()?.find_away_from(region)?;
         self.in_use += moved.size;
         Some(moved)
     }

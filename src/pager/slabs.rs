@@ -63,13 +63,13 @@ impl Slabs {
         Some(Region { buffer, offset: r.offset as u64, size: len })
     }
 
-    /// A free range of `len` bytes in a slab other than `region`'s, the smallest that fits
-    /// (where a tensor in `region` can move: a GPU copy cannot stay within one buffer).
-    pub fn find_away_from(&mut self, region: &Region, len: u64) -> Option<Region> {
+    /// A free range the size of `region` in a slab other than its own, the smallest that fits
+    /// (where the tensor in `region` can move: a GPU copy cannot stay within one buffer).
+    pub fn find_away_from(&mut self, region: &Region) -> Option<Region> {
         let &from = self.index.get(&region.buffer)?;
-        let r = self.ranges.find_best_outside(usize::try_from(len).ok()?, from)?;
+        let r = self.ranges.find_best_outside(usize::try_from(region.size).ok()?, from)?;
         let buffer = self.buffers[r.segment].clone().expect("live slab");
-        Some(Region { buffer, offset: r.offset as u64, size: len })
+        Some(Region { buffer, offset: r.offset as u64, size: region.size })
     }
 
     /// Free bytes in the slabs other than `slab`: what its tensors could move to.
