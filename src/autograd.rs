@@ -272,7 +272,10 @@ impl Context {
             let _op = self.op();
             elementwise::fill(&self.kernels, &self.write(&dloss)?, seed, dloss.len())?;
         }
-        self.replay(loss, grads)
+        let outer = self.replace_backward_root(Some((loss.id(), seed)));
+        let replayed = self.replay(loss, grads);
+        self.replace_backward_root(outer);
+        replayed
     }
 
     /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
@@ -284,7 +287,10 @@ impl Context {
             let _op = self.op();
             elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(dout)?, 1.0, g.len())?;
         }
-        self.replay(out, grads)
+        let outer = self.replace_backward_root(None);
+        let replayed = self.replay(out, grads);
+        self.replace_backward_root(outer);
+        replayed
     }
 
     fn replay(&self, loss: &Tensor, grads: &mut Grads) -> Result<()> {

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels};
 use crate::pager::{Access, HostStore, Pager, PagerOptions, View};
 use crate::recorder::Recorder;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Tensor, TensorId};
 
 /// Where tensors live on the host.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +44,9 @@ pub struct Context {
     /// Prefix of the names of tensors made now (`transformer.h.3/`), so telemetry can tell
     /// which layer an activation belongs to.
     name_scope: RefCell<String>,
+    /// The loss the backward being replayed started from and the gradient it was given
+    /// (`Context::backward`); None outside one, or in one from a tensor gradient.
+    backward_root: Cell<Option<(TensorId, f32)>>,
 }
 
 /// While this guard lives, new tensors' names start with its scope (see [`Context::name_scope`]).
@@ -111,6 +114,7 @@ impl Context {
             scratch: RefCell::new(None),
             dummy: RefCell::new(None),
             name_scope: RefCell::new(String::new()),
+            backward_root: Cell::new(None),
         }
     }
 
@@ -244,6 +248,17 @@ impl Context {
     /// True when an op with these inputs must record a backward node.
     pub(crate) fn wants_grad(&self, inputs: &[&Tensor]) -> bool {
         self.grad_enabled.get() && inputs.iter().any(|t| t.requires_grad())
+    }
+
+    /// The loss the running backward started from and d loss, where it started from a scalar
+    /// seed (`Context::backward`): an op whose output that loss is knows its gradient exactly.
+    pub(crate) fn backward_root(&self) -> Option<(TensorId, f32)> {
+        self.backward_root.get()
+    }
+
+    /// Sets [`Context::backward_root`] for a backward about to replay; returns the outer one.
+    pub(crate) fn replace_backward_root(&self, root: Option<(TensorId, f32)>) -> Option<(TensorId, f32)> {
+        self.backward_root.replace(root)
     }
 
     /// Records a backward node producing gradients for the inputs of `outputs`.

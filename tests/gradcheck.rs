@@ -336,6 +336,102 @@ fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     }
 }
 
+/// Loss and gradients (x, wte) of the head, its gradients made in forward for `made_for` or
+/// not (None), by a backward from the loss with d loss = `seed`, wte's added to `wte_grad`
+/// where given (a parameter's accumulating gradient); and the kernels that backward dispatched.
+struct HeadRun {
+    loss: Vec<f32>,
+    dx: Vec<f32>,
+    dwte: Vec<f32>,
+    backward_dispatches: u64,
+}
+
+fn head_run(
+    ctx: &Context,
+    x: &[f32],
+    w: &[f32],
+    targets: &[u32],
+    made_for: Option<f32>,
+    seed: f32,
+    wte_grad: Option<&[f32]>,
+) -> HeadRun {
+    let (n, v) = (targets.len(), w.len() / (x.len() / targets.len()));
+    let c = x.len() / n;
+    let xt = ctx.from_f32("x", &[n, c], x, true).unwrap();
+    let wt = ctx.from_f32("wte", &[v, c], w, true).unwrap();
+    let loss = match made_for {
+        Some(s) => ops::lm_head_loss_for_backward(ctx, &xt, &wt, targets, Some(u32::MAX), s).unwrap(),
+        None => ops::lm_head_loss(ctx, &xt, &wt, targets, Some(u32::MAX)).unwrap(),
+    };
+    let mut grads = Grads::new();
+    if let Some(g) = wte_grad {
+        grads.insert_persistent(&wt, ctx.from_f32("wte grad", &[v, c], g, false).unwrap());
+    }
+    let before = ctx.kernels.dispatch_count();
+    ctx.backward(&loss, &mut grads, seed).unwrap();
+    let backward_dispatches = ctx.kernels.dispatch_count() - before;
+    let read = |t: &Tensor| pollster::block_on(ctx.to_f32(&grads.get(t).expect("a gradient"))).unwrap();
+    HeadRun {
+        loss: pollster::block_on(ctx.to_f32(&loss)).unwrap(),
+        dx: read(&xt),
+        dwte: read(&wt),
+        backward_dispatches,
+    }
+}
+
+#[test]
+fn head_gradients_made_in_forward_are_those_backward_makes() {
+    let mut rng = Rng::new(23);
+    let (n, c, v) = (9, 5, 37);
+    let targets: Vec<u32> = (0..n).map(|i| if i == 4 { u32::MAX } else { rng.below(v) as u32 }).collect();
+    let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));
+    let (x64, w64) = (to64(&x), to64(&w));
+    let loss_of = |x: &[f64], w: &[f64]| {
+        let logits = r::matmul_forward(x, w, None, 1, n, v, c, false, true, true, 1.0);
+        r::cross_entropy_forward(&logits, &targets, v, u32::MAX).1
+    };
+    let seed = 0.75;
+    let scaled = |fd: Vec<f64>| fd.iter().map(|g| g * seed as f64).collect::<Vec<_>>();
+    let fd_x = scaled(finite_diff(&x64, 1e-5, |xi| loss_of(xi, &w64)));
+    let fd_w = scaled(finite_diff(&w64, 1e-5, |wi| loss_of(&x64, wi)));
+    // the device's budget keeps the logits for backward; 8 KiB makes them in chunks of 5 and 4
+    // rows, and again in backward
+    for budget in [None, Some(8u64 << 10)] {
+        let ctx =
+            common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
+        let made = head_run(&ctx, &x, &w, &targets, Some(seed), seed, None);
+        let again = head_run(&ctx, &x, &w, &targets, None, seed, None);
+        assert_close(&format!("loss, budget {budget:?}"), &made.loss, &[loss_of(&x64, &w64)], 1e-5, 1e-5);
+        assert_close(&format!("dx made in forward, budget {budget:?}"), &made.dx, &fd_x, 1e-4, 1e-4);
+        assert_close(&format!("dwte made in forward, budget {budget:?}"), &made.dwte, &fd_w, 1e-4, 1e-4);
+        // the same kernels on the same chunks, in the same order: the same bits
+        assert_eq!((&made.loss, &made.dx, &made.dwte), (&again.loss, &again.dx, &again.dwte), "budget {budget:?}");
+        // backward only filled d loss: the forward made the gradients, and they became x's and wte's
+        assert_eq!(made.backward_dispatches, 1, "budget {budget:?}");
+        assert!(again.backward_dispatches > 3, "budget {budget:?}: {}", again.backward_dispatches);
+
+        // a parameter's gradient that holds something already is added to
+        let g0 = randn(&mut rng, v * c, 1.0);
+        let onto = head_run(&ctx, &x, &w, &targets, Some(seed), seed, Some(&g0));
+        let want: Vec<f64> = g0.iter().zip(&fd_w).map(|(&a, &b)| a as f64 + b).collect();
+        assert_close(&format!("dwte added to a gradient, budget {budget:?}"), &onto.dwte, &want, 1e-4, 1e-4);
+        assert_eq!(onto.dx, made.dx);
+
+        // a backward with another d loss than the forward assumed makes the gradients again
+        let other = head_run(&ctx, &x, &w, &targets, Some(seed), 2.0, None);
+        let plain = head_run(&ctx, &x, &w, &targets, None, 2.0, None);
+        assert_eq!((&other.dx, &other.dwte), (&plain.dx, &plain.dwte), "budget {budget:?}");
+        assert!(other.backward_dispatches > 3);
+        assert_close(
+            "dx for d loss 2",
+            &other.dx,
+            &fd_x.iter().map(|g| g / seed as f64 * 2.0).collect::<Vec<_>>(),
+            1e-4,
+            1e-4,
+        );
+    }
+}
+
 #[test]
 fn embedding_and_cross_entropy_backward_match_finite_differences() {
     let ctx = ctx();

@@ -204,16 +204,28 @@ impl Gpt {
     /// Mean cross-entropy of predicting `targets` (B·T, row-major) from tokens (B,T). The head
     /// and the loss run fused, a chunk of rows at a time (the logits are never all held).
     pub fn loss(&self, ctx: &Context, tokens: &Tensor, targets: &[u32]) -> Result<Tensor> {
-        self.loss_prepared(ctx, tokens, targets, &mut |_| Ok(()))
+        self.loss_prepared(ctx, tokens, targets, None, &mut |_| Ok(()))
     }
 
     /// [`Gpt::loss`] calling `prepare` on each group of parameters just before the forward first
     /// reads it — the embeddings, each block in turn, the final LayerNorm — so that work for them
-    /// (a deferred optimizer update) overlaps the layers computed before.
-    pub fn loss_prepared(&self, ctx: &Context, tokens: &Tensor, targets: &[u32], prepare: Prepare) -> Result<Tensor> {
+    /// (a deferred optimizer update) overlaps the layers computed before. With `seed`, the
+    /// caller's backward starts from this loss with d loss = `seed`, and the head makes its
+    /// gradients in forward ([`ops::lm_head_loss_for_backward`]).
+    pub fn loss_prepared(
+        &self,
+        ctx: &Context,
+        tokens: &Tensor,
+        targets: &[u32],
+        seed: Option<f32>,
+        prepare: Prepare,
+    ) -> Result<Tensor> {
         let x = self.hidden_prepared(ctx, tokens, prepare)?;
         let _scope = ctx.name_scope("lm_head");
-        ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None)
+        match seed {
+            Some(seed) => ops::lm_head_loss_for_backward(ctx, &x, &self.wte.value, targets, None, seed),
+            None => ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None),
+        }
     }
 
     /// tokens (B,T) u32 → the final LayerNorm's output (B,T,C), in the activations' element type.

@@ -290,7 +290,9 @@ impl Trainer {
             // The last step's deferred updates land layer by layer as this forward reaches them;
             // whatever the forward did not reach is updated before backward adds new gradients.
             let (model, opt) = (&self.model, &mut self.opt);
-            let loss = model.loss_prepared(ctx, &tokens, &y[rows], &mut |ps| opt.apply_deferred(ctx, ps))?;
+            let seed = self.loss_scale / n_micro as f32;
+            let loss =
+                model.loss_prepared(ctx, &tokens, &y[rows], Some(seed), &mut |ps| opt.apply_deferred(ctx, ps))?;
             opt.apply_deferred(ctx, &model.params())?;
             if std::mem::take(&mut self.want_forward_snapshot) {
                 self.forward_snapshot = Some(ctx.pager.snapshot());
@@ -302,7 +304,7 @@ impl Trainer {
             if let Some(watcher) = self.opt.gradient_watcher(ctx).filter(|_| last) {
                 grads.watch(watcher);
             }
-            ctx.backward(&loss, &mut grads, self.loss_scale / n_micro as f32)?;
+            ctx.backward(&loss, &mut grads, seed)?;
             if last {
                 self.opt.backward_done(ctx)?;
             }

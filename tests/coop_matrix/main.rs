@@ -398,11 +398,12 @@ fn a_linear_backward_reading_its_weight_transposed_matches_reference() {
 }
 
 #[test]
-fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() {
+fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gradients_made_in_forward() {
     // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
-    // rows padded with zeros past V = 1001 to whole tiles (ops::cross_entropy's HeadWeight), in
+    // rows padded with zeros past V = 1001 to whole tiles (ops::lm_head's HeadWeight), in
     // the forward and, where the logits are not kept (1 MiB budget: chunks of 32 rows), again in
-    // backward, whose dx reads that copy transposed; elsewhere it reads wte itself (the f16
+    // backward, whose dx reads that copy transposed (or in forward, where the gradients are made
+    // there: `lm_head_loss_for_backward`); elsewhere it reads wte itself (the f16
     // suites' adapters, lavapipe in CI). 256 rows of 128 make every fetch of all three products
     // lie inside the padded operands (matmul_coop without bounds tests). Against the f64
     // reference on f16-rounded x and wte: the loss, dx, and dwte.
@@ -427,7 +428,8 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
             }
         }
         // paged: a budget of two f32 wte copies (at least 1 MiB) keeps no logits
-        for budget in [None, Some((1u64 << 20).max(8 * (v * c) as u64))] {
+        let budgets = [None, Some((1u64 << 20).max(8 * (v * c) as u64))];
+        for (budget, in_forward) in budgets.into_iter().flat_map(|b| [(b, false), (b, true)]) {
             let ctx = common::paged_ctx(&pagetrain::pager::PagerOptions {
                 budget,
                 slot_bytes: 64 << 10,
@@ -440,10 +442,14 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_and_made_again() 
             let x32 = ctx.from_f32("x", &[n, c], &x, true).unwrap();
             let xt = pagetrain::ops::cast(&ctx, &x32, DType::F16).unwrap();
             let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
-            let loss = pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
+            let loss = if in_forward {
+                pagetrain::ops::lm_head_loss_for_backward(&ctx, &xt, &wt, &targets, None, 1.0).unwrap()
+            } else {
+                pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap()
+            };
             let mut grads = pagetrain::autograd::Grads::new();
             ctx.backward(&loss, &mut grads, 1.0).unwrap();
-            let what = |of: &str| format!("f16 head {of}, {n}x{c}, V {v}, budget {budget:?}");
+            let what = |of: &str| format!("f16 head {of}, {n}x{c}, V {v}, budget {budget:?}, in forward {in_forward}");
             let got = pollster::block_on(ctx.to_f32(&loss)).unwrap();
             assert_close(&what("loss"), &got, &[want_loss], 1e-4, 1e-4);
             let dx = pollster::block_on(ctx.to_f32(&grads.get(&x32).unwrap())).unwrap();

@@ -203,7 +203,7 @@ fn deferred_updates_applied_as_the_forward_reaches_each_layer_equal_an_immediate
     let mut groups = 0;
     ctx_b
         .no_grad(|| {
-            b.loss_prepared(&ctx_b, &x, &targets, &mut |ps| {
+            b.loss_prepared(&ctx_b, &x, &targets, None, &mut |ps| {
                 groups += 1;
                 opt_b.apply_deferred(&ctx_b, ps)
             })
