@@ -336,9 +336,18 @@ fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     }
 }
 
-/// Loss and gradients (x, wte) of the head, its gradients made in forward for `made_for` or
-/// not (None), by a backward from the loss with d loss = `seed`, wte's added to `wte_grad`
-/// where given (a parameter's accumulating gradient); and the kernels that backward dispatched.
+/// Where the head's gradients are made: in backward, or in forward for a backward with this
+/// d loss, wte's aside or added to its gradient at once.
+#[derive(Clone, Copy)]
+enum Made {
+    InBackward,
+    Aside(f32),
+    Added(f32),
+}
+
+/// Loss and gradients (x, wte) of the head, its gradients made as `made` says, by a backward from
+/// the loss with d loss = `seed`, wte's added to `wte_grad` where given (a parameter's
+/// accumulating gradient); and the kernels that backward dispatched.
 struct HeadRun {
     loss: Vec<f32>,
     dx: Vec<f32>,
@@ -351,32 +360,49 @@ fn head_run(
     x: &[f32],
     w: &[f32],
     targets: &[u32],
-    made_for: Option<f32>,
+    made: Made,
     seed: f32,
     wte_grad: Option<&[f32]>,
 ) -> HeadRun {
+    try_head_run(ctx, x, w, targets, made, seed, wte_grad).unwrap()
+}
+
+fn try_head_run(
+    ctx: &Context,
+    x: &[f32],
+    w: &[f32],
+    targets: &[u32],
+    made: Made,
+    seed: f32,
+    wte_grad: Option<&[f32]>,
+) -> pagetrain::Result<HeadRun> {
     let (n, v) = (targets.len(), w.len() / (x.len() / targets.len()));
     let c = x.len() / n;
     let xt = ctx.from_f32("x", &[n, c], x, true).unwrap();
     let wt = ctx.from_f32("wte", &[v, c], w, true).unwrap();
-    let loss = match made_for {
-        Some(s) => ops::lm_head_loss_for_backward(ctx, &xt, &wt, targets, Some(u32::MAX), s).unwrap(),
-        None => ops::lm_head_loss(ctx, &xt, &wt, targets, Some(u32::MAX)).unwrap(),
-    };
     let mut grads = Grads::new();
-    if let Some(g) = wte_grad {
-        grads.insert_persistent(&wt, ctx.from_f32("wte grad", &[v, c], g, false).unwrap());
+    let g = ctx.from_f32("wte grad", &[v, c], wte_grad.unwrap_or(&vec![0.0; v * c]), false).unwrap();
+    if wte_grad.is_some() || matches!(made, Made::Added(_)) {
+        grads.insert_persistent(&wt, g.clone());
     }
+    let loss = match made {
+        Made::InBackward => ops::lm_head_loss(ctx, &xt, &wt, targets, Some(u32::MAX)).unwrap(),
+        Made::Aside(seed) | Made::Added(seed) => {
+            let wte_grad = matches!(made, Made::Added(_)).then_some(&g);
+            let backward = ops::LossBackward { seed, wte_grad };
+            ops::lm_head_loss_for_backward(ctx, &xt, &wt, targets, Some(u32::MAX), backward).unwrap()
+        }
+    };
     let before = ctx.kernels.dispatch_count();
-    ctx.backward(&loss, &mut grads, seed).unwrap();
+    ctx.backward(&loss, &mut grads, seed)?;
     let backward_dispatches = ctx.kernels.dispatch_count() - before;
     let read = |t: &Tensor| pollster::block_on(ctx.to_f32(&grads.get(t).expect("a gradient"))).unwrap();
-    HeadRun {
+    Ok(HeadRun {
         loss: pollster::block_on(ctx.to_f32(&loss)).unwrap(),
         dx: read(&xt),
         dwte: read(&wt),
         backward_dispatches,
-    }
+    })
 }
 
 #[test]
@@ -399,8 +425,8 @@ fn head_gradients_made_in_forward_are_those_backward_makes() {
     for budget in [None, Some(8u64 << 10)] {
         let ctx =
             common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
-        let made = head_run(&ctx, &x, &w, &targets, Some(seed), seed, None);
-        let again = head_run(&ctx, &x, &w, &targets, None, seed, None);
+        let made = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, None);
+        let again = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, None);
         assert_close(&format!("loss, budget {budget:?}"), &made.loss, &[loss_of(&x64, &w64)], 1e-5, 1e-5);
         assert_close(&format!("dx made in forward, budget {budget:?}"), &made.dx, &fd_x, 1e-4, 1e-4);
         assert_close(&format!("dwte made in forward, budget {budget:?}"), &made.dwte, &fd_w, 1e-4, 1e-4);
@@ -410,16 +436,25 @@ fn head_gradients_made_in_forward_are_those_backward_makes() {
         assert_eq!(made.backward_dispatches, 1, "budget {budget:?}");
         assert!(again.backward_dispatches > 3, "budget {budget:?}: {}", again.backward_dispatches);
 
-        // a parameter's gradient that holds something already is added to
+        // a parameter's gradient that holds something already is added to: aside, then in
+        // backward; or at once in forward, chunk by chunk as backward would (the same bits)
         let g0 = randn(&mut rng, v * c, 1.0);
-        let onto = head_run(&ctx, &x, &w, &targets, Some(seed), seed, Some(&g0));
         let want: Vec<f64> = g0.iter().zip(&fd_w).map(|(&a, &b)| a as f64 + b).collect();
+        let onto = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, Some(&g0));
         assert_close(&format!("dwte added to a gradient, budget {budget:?}"), &onto.dwte, &want, 1e-4, 1e-4);
         assert_eq!(onto.dx, made.dx);
+        let added = head_run(&ctx, &x, &w, &targets, Made::Added(seed), seed, Some(&g0));
+        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, Some(&g0));
+        assert_close(&format!("dwte added in forward, budget {budget:?}"), &added.dwte, &want, 1e-4, 1e-4);
+        assert_eq!((&added.dx, &added.dwte), (&plain.dx, &plain.dwte), "budget {budget:?}");
+        assert_eq!(added.backward_dispatches, 1, "budget {budget:?}");
 
-        // a backward with another d loss than the forward assumed makes the gradients again
-        let other = head_run(&ctx, &x, &w, &targets, Some(seed), 2.0, None);
-        let plain = head_run(&ctx, &x, &w, &targets, None, 2.0, None);
+        // a backward with another d loss than the forward assumed makes the gradients again,
+        // or, where forward added to wte's gradient already, fails
+        let err = try_head_run(&ctx, &x, &w, &targets, Made::Added(seed), 2.0, Some(&g0)).err().expect("an error");
+        assert!(err.to_string().contains("forward added to wte's gradient"), "{err}");
+        let other = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), 2.0, None);
+        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, 2.0, None);
         assert_eq!((&other.dx, &other.dwte), (&plain.dx, &plain.dwte), "budget {budget:?}");
         assert!(other.backward_dispatches > 3);
         assert_close(

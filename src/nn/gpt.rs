@@ -209,21 +209,25 @@ impl Gpt {
 
     /// [`Gpt::loss`] calling `prepare` on each group of parameters just before the forward first
     /// reads it — the embeddings, each block in turn, the final LayerNorm — so that work for them
-    /// (a deferred optimizer update) overlaps the layers computed before. With `seed`, the
-    /// caller's backward starts from this loss with d loss = `seed`, and the head makes its
-    /// gradients in forward ([`ops::lm_head_loss_for_backward`]).
+    /// (a deferred optimizer update) overlaps the layers computed before. Given the backward
+    /// the caller will run from this loss, the head makes its gradients in forward
+    /// ([`ops::lm_head_loss_for_backward`]).
     pub fn loss_prepared(
         &self,
         ctx: &Context,
         tokens: &Tensor,
         targets: &[u32],
-        seed: Option<f32>,
+        backward: Option<StepBackward>,
         prepare: Prepare,
     ) -> Result<Tensor> {
         let x = self.hidden_prepared(ctx, tokens, prepare)?;
         let _scope = ctx.name_scope("lm_head");
-        match seed {
-            Some(seed) => ops::lm_head_loss_for_backward(ctx, &x, &self.wte.value, targets, None, seed),
+        match backward {
+            Some(b) => {
+                let wte_grad = b.grads_free.then_some(&self.wte.grad);
+                let backward = ops::LossBackward { seed: b.seed, wte_grad };
+                ops::lm_head_loss_for_backward(ctx, &x, &self.wte.value, targets, None, backward)
+            }
             None => ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None),
         }
     }
@@ -265,6 +269,18 @@ impl Gpt {
         let _scope = ctx.name_scope("transformer.ln_f");
         self.ln_f.forward(ctx, &x)
     }
+}
+
+/// The backward a caller of [`Gpt::loss_prepared`] runs from its loss, with this model's
+/// gradients ([`Module::grads`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StepBackward {
+    /// d loss it starts from: `ctx.backward(&loss, grads, seed)`.
+    pub seed: f32,
+    /// Whether nothing reads or clears the parameters' gradients between this forward and that
+    /// backward (no delayed update waits for them): the head then adds to wte's at once instead
+    /// of holding its own aside.
+    pub grads_free: bool,
 }
 
 /// Called with a group of parameters before the forward reads them (see [`Gpt::loss_prepared`]).

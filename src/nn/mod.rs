@@ -4,7 +4,7 @@ mod gpt;
 mod kv_cache;
 mod layers;
 
-pub use gpt::{Gpt, GptConfig, ModelShape, Prepare};
+pub use gpt::{Gpt, GptConfig, ModelShape, Prepare, StepBackward};
 pub use kv_cache::KvCache;
 pub use layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp, Weight};
 

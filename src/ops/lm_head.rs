@@ -100,21 +100,39 @@ pub fn lm_head_loss(
     head_loss(ctx, x, wte, targets, ignore_index, None)
 }
 
-/// [`lm_head_loss`] for a caller whose backward starts from the loss this returns, with d loss
-/// = `seed` (`ctx.backward(&loss, grads, seed)`, as a trainer's step does): the gradients of x
-/// and wte are made during forward, from each chunk's logits as they are made, and handed to
-/// that backward. The logits' product runs once instead of twice where a budget would make them
-/// again, and nothing of them is kept where it would keep them. A backward that starts
-/// elsewhere, or with another seed, gets the same gradients as from `lm_head_loss`, made again.
+/// What the caller of [`lm_head_loss_for_backward`] says of its backward.
+#[derive(Clone, Copy)]
+pub struct LossBackward<'a> {
+    /// d loss: the backward starts from the loss with `ctx.backward(&loss, grads, seed)`.
+    pub seed: f32,
+    /// wte's gradient in that backward, where forward may add to it at once: nothing reads or
+    /// clears it before that backward (a trainer's step without a delayed update). The
+    /// backward must then be the one the seed says. Otherwise forward makes wte's gradient
+    /// aside, and backward adds it (a (V,C) pass more, and one more such tensor held between).
+    pub wte_grad: Option<&'a Tensor>,
+}
+
+/// [`lm_head_loss`] for a caller whose backward starts from the loss this returns (`backward`),
+/// as a trainer's step does: the gradients of x and wte are made during forward, from each
+/// chunk's logits as they are made, and handed to that backward. The logits' product runs once
+/// instead of twice where a budget would make them again, and nothing of them is kept where it
+/// would keep them. A backward that starts elsewhere, or with another seed, gets the same
+/// gradients as from `lm_head_loss`, made again — or, where forward added to `wte_grad`, an
+/// error.
 pub fn lm_head_loss_for_backward(
     ctx: &Context,
     x: &Tensor,
     wte: &Tensor,
     targets: &[u32],
     ignore_index: Option<u32>,
-    seed: f32,
+    backward: LossBackward,
 ) -> Result<Tensor> {
-    head_loss(ctx, x, wte, targets, ignore_index, Some(seed))
+    if let Some(g) = backward.wte_grad {
+        if g.shape() != wte.shape() || g.dtype() != wte.dtype() {
+            return Err(Error::shape("lm_head_loss wte_grad", wte.shape(), g.shape()));
+        }
+    }
+    head_loss(ctx, x, wte, targets, ignore_index, Some(backward))
 }
 
 fn head_loss(
@@ -123,7 +141,7 @@ fn head_loss(
     wte: &Tensor,
     targets: &[u32],
     ignore_index: Option<u32>,
-    seed: Option<f32>,
+    backward: Option<LossBackward>,
 ) -> Result<Tensor> {
     expect_float("lm_head_loss", x)?;
     let (rows, c) = (x.rows(), x.last_dim());
@@ -136,8 +154,8 @@ fn head_loss(
     let loss = LossRows { targets, lse: ctx.empty("ce lse", &[rows], DType::F32, false)?, ignore, inv_count };
     let losses = ctx.empty("ce losses", &[rows], DType::F32, false)?;
     let wants_grad = ctx.wants_grad(&[x, wte]);
-    let made = match seed.filter(|_| wants_grad) {
-        Some(seed) => Some(MadeGrads::new(ctx, x, wte, seed)?),
+    let made = match backward.filter(|_| wants_grad) {
+        Some(backward) => Some(MadeGrads::new(ctx, x, wte, backward)?),
         None => None,
     };
     let keep = wants_grad && made.is_none() && head_keeps_logits(ctx, rows, v);
@@ -157,7 +175,11 @@ fn head_loss(
         if let Some(made) = &made {
             // the first chunk writes dwte, the others add to it
             let dx = made.dx.as_ref().map(|dx| (dx, 0.0, r0 != 0));
-            let dwte = made.dwte.as_ref().map(|dwte| (dwte, if r0 == 0 { 0.0 } else { 1.0 }));
+            let dwte = match &made.dwte {
+                Some(Dwte::Aside(dwte)) => Some((dwte, if r0 == 0 { 0.0 } else { 1.0 })),
+                Some(Dwte::Added(grad)) => Some((grad, 1.0)),
+                None => None,
+            };
             let head = Head { x, wte, weight: &weight };
             chunk_gradients(ctx, &head, &loss, &made.dloss, logits, r0, dx, dwte)?;
         } else if keep {
@@ -198,27 +220,55 @@ struct MadeGrads {
     dloss: Tensor,
     /// x's gradient, and wte's, where they need one.
     dx: Option<Tensor>,
-    dwte: Option<Tensor>,
+    dwte: Option<Dwte>,
+}
+
+/// Where forward puts wte's gradient.
+enum Dwte {
+    /// A tensor of its own, which backward adds to wte's gradient.
+    Aside(Tensor),
+    /// Added to wte's gradient already (`LossBackward::wte_grad`).
+    Added(Tensor),
 }
 
 impl MadeGrads {
-    fn new(ctx: &Context, x: &Tensor, wte: &Tensor, seed: f32) -> Result<Self> {
+    fn new(ctx: &Context, x: &Tensor, wte: &Tensor, backward: LossBackward) -> Result<Self> {
         let dloss = ctx.empty("lm_head dloss", &[1], DType::F32, false)?;
         {
             let _op = ctx.op();
-            elementwise::fill(&ctx.kernels, &ctx.write(&dloss)?, seed, 1)?;
+            elementwise::fill(&ctx.kernels, &ctx.write(&dloss)?, backward.seed, 1)?;
         }
-        let grad = |t: &Tensor| {
-            let grad = t.requires_grad().then(|| ctx.empty("lm_head grad", t.shape(), t.dtype(), false));
-            grad.transpose()
+        let dx = match x.requires_grad() {
+            true => Some(ctx.empty("lm_head dx", x.shape(), x.dtype(), false)?),
+            false => None,
         };
-        Ok(MadeGrads { seed, dloss, dx: grad(x)?, dwte: grad(wte)? })
+        let dwte = match (wte.requires_grad(), backward.wte_grad) {
+            (false, _) => None,
+            (true, Some(grad)) => Some(Dwte::Added(grad.clone())),
+            (true, None) => Some(Dwte::Aside(ctx.empty("lm_head dwte", wte.shape(), wte.dtype(), false)?)),
+        };
+        Ok(MadeGrads { seed: backward.seed, dloss, dx, dwte })
     }
 
     /// Makes each gradient the gradient of its tensor in `grads`, or adds it there where that
-    /// tensor has one already (a parameter's, accumulating).
+    /// tensor has one already (a parameter's, accumulating); wte's added already must be the
+    /// one `grads` holds.
     fn hand_over(self, ctx: &Context, grads: &mut Grads, x: &Tensor, wte: &Tensor) -> Result<()> {
-        for (t, made) in [(x, self.dx), (wte, self.dwte)] {
+        let dwte = match self.dwte {
+            Some(Dwte::Added(added)) => {
+                // (asked for all the same: the op that added to it is this one)
+                if grads.of(ctx, wte)?.is_none_or(|g| g.id() != added.id()) {
+                    return Err(Error::invalid(
+                        "lm_head_loss backward",
+                        "the gradient of wte in this backward is not the one forward added to (LossBackward::wte_grad)",
+                    ));
+                }
+                None
+            }
+            Some(Dwte::Aside(dwte)) => Some(dwte),
+            None => None,
+        };
+        for (t, made) in [(x, self.dx), (wte, dwte)] {
             let Some(made) = made else { continue };
             if grads.pass_on(t, &made) {
                 continue;
@@ -346,6 +396,13 @@ impl Backward for HeadLossBackward {
         if let Some(made) = self.made.borrow_mut().take() {
             if ctx.backward_root() == Some((self.out.id(), made.seed)) {
                 return made.hand_over(ctx, grads, &self.x, &self.wte);
+            }
+            if let Some(Dwte::Added(_)) = made.dwte {
+                // making them again would add wte's twice
+                return Err(Error::invalid(
+                    "lm_head_loss backward",
+                    format!("forward added to wte's gradient for a backward from the loss with d loss {}", made.seed),
+                ));
             }
         }
         // the chunks' products write disjoint rows of dx: a new dx is written, not cleared

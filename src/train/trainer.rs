@@ -21,7 +21,7 @@ pub use super::update::{GROWTH_INTERVAL, INITIAL_LOSS_SCALE};
 use crate::context::Context;
 use crate::dist::{Dist, ShardedAdamW};
 use crate::error::{Error, Result};
-use crate::nn::{Gpt, Module};
+use crate::nn::{Gpt, Module, StepBackward};
 use crate::optim::{AdamW, AdamWConfig, HostAdamW};
 use crate::rng::Rng;
 
@@ -291,8 +291,10 @@ impl Trainer {
             // whatever the forward did not reach is updated before backward adds new gradients.
             let (model, opt) = (&self.model, &mut self.opt);
             let seed = self.loss_scale / n_micro as f32;
+            // (a delayed update reads the last step's gradients after this forward)
+            let backward = StepBackward { seed, grads_free: self.pending_update.is_none() };
             let loss =
-                model.loss_prepared(ctx, &tokens, &y[rows], Some(seed), &mut |ps| opt.apply_deferred(ctx, ps))?;
+                model.loss_prepared(ctx, &tokens, &y[rows], Some(backward), &mut |ps| opt.apply_deferred(ctx, ps))?;
             opt.apply_deferred(ctx, &model.params())?;
             if std::mem::take(&mut self.want_forward_snapshot) {
                 self.forward_snapshot = Some(ctx.pager.snapshot());
