@@ -363,18 +363,6 @@ fn head_run(
     made: Made,
     seed: f32,
     wte_grad: Option<&[f32]>,
-) -> HeadRun {
-    try_head_run(ctx, x, w, targets, made, seed, wte_grad).unwrap()
-}
-
-fn try_head_run(
-    ctx: &Context,
-    x: &[f32],
-    w: &[f32],
-    targets: &[u32],
-    made: Made,
-    seed: f32,
-    wte_grad: Option<&[f32]>,
 ) -> pagetrain::Result<HeadRun> {
     let (n, v) = (targets.len(), w.len() / (x.len() / targets.len()));
     let c = x.len() / n;
@@ -425,8 +413,8 @@ fn head_gradients_made_in_forward_are_those_backward_makes() {
     for budget in [None, Some(8u64 << 10)] {
         let ctx =
             common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
-        let made = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, None);
-        let again = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, None);
+        let made = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, None).unwrap();
+        let again = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, None).unwrap();
         assert_close(&format!("loss, budget {budget:?}"), &made.loss, &[loss_of(&x64, &w64)], 1e-5, 1e-5);
         assert_close(&format!("dx made in forward, budget {budget:?}"), &made.dx, &fd_x, 1e-4, 1e-4);
         assert_close(&format!("dwte made in forward, budget {budget:?}"), &made.dwte, &fd_w, 1e-4, 1e-4);
@@ -440,21 +428,21 @@ fn head_gradients_made_in_forward_are_those_backward_makes() {
         // backward; or at once in forward, chunk by chunk as backward would (the same bits)
         let g0 = randn(&mut rng, v * c, 1.0);
         let want: Vec<f64> = g0.iter().zip(&fd_w).map(|(&a, &b)| a as f64 + b).collect();
-        let onto = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, Some(&g0));
+        let onto = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), seed, Some(&g0)).unwrap();
         assert_close(&format!("dwte added to a gradient, budget {budget:?}"), &onto.dwte, &want, 1e-4, 1e-4);
         assert_eq!(onto.dx, made.dx);
-        let added = head_run(&ctx, &x, &w, &targets, Made::Added(seed), seed, Some(&g0));
-        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, Some(&g0));
+        let added = head_run(&ctx, &x, &w, &targets, Made::Added(seed), seed, Some(&g0)).unwrap();
+        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, seed, Some(&g0)).unwrap();
         assert_close(&format!("dwte added in forward, budget {budget:?}"), &added.dwte, &want, 1e-4, 1e-4);
         assert_eq!((&added.dx, &added.dwte), (&plain.dx, &plain.dwte), "budget {budget:?}");
         assert_eq!(added.backward_dispatches, 1, "budget {budget:?}");
 
         // a backward with another d loss than the forward assumed makes the gradients again,
         // or, where forward added to wte's gradient already, fails
-        let err = try_head_run(&ctx, &x, &w, &targets, Made::Added(seed), 2.0, Some(&g0)).err().expect("an error");
+        let err = head_run(&ctx, &x, &w, &targets, Made::Added(seed), 2.0, Some(&g0)).err().expect("an error");
         assert!(err.to_string().contains("forward added to wte's gradient"), "{err}");
-        let other = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), 2.0, None);
-        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, 2.0, None);
+        let other = head_run(&ctx, &x, &w, &targets, Made::Aside(seed), 2.0, None).unwrap();
+        let plain = head_run(&ctx, &x, &w, &targets, Made::InBackward, 2.0, None).unwrap();
         assert_eq!((&other.dx, &other.dwte), (&plain.dx, &plain.dwte), "budget {budget:?}");
         assert!(other.backward_dispatches > 3);
         assert_close(
