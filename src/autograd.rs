@@ -272,10 +272,7 @@ impl Context {
             let _op = self.op();
             elementwise::fill(&self.kernels, &self.write(&dloss)?, seed, dloss.len())?;
         }
-        let outer = self.replace_backward_root(Some((loss.id(), seed)));
-        let replayed = self.replay(loss, grads);
-        self.replace_backward_root(outer);
-        replayed
+        self.replay(loss, grads, Some(seed))
     }
 
     /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
@@ -287,13 +284,19 @@ impl Context {
             let _op = self.op();
             elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(dout)?, 1.0, g.len())?;
         }
-        let outer = self.replace_backward_root(None);
-        let replayed = self.replay(out, grads);
+        self.replay(out, grads, None)
+    }
+
+    /// Replays the tape from `loss`, whose gradient a scalar `seed` gave where one did
+    /// ([`Context::backward_root`] while it runs).
+    fn replay(&self, loss: &Tensor, grads: &mut Grads, seed: Option<f32>) -> Result<()> {
+        let outer = self.replace_backward_root(seed.map(|s| (loss.id(), s)));
+        let replayed = self.replay_tape(loss, grads);
         self.replace_backward_root(outer);
         replayed
     }
 
-    fn replay(&self, loss: &Tensor, grads: &mut Grads) -> Result<()> {
+    fn replay_tape(&self, loss: &Tensor, grads: &mut Grads) -> Result<()> {
         let nodes = std::mem::take(&mut self.tape().nodes);
         for node in nodes.into_iter().rev() {
             if node.outputs.iter().any(|id| grads.map.contains_key(id)) {

@@ -46,7 +46,7 @@ impl Backward for AddBackward {
 
 /// The gradient of `x` += `alpha·dout`: a new one is `dout` itself where alpha is 1 and the types
 /// match ([`Grads::pass_on`]), else written, not cleared and added to.
-fn add_gradient(ctx: &Context, grads: &mut Grads, x: &Tensor, dout: &Tensor, alpha: f32) -> Result<()> {
+pub(super) fn add_gradient(ctx: &Context, grads: &mut Grads, x: &Tensor, dout: &Tensor, alpha: f32) -> Result<()> {
     if alpha == 1.0 && grads.pass_on(x, dout) {
         return Ok(());
     }

@@ -9,6 +9,7 @@
 use std::cell::RefCell;
 
 use super::cross_entropy::{check_targets, mean_loss};
+use super::elementwise::add_gradient;
 use super::expect_float;
 use crate::autograd::{Backward, Grads};
 use crate::context::Context;
@@ -269,13 +270,8 @@ impl MadeGrads {
             None => None,
         };
         for (t, made) in [(x, self.dx), (wte, dwte)] {
-            let Some(made) = made else { continue };
-            if grads.pass_on(t, &made) {
-                continue;
-            }
-            if let Some(g) = grads.of(ctx, t)? {
-                let _op = ctx.op();
-                elementwise::axpy(&ctx.kernels, &ctx.modify(&g)?, &ctx.read(&made)?, 1.0, g.len())?;
+            if let Some(made) = made {
+                add_gradient(ctx, grads, t, &made, 1.0)?;
             }
         }
         Ok(())
