@@ -6,7 +6,7 @@
 //! buffers created a step (f32 at 25 %: 228.5 here, 231 there; f16 85 / 84) and bytes moved (×16:
 //! f32 1.35 / 1.34 GB up, f16 0.39 / 0.33–0.39) in about a minute a configuration.
 //!
-//! Run: `cargo run --release --example paging_proxy -- f16|f32 buffers|slabs PERCENT...`
+//! Run: `cargo run --release --example paging_proxy -- f16|f32 buffers|slabs [gpu|host|split] PERCENT...`
 //! Prints, per budget (a percentage of the footprint), the step's bytes up, down and moved inside
 //! GPU memory, the GPU buffers created and the host time in the pager's accesses, averaged over
 //! two steps after two warm-up steps.
@@ -19,7 +19,8 @@ use pagetrain::{Context, ContextOptions, Error};
 const VOCAB: usize = 12565;
 
 fn main() -> pagetrain::Result<()> {
-    let usage = || Error::Invalid { what: "arguments", msg: "f16|f32 buffers|slabs PERCENT...".into() };
+    let usage =
+        || Error::Invalid { what: "arguments", msg: "f16|f32 buffers|slabs [gpu|host|split] PERCENT...".into() };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let precision = match args.first().map(String::as_str) {
         Some("f16") => Precision::F16,
@@ -31,13 +32,16 @@ fn main() -> pagetrain::Result<()> {
         Some("slabs") => GpuPool::Slabs,
         _ => return Err(usage()),
     };
-    let percents: Vec<u64> = args[2..].iter().map(|p| p.parse().map_err(|_| usage())).collect::<Result<_, _>>()?;
+    // (an optimizer placement among them overrides auto: gpu, host, split)
+    let optimizer_on = args[2..].iter().find_map(|a| a.parse::<OptimizerOn>().ok()).unwrap_or(OptimizerOn::Auto);
+    let numbers = args[2..].iter().filter(|a| a.parse::<OptimizerOn>().is_err());
+    let percents: Vec<u64> = numbers.map(|p| p.parse().map_err(|_| usage())).collect::<Result<_, _>>()?;
     let cfg = TrainConfig {
         custom_model: Some(ModelShape { n_layer: 12, n_head: 12, n_embd: 192, block_size: 256 }),
         batch_size: 8,
         seq_len: 256,
         sample_len: 0,
-        optimizer_on: OptimizerOn::Auto,
+        optimizer_on,
         precision,
         ..TrainConfig::default()
     };

@@ -193,6 +193,7 @@ pub fn time_steps(
     let recorded_before = recording();
     let host_optimizer_s = |t: &crate::train::Trainer| match &t.opt {
         crate::train::trainer::Optimizer::Host(o) => o.host_seconds,
+        crate::train::trainer::Optimizer::Split(o) => o.host.host_seconds,
         _ => 0.0,
     };
     let host_optimizer_before = host_optimizer_s(&t);
@@ -332,7 +333,7 @@ pub fn step_times(
         }
     });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
-    let host_ms = |t: &StepTiming| (t.optimizer == "host").then_some(t.host_optimizer_s * 1e3);
+    let host_ms = |t: &StepTiming| t.optimizer.contains("host").then_some(t.host_optimizer_s * 1e3);
     let mut at_budgets = Vec::new();
     for &b in budgets.bytes {
         let t = match time_steps(make_ctx, cfg, data, Some(b), warmup, steps) {

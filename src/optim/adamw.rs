@@ -51,6 +51,11 @@ struct Deferred {
 
 impl AdamW {
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
+        Self::for_params(ctx, &model.params(), config)
+    }
+
+    /// AdamW over `params` only (a split optimizer's GPU share, `super::SplitAdamW`).
+    pub fn for_params(ctx: &Context, params: &[&Param], config: AdamWConfig) -> Result<Self> {
         if config.lr.is_nan()
             || config.lr <= 0.0
             || !(0.0..1.0).contains(&config.beta1)
@@ -58,10 +63,9 @@ impl AdamW {
         {
             return Err(Error::invalid("AdamW config", format!("need lr > 0 and betas in [0,1): {config:?}")));
         }
-        let params = model.params();
-        let (m, v) = super::zero_moments(ctx, &params)?;
+        let (m, v) = super::zero_moments(ctx, params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
-        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, &params)?, index, deferred: None })
+        Ok(AdamW { config, m, v, t: 0, clip: GradClip::new(ctx, params)?, index, deferred: None })
     }
 
     /// One update of every parameter from its accumulated gradient at the configured lr.
@@ -102,6 +106,20 @@ impl AdamW {
     /// the layers before it instead of making a phase of their own. The result is the same as
     /// [`AdamW::step_lr`]'s: every update reads only its own parameter's tensors.
     pub fn defer(&mut self, ctx: &Context, params: &[&Param], lr: f32, grad_scale: f32, clipped: bool) -> Result<()> {
+        self.defer_within_step(ctx, params, lr, grad_scale, clipped)?;
+        ctx.pager.end_step();
+        Ok(())
+    }
+
+    /// [`AdamW::defer`] without ending the pager's step: for a caller that ends it itself.
+    pub(super) fn defer_within_step(
+        &mut self,
+        ctx: &Context,
+        params: &[&Param],
+        lr: f32,
+        grad_scale: f32,
+        clipped: bool,
+    ) -> Result<()> {
         if params.len() != self.m.len() {
             return Err(Error::shape("AdamW step", self.m.len(), params.len()));
         }
@@ -111,7 +129,6 @@ impl AdamW {
         }
         self.t += 1;
         self.deferred = Some(Deferred { lr, grad_scale, t: self.t, pending: vec![true; self.m.len()] });
-        ctx.pager.end_step();
         Ok(())
     }
 

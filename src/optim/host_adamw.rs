@@ -125,11 +125,15 @@ impl HostAdamW {
     }
 
     pub fn new(ctx: &Context, model: &impl Module, config: AdamWConfig) -> Result<Self> {
+        Self::for_params(ctx, &model.params(), config)
+    }
+
+    /// Host AdamW over `params` only (a split optimizer's host share, `super::SplitAdamW`).
+    pub fn for_params(ctx: &Context, params: &[&Param], config: AdamWConfig) -> Result<Self> {
         if config.lr.is_nan() || config.lr <= 0.0 {
             return Err(Error::invalid("AdamW config", format!("need lr > 0: {config:?}")));
         }
-        let params = model.params();
-        let (m, v) = super::zero_moments(ctx, &params)?;
+        let (m, v) = super::zero_moments(ctx, params)?;
         let index = params.iter().enumerate().map(|(i, p)| (p.value.id(), i)).collect();
         Ok(HostAdamW {
             delayed: None,

@@ -11,6 +11,7 @@ mod host_adamw;
 mod host_kernels;
 mod host_values;
 mod sgd;
+mod split_adamw;
 mod update_ahead;
 
 pub use adamw::{AdamW, AdamWConfig};
@@ -22,6 +23,7 @@ pub use host_adamw::HostAdamW;
 pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};
 pub(crate) use host_values::F32sMut;
 pub use sgd::{Sgd, SgdConfig};
+pub use split_adamw::{gpu_share, kept_bytes, SplitAdamW};
 
 use crate::context::Context;
 use crate::error::Result;

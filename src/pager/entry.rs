@@ -49,6 +49,8 @@ pub(super) struct Entry {
     pub(super) host_update_due: bool,
     /// Its host bytes are lent to another thread (`Pager::lend_host`): no access until returned.
     pub(super) lent: bool,
+    /// Once placed, it stays on the GPU (`Pager::keep_on_gpu`): never a victim of eviction.
+    pub(super) kept: bool,
 }
 
 /// Why a dirty tensor was evicted without a write-back.

@@ -71,7 +71,7 @@ impl State {
     /// Whether `e` may leave the GPU at no cost: clean (its host bytes are current) and not
     /// needed again this step.
     fn leaves_for_free(&self, e: &Entry) -> bool {
-        !e.dirty && self.next_use(e.key).is_none()
+        !e.kept && !e.dirty && self.next_use(e.key).is_none()
     }
 
     /// Moves `id` into a gap of a slab other than its own (a GPU copy cannot stay within one
@@ -207,11 +207,13 @@ impl State {
         }
     }
 
-    /// What the policy weighs of a resident tensor, if it may be evicted now: unpinned (and a
-    /// dirty one only where it may leave).
+    /// What the policy weighs of a resident tensor, if it may be evicted now: unpinned, not kept
+    /// (and a dirty one only where it may leave).
     fn candidate(&self, e: &Entry) -> Option<plan::Candidate> {
-        let may_leave =
-            e.gpu.is_some() && e.pins == 0 && (self.blocking_waits || !e.dirty || self.done_this_step(e.key));
+        let may_leave = e.gpu.is_some()
+            && e.pins == 0
+            && !e.kept
+            && (self.blocking_waits || !e.dirty || self.done_this_step(e.key));
         may_leave.then_some(plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
     }
 

@@ -311,6 +311,7 @@ impl Pager {
             lost_by_plan: false,
             host_update_due: false,
             lent: false,
+            kept: false,
         };
         st.entries.insert(id, entry);
         st.live_bytes += bytes;

@@ -118,6 +118,23 @@ impl Pager {
         }
     }
 
+    /// Keeps `ids` on the GPU once placed: eviction never picks them (slab compaction may still
+    /// move them within GPU memory). For what a run reads every step and moves nowhere else — a
+    /// split optimizer's GPU share (`optim::SplitAdamW`) — whose bytes the budget holds for it.
+    pub fn keep_on_gpu(&self, ids: &[TensorId]) {
+        let mut st = self.state();
+        for id in ids {
+            if let Some(e) = st.entries.get_mut(id) {
+                e.kept = true;
+            }
+        }
+    }
+
+    /// Bytes of the tensors kept on the GPU (`keep_on_gpu`), placed there or not.
+    pub fn kept_bytes(&self) -> u64 {
+        self.state().entries.values().filter(|e| e.kept).map(|e| e.bytes).sum()
+    }
+
     /// A tensor's values when the host holds the newest copy (an error if the GPU does; use
     /// `read` then). For set-up code that runs before any kernel touched the tensor.
     pub fn read_now(&self, id: TensorId) -> Result<Vec<u8>> {

@@ -175,6 +175,7 @@ impl SetupPanel {
             ui.horizontal(|ui| {
                 ui.selectable_value(&mut self.optimizer_on, OptimizerOn::Gpu, "GPU");
                 ui.selectable_value(&mut self.optimizer_on, OptimizerOn::Host, "host");
+                ui.selectable_value(&mut self.optimizer_on, OptimizerOn::Split, "split");
                 ui.selectable_value(&mut self.optimizer_on, OptimizerOn::Auto, "auto");
             });
             ui.end_row();

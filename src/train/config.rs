@@ -13,6 +13,9 @@ pub enum OptimizerOn {
     Gpu,
     /// Worker threads over the host-resident states.
     Host,
+    /// The first parameters (the embedding first) on the GPU with their state kept there, the
+    /// rest on the host (`optim::SplitAdamW`).
+    Split,
     /// Decided from the model and the budget; the run says which and why.
     Auto,
 }
@@ -44,8 +47,9 @@ impl std::str::FromStr for OptimizerOn {
         match s {
             "gpu" => Ok(OptimizerOn::Gpu),
             "host" => Ok(OptimizerOn::Host),
+            "split" => Ok(OptimizerOn::Split),
             "auto" => Ok(OptimizerOn::Auto),
-            other => Err(format!("`{other}`: use gpu, host or auto")),
+            other => Err(format!("`{other}`: use gpu, host, split or auto")),
         }
     }
 }

@@ -1,29 +1,104 @@
-//! Where a run's optimizer runs: fused AdamW kernels on the GPU, AdamW on host threads, or
-//! sharded across data-parallel ranks — one interface for the training loop.
+//! Where a run's optimizer runs: fused AdamW kernels on the GPU, AdamW on host threads, split
+//! between them by parameter, or sharded across data-parallel ranks — one interface for the
+//! training loop.
 
 use std::rc::Rc;
 
 use super::checkpoint::Moments;
+use super::config::{format_bytes, OptimizerOn, TrainConfig};
+use super::run_setup::split_share;
 use crate::autograd::GradientAdded;
 use crate::context::Context;
+use crate::dist::Dist;
 use crate::dist::ShardedAdamW;
 use crate::error::Result;
 use crate::nn::{Gpt, Module, Param};
-use crate::optim::{AdamW, HostAdamW};
+use crate::optim::{gpu_share, kept_bytes, AdamW, AdamWConfig, HostAdamW, SplitAdamW};
 
 /// Where the optimizer runs in this run.
 pub enum Optimizer {
     Gpu(AdamW),
     Host(HostAdamW),
+    /// The first parameters on the GPU, their state kept there; the rest on the host.
+    Split(SplitAdamW),
     /// Data parallel: each rank updates its shard on the host (see [`crate::dist`]).
     Sharded(ShardedAdamW),
 }
 
 impl Optimizer {
+    /// The optimizer `on` names for `model` (sharded wherever the run is data-parallel), saying
+    /// in `reason` what it chose besides. `f16_grads`: host AdamW's gradients come down in f16.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn for_run(
+        ctx: &Context,
+        model: &Gpt,
+        on: OptimizerOn,
+        dist: Option<&Rc<Dist>>,
+        config: AdamWConfig,
+        cfg: &TrainConfig,
+        f16_grads: bool,
+        reason: &mut String,
+    ) -> Result<Self> {
+        let params = model.params();
+        let host = |reason: &mut String| -> Result<Self> {
+            let mut host = HostAdamW::new(ctx, model, config)?;
+            if f16_grads {
+                host.send_gradients_in_f16(ctx, &params)?;
+                *reason += "; gradients come down in f16";
+            }
+            if host.update_ahead {
+                *reason += "; updates run ahead on their own thread";
+            }
+            if let Some(after) = cfg.delayed_update {
+                host.delay_after = Some(after);
+                *reason += &format!("; from step {} each update runs during the next step (delayed)", after + 1);
+            }
+            Ok(Optimizer::Host(host))
+        };
+        Ok(match (on, dist) {
+            (_, Some(d)) => {
+                let gpu = if on == OptimizerOn::Gpu { "; --optimizer-on gpu is not sharded yet" } else { "" };
+                *reason = format!("{} ranks: each updates 1/{} of the parameters{gpu}", d.size(), d.size());
+                Optimizer::Sharded(ShardedAdamW::new(ctx, model, config, d.clone())?)
+            }
+            (OptimizerOn::Host, None) => host(reason)?,
+            (OptimizerOn::Split, None) => {
+                let on_gpu = gpu_share(&params, ctx.pager.budget() / split_share());
+                if on_gpu == 0 || on_gpu == params.len() || cfg.delayed_update.is_some() {
+                    *reason += &match cfg.delayed_update {
+                        Some(_) => "; not split: --delayed-update delays a host optimizer".to_string(),
+                        None => format!(
+                            "; not split: the state of {on_gpu} of the {} parameters fits 1/{} of the budget",
+                            params.len(),
+                            split_share()
+                        ),
+                    };
+                    return host(reason);
+                }
+                let kept: u64 = params[..on_gpu].iter().map(|p| kept_bytes(p)).sum();
+                *reason += &format!(
+                    "; the first {on_gpu} of {} parameters (from {}) update on the GPU, their state ({}) kept there",
+                    params.len(),
+                    params[0].name,
+                    format_bytes(kept)
+                );
+                if f16_grads {
+                    *reason += "; the others' gradients come down in f16";
+                }
+                Optimizer::Split(SplitAdamW::new(ctx, &params, on_gpu, config, f16_grads)?)
+            }
+            _ => Optimizer::Gpu(AdamW::new(ctx, model, config)?),
+        })
+    }
+
     pub fn moments(&self) -> Moments<'_> {
         match self {
             Optimizer::Gpu(o) => Moments { m: &o.m, v: &o.v, t: o.t },
             Optimizer::Host(o) => Moments { m: &o.m, v: &o.v, t: o.t },
+            Optimizer::Split(o) => {
+                let (m, v) = o.moments();
+                Moments { m, v, t: o.t() }
+            }
             // Its moments are shards, saved by `dist::shard_files`.
             Optimizer::Sharded(o) => Moments { m: &[], v: &[], t: o.t },
         }
@@ -33,6 +108,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.t = t,
             Optimizer::Host(o) => o.t = t,
+            Optimizer::Split(o) => o.set_t(t),
             Optimizer::Sharded(o) => o.t = t,
         }
     }
@@ -49,6 +125,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(_) => "gpu",
             Optimizer::Host(_) => "host",
+            Optimizer::Split(_) => "gpu and host, split",
             Optimizer::Sharded(_) => "host, sharded over ranks",
         }
     }
@@ -69,6 +146,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped),
             Optimizer::Host(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped.then_some(o.last_norm)),
+            Optimizer::Split(o) => o.defer(ctx, &model.params(), lr, grad_scale, clipped).await,
             Optimizer::Sharded(o) => {
                 o.step_lr(ctx, &model.params(), lr, grad_scale)?;
                 model.refresh_half(ctx)?;
@@ -92,6 +170,7 @@ impl Optimizer {
                 h.begin(ctx);
                 h as Rc<dyn GradientAdded>
             }),
+            Optimizer::Split(o) => Some(o.gradient_watcher(ctx)),
             Optimizer::Sharded(_) => None,
         }
     }
@@ -100,6 +179,7 @@ impl Optimizer {
     pub(super) fn backward_done(&self, ctx: &Context) -> Result<()> {
         match self {
             Optimizer::Host(o) => o.half_grads().map_or(Ok(()), |h| h.finish(ctx)),
+            Optimizer::Split(o) => o.host.half_grads().map_or(Ok(()), |h| h.finish(ctx)),
             _ => Ok(()),
         }
     }
@@ -123,6 +203,7 @@ impl Optimizer {
     pub(super) fn land(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         match self {
             Optimizer::Host(o) => o.land(ctx, params),
+            Optimizer::Split(o) => o.land(ctx, params),
             _ => self.apply_deferred(ctx, params),
         }
     }
@@ -132,6 +213,7 @@ impl Optimizer {
         match self {
             Optimizer::Gpu(o) => o.apply_deferred(ctx, params),
             Optimizer::Host(o) => o.apply_deferred(ctx, params),
+            Optimizer::Split(o) => o.apply_deferred(ctx, params),
             Optimizer::Sharded(_) => Ok(()),
         }
     }
@@ -145,6 +227,7 @@ impl Optimizer {
                 o.clip.norm(ctx).await
             }
             Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Split(o) => o.grad_norm(ctx, &model.params(), grad_scale).await,
             Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
     }

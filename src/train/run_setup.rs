@@ -10,17 +10,26 @@ use crate::error::{Error, Result};
 use crate::nn::GptConfig;
 use crate::optim::HostAdamW;
 
+/// The budget divided by this is what a split optimizer's GPU share may keep
+/// (`optim::SplitAdamW`); the rest is the step's working set. `PAGETRAIN_SPLIT_SHARE` overrides.
+pub(super) fn split_share() -> u64 {
+    std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()).filter(|&d| d >= 1).unwrap_or(3)
+}
+
 /// Where the optimizer should run, and why. `auto` keeps it on the GPU when parameters,
 /// gradients and both moments (16 bytes per parameter) fit in half the budget, so they stay
 /// resident. Otherwise it compares per-step estimates from what it measures here: the GPU
 /// optimizer pages ~28 bytes per parameter across the bus (parameter, gradient, both moments in;
 /// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time
 /// (the norm and update passes on all cores, timed here on arrays larger than the caches).
+/// Where the host wins and the embedding's state fits in a third of the budget, AdamW is split:
+/// the embedding (and the parameters after it that fit) update on the GPU, the rest on the host.
 pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
     let params = model.num_params() as f64;
     match cfg.optimizer_on {
         OptimizerOn::Gpu => (OptimizerOn::Gpu, "--optimizer-on gpu".into()),
         OptimizerOn::Host => (OptimizerOn::Host, "--optimizer-on host".into()),
+        OptimizerOn::Split => (OptimizerOn::Split, "--optimizer-on split".into()),
         OptimizerOn::Auto => {
             let states = 16.0 * params;
             let budget = ctx.pager.budget() as f64;
@@ -58,7 +67,16 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
                 gpu_s * 1e3,
                 host_s * 1e3
             );
-            if host_s < gpu_s {
+            // The embedding comes first in the forward: with its state on the GPU the next step
+            // need not wait for its gradient to go down, the host to update it and it to go up.
+            let embedding = 16.0 * model.vocab_size as f64 * c;
+            let splits = cfg.delayed_update.is_none() && embedding <= budget / split_share() as f64;
+            if host_s < gpu_s && splits {
+                (
+                    OptimizerOn::Split,
+                    format!("auto: {figures}; the embedding's state fits 1/{} of the budget", split_share()),
+                )
+            } else if host_s < gpu_s {
                 (OptimizerOn::Host, format!("auto: {figures}"))
             } else {
                 (OptimizerOn::Gpu, format!("auto: {figures}"))

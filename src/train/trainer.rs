@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::checkpoint::{self, LossScale, TrainState};
-use super::config::{OptimizerOn, Precision, TrainConfig};
+use super::config::{Precision, TrainConfig};
 use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
 pub use super::optimizer::Optimizer;
@@ -19,10 +19,10 @@ use super::tokenizer::Tokenizer;
 use super::update::PendingUpdate;
 pub use super::update::{GROWTH_INTERVAL, INITIAL_LOSS_SCALE};
 use crate::context::Context;
-use crate::dist::{Dist, ShardedAdamW};
+use crate::dist::Dist;
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module, StepBackward};
-use crate::optim::{AdamW, AdamWConfig, HostAdamW};
+use crate::optim::AdamWConfig;
 use crate::rng::Rng;
 
 pub struct Trainer {
@@ -178,30 +178,9 @@ impl Trainer {
             ..Default::default()
         };
         let (on, mut optimizer_reason) = choose_optimizer(ctx, &cfg, &config);
-        let mut opt = match (on, &dist) {
-            (_, Some(d)) => {
-                let gpu = if on == OptimizerOn::Gpu { "; --optimizer-on gpu is not sharded yet" } else { "" };
-                optimizer_reason = format!("{} ranks: each updates 1/{} of the parameters{gpu}", d.size(), d.size());
-                Optimizer::Sharded(ShardedAdamW::new(ctx, &model, opt_cfg, d.clone())?)
-            }
-            (OptimizerOn::Host, None) => {
-                let mut host = HostAdamW::new(ctx, &model, opt_cfg)?;
-                if precision == Precision::F16 && f16_gradients(&cfg) {
-                    host.send_gradients_in_f16(ctx, &model.params())?;
-                    optimizer_reason += "; gradients come down in f16";
-                }
-                if host.update_ahead {
-                    optimizer_reason += "; updates run ahead on their own thread";
-                }
-                if let Some(after) = cfg.delayed_update {
-                    host.delay_after = Some(after);
-                    optimizer_reason +=
-                        &format!("; from step {} each update runs during the next step (delayed)", after + 1);
-                }
-                Optimizer::Host(host)
-            }
-            _ => Optimizer::Gpu(AdamW::new(ctx, &model, opt_cfg)?),
-        };
+        let f16_grads = precision == Precision::F16 && f16_gradients(&cfg);
+        let mut opt =
+            Optimizer::for_run(ctx, &model, on, dist.as_ref(), opt_cfg, &cfg, f16_grads, &mut optimizer_reason)?;
         if cfg.delayed_update.is_some() && !matches!(opt, Optimizer::Host(_)) {
             optimizer_reason += "; --delayed-update left off: it delays the host optimizer's updates";
         }

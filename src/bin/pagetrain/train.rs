@@ -55,7 +55,9 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) accum: Option<usize>,
     /// Where AdamW runs: gpu (fused kernels over paged states), host (worker threads over
-    /// host-resident states; ~8 instead of ~28 bytes per parameter on the bus), or auto.
+    /// host-resident states; ~8 instead of ~28 bytes per parameter on the bus), split (the
+    /// embedding and the first layers on the GPU with their state kept there, the rest on the
+    /// host), or auto.
     #[arg(long)]
     pub(crate) optimizer_on: Option<OptimizerOn>,
     /// With AdamW on the host: after STEPS steps, run each update during the whole next step,
