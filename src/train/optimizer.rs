@@ -15,7 +15,8 @@ use crate::error::Result;
 use crate::nn::{Gpt, Module, Param};
 use crate::optim::{gpu_share, kept_bytes, AdamW, AdamWConfig, HostAdamW, SplitAdamW};
 
-/// Where the optimizer runs in this run.
+/// Where the optimizer runs in this run (one a run: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Optimizer {
     Gpu(AdamW),
     Host(HostAdamW),
