@@ -2,7 +2,7 @@
 //! the checkpoint's vocabulary in mind) and where its optimizer runs.
 
 use super::checkpoint::Checkpoint;
-use super::config::{OptimizerOn, TrainConfig};
+use super::config::{OptimizerOn, Precision, TrainConfig};
 use super::data::{Dataset, Vocab};
 use super::tokenizer::{Tokenizer, GPT2_VOCAB};
 use crate::context::Context;
@@ -22,8 +22,9 @@ pub(super) fn split_share() -> u64 {
 /// optimizer pages ~28 bytes per parameter across the bus (parameter, gradient, both moments in;
 /// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time
 /// (the norm and update passes on all cores, timed here on arrays larger than the caches).
-/// Where the host wins and the embedding's state fits in a third of the budget, AdamW is split:
-/// the embedding (and the parameters after it that fit) update on the GPU, the rest on the host.
+/// Where the host wins in f32 and the embedding's state fits in a third of the budget, AdamW is
+/// split: the embedding (and the parameters after it that fit) update on the GPU, the rest on the
+/// host.
 pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
     let params = model.num_params() as f64;
     match cfg.optimizer_on {
@@ -69,8 +70,12 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             );
             // The embedding comes first in the forward: with its state on the GPU the next step
             // need not wait for its gradient to go down, the host to update it and it to go up.
+            // Measured faster in f32 only (GPT-2 small at a quarter budget, BENCHMARKS stop 44:
+            // 1–9 %); in f16 the extra paging the kept state causes ate the gain.
             let embedding = 16.0 * model.vocab_size as f64 * c;
-            let splits = cfg.delayed_update.is_none() && embedding <= budget / split_share() as f64;
+            let splits = cfg.precision == Precision::F32
+                && cfg.delayed_update.is_none()
+                && embedding <= budget / split_share() as f64;
             if host_s < gpu_s && splits {
                 (
                     OptimizerOn::Split,
