@@ -152,10 +152,10 @@ pub struct StepTiming {
     /// the pool created.
     pub recording: [f64; 5],
     /// Where AdamW ran (`Optimizer::name`) and why; per step, host seconds in the host
-    /// optimizer's passes (0 on the GPU).
+    /// optimizer's passes (None where none runs on the main thread's behalf).
     pub optimizer: String,
     pub optimizer_reason: String,
-    pub host_optimizer_s: f64,
+    pub host_optimizer_s: Option<f64>,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
@@ -191,12 +191,7 @@ pub fn time_steps(
             .map(|c| c as f64)
     };
     let recorded_before = recording();
-    let host_optimizer_s = |t: &crate::train::Trainer| match &t.opt {
-        crate::train::trainer::Optimizer::Host(o) => o.host_seconds,
-        crate::train::trainer::Optimizer::Split(o) => o.host.host_seconds,
-        _ => 0.0,
-    };
-    let host_optimizer_before = host_optimizer_s(&t);
+    let host_optimizer_before = t.opt.host_seconds();
     let start = Instant::now();
     // As the training loop runs: a step's loss is read once the next step is recorded.
     let mut pending = None;
@@ -253,7 +248,11 @@ pub fn time_steps(
         recording: per_step,
         optimizer: t.opt.name().to_string(),
         optimizer_reason: t.optimizer_reason.clone(),
-        host_optimizer_s: (host_optimizer_s(&t) - host_optimizer_before) / n as f64,
+        host_optimizer_s: t
+            .opt
+            .host_seconds()
+            .zip(host_optimizer_before)
+            .map(|(after, before)| (after - before) / n as f64),
     })
 }
 
@@ -333,7 +332,7 @@ pub fn step_times(
         }
     });
     let tokens = cfg.batch_size * cfg.accum * cfg.seq_len;
-    let host_ms = |t: &StepTiming| t.optimizer.contains("host").then_some(t.host_optimizer_s * 1e3);
+    let host_ms = |t: &StepTiming| t.host_optimizer_s.map(|s| s * 1e3);
     let mut at_budgets = Vec::new();
     for &b in budgets.bytes {
         let t = match time_steps(make_ctx, cfg, data, Some(b), warmup, steps) {

@@ -156,6 +156,11 @@ impl AdamW {
         Ok(())
     }
 
+    /// Whether `p` is one of the parameters this optimizer updates.
+    pub(super) fn updates(&self, p: &Param) -> bool {
+        self.index.contains_key(&p.value.id())
+    }
+
     /// Whether a deferred step still has updates to apply.
     pub fn has_deferred(&self) -> bool {
         self.deferred.is_some()

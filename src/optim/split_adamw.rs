@@ -14,7 +14,6 @@
 //! backward (the step reads the norm there anyway, for the f16 overflow check), give one clip
 //! factor; the GPU share's kernels read it from its clip tensor.
 
-use std::collections::HashSet;
 use std::rc::Rc;
 
 use super::{AdamW, AdamWConfig, EarlyNorms, HalfGrads, HostAdamW};
@@ -22,7 +21,7 @@ use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::Param;
-use crate::tensor::{Tensor, TensorId};
+use crate::tensor::Tensor;
 
 /// Bytes a parameter's update keeps on the GPU all step: value, gradient, both moments (f32),
 /// and its f16 copy where it has one.
@@ -43,17 +42,13 @@ pub fn gpu_share(params: &[&Param], bytes: u64) -> usize {
 }
 
 pub struct SplitAdamW {
-    /// AdamW over the first `on_gpu` parameters, its state kept on the GPU.
+    /// AdamW over the first parameters, its state kept on the GPU.
     pub gpu: AdamW,
     /// AdamW over the rest, on the host.
     pub host: HostAdamW,
-    /// Parameters (from the first) the GPU share updates.
-    pub on_gpu: usize,
     /// Both shares' moments in parameter order (handles), for checkpoints.
     m: Vec<Tensor>,
     v: Vec<Tensor>,
-    /// The GPU share's parameters, by value id.
-    gpu_ids: HashSet<TensorId>,
     /// The global norm of the last [`SplitAdamW::grad_norm`].
     pub last_norm: f32,
 }
@@ -84,12 +79,15 @@ impl SplitAdamW {
         Ok(SplitAdamW {
             m: gpu.m.iter().chain(&host.m).cloned().collect(),
             v: gpu.v.iter().chain(&host.v).cloned().collect(),
-            gpu_ids: first.iter().map(|p| p.value.id()).collect(),
             gpu,
             host,
-            on_gpu,
             last_norm: 0.0,
         })
+    }
+
+    /// Parameters (from the first) the GPU share updates.
+    pub fn on_gpu(&self) -> usize {
+        self.gpu.m.len()
     }
 
     pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
@@ -107,28 +105,22 @@ impl SplitAdamW {
 
     /// `params` divided into the GPU share's and the host share's, in order.
     fn shares<'a>(&self, params: &[&'a Param]) -> (Vec<&'a Param>, Vec<&'a Param>) {
-        params.iter().partition(|p| self.gpu_ids.contains(&p.value.id()))
-    }
-
-    fn check(&self, params: &[&Param]) -> Result<()> {
-        let (first, rest) = self.shares(params);
-        if first.len() != self.on_gpu || rest.len() != self.host.m.len() {
-            return Err(Error::shape("split AdamW step", self.m.len(), params.len()));
-        }
-        Ok(())
+        params.iter().partition(|p| self.gpu.updates(p))
     }
 
     /// The global norm of all `params`' gradients times `grad_scale` (waits for the GPU), and
     /// the clip factor from it in the GPU share's clip tensor.
     pub async fn grad_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
-        self.check(params)?;
         let (first, rest) = self.shares(params);
+        if first.len() != self.on_gpu() || rest.len() != self.host.m.len() {
+            return Err(Error::shape("split AdamW step", self.m.len(), params.len()));
+        }
         self.gpu.apply_deferred(ctx, &first)?;
         let c = self.gpu.config;
         self.gpu.clip.compute(ctx, &first, c.max_grad_norm, grad_scale)?;
-        let on_gpu = self.gpu.clip.norm(ctx).await? as f64;
-        let on_host = self.host.note_norm(ctx, &rest, grad_scale)? as f64;
-        let norm = (on_gpu * on_gpu + on_host * on_host).sqrt() as f32;
+        let gpu_norm = self.gpu.clip.norm(ctx).await? as f64;
+        let host_norm = self.host.note_norm(ctx, &rest, grad_scale)? as f64;
+        let norm = (gpu_norm * gpu_norm + host_norm * host_norm).sqrt() as f32;
         // As the clip kernel computes it (shaders/optim.wgsl `clip_scale`) and the host one.
         let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
         ctx.write_f32(&self.gpu.clip.clip, &[clip, norm])?;

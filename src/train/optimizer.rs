@@ -122,6 +122,16 @@ impl Optimizer {
         }
     }
 
+    /// Host seconds the main thread has spent in host AdamW's passes (`HostAdamW::host_seconds`)
+    /// so far; None where no host AdamW runs (on the GPU, or sharded).
+    pub fn host_seconds(&self) -> Option<f64> {
+        match self {
+            Optimizer::Host(o) => Some(o.host_seconds),
+            Optimizer::Split(o) => Some(o.host.host_seconds),
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Gpu(_) => "gpu",

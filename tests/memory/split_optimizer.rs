@@ -94,9 +94,10 @@ fn split_optimizer_is_chosen_by_the_budget() {
     assert!(losses_paged.iter().all(|l| l.is_finite()));
     let Optimizer::Split(s) = &t.opt else { panic!("split AdamW: {}", t.optimizer_reason) };
     let params = t.model.params();
-    assert!(s.on_gpu >= 1 && s.on_gpu < params.len(), "{} of {}", s.on_gpu, params.len());
-    let kept: u64 = params[..s.on_gpu].iter().map(|p| pagetrain::optim::kept_bytes(p)).sum();
-    let next = pagetrain::optim::kept_bytes(params[s.on_gpu]);
+    let on_gpu = s.on_gpu();
+    assert!(on_gpu >= 1 && on_gpu < params.len(), "{on_gpu} of {}", params.len());
+    let kept: u64 = params[..on_gpu].iter().map(|p| pagetrain::optim::kept_bytes(p)).sum();
+    let next = pagetrain::optim::kept_bytes(params[on_gpu]);
     assert!(kept <= budget / 3 && kept + next > budget / 3, "kept {kept} + next {next} vs a third of {budget}");
     assert_eq!(paged.pager.kept_bytes(), kept, "the pager keeps exactly the GPU share");
     assert!(t.optimizer_reason.contains("update on the GPU"), "{}", t.optimizer_reason);
