@@ -86,6 +86,9 @@ pub struct AtBudget {
     /// Where AdamW ran in these steps, and why; and what `vs_resident` compares, in words.
     pub optimizer: Option<String>,
     pub optimizer_reason: Option<String>,
+    /// Whether the paged steps recomputed their blocks, and why (what the recompute trial
+    /// measured, where it ran).
+    pub recompute: Option<String>,
     pub compared: Option<String>,
     /// Per step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
     pub host_optimizer_ms_per_step: Option<f64>,
@@ -156,6 +159,8 @@ pub struct StepTiming {
     pub optimizer: String,
     pub optimizer_reason: String,
     pub host_optimizer_s: Option<f64>,
+    /// Whether the blocks were recomputed, and why (`Trainer::recompute_choice`).
+    pub recompute: String,
 }
 
 /// Runs `warmup + steps` training steps under `budget` and times the last `steps`.
@@ -172,7 +177,10 @@ pub fn time_steps(
     let mut t = crate::train::Trainer::new(&ctx, cfg.clone(), Some(data()?))?;
     let mut first_step_s = None;
     let mut first_step_creation = Default::default();
-    for _ in 0..warmup.max(1) {
+    // (the warm-up lasts until a paged run's recompute trial has chosen: it times steps itself)
+    let mut warmed = 0;
+    while warmed < warmup.max(1) || t.recompute_trial_running() {
+        warmed += 1;
         ctx.kernels.profile_step();
         pollster::block_on(t.train_step(&ctx))?;
         if first_step_s.is_none() {
@@ -248,6 +256,11 @@ pub fn time_steps(
         recording: per_step,
         optimizer: t.opt.name().to_string(),
         optimizer_reason: t.optimizer_reason.clone(),
+        recompute: match (cfg.recompute, t.recompute_choice()) {
+            (true, _) => "on (asked for)".into(),
+            (false, Some(why)) => why.into(),
+            (false, None) => "off".into(),
+        },
         host_optimizer_s: t
             .opt
             .host_seconds()
@@ -350,6 +363,7 @@ pub fn step_times(
             vs_resident: t.as_ref().map(|t| resident / t.ms),
             optimizer: t.as_ref().map(|t| t.optimizer.clone()),
             optimizer_reason: t.as_ref().map(|t| t.optimizer_reason.clone()),
+            recompute: t.as_ref().map(|t| t.recompute.clone()),
             compared: t.as_ref().map(|t| {
                 format!(
                     "this paged step (AdamW on the {}) against the resident step of the same model (AdamW on the {}), each where --optimizer-on {} put it",

@@ -181,6 +181,10 @@ impl Gpt {
         self.recompute.set(on);
     }
 
+    pub fn recomputes(&self) -> bool {
+        self.recompute.get()
+    }
+
     /// Turns selective recompute of LayerNorm outputs and the MLP's hidden values on or off (see
     /// [`Block::forward`];
     /// whole blocks recomputed keep nothing anyway).

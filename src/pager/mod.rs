@@ -419,6 +419,15 @@ impl Pager {
         st.new_step();
     }
 
+    /// [`Pager::begin_step`] for a step the caller knows will not repeat the last one access for
+    /// access (it changed what backward keeps or makes again): the last step's accesses are no
+    /// prediction, so this step evicts, prefetches and drops write-backs as if it had diverged
+    /// from its first access. Its own accesses plan the next step.
+    pub fn begin_step_unlike_last(&self) {
+        self.begin_step();
+        self.state().diverged = true;
+    }
+
     /// Marks the end of a training step; optimizers call it after each update. Ignored once
     /// [`Pager::begin_step`] is in use.
     pub fn end_step(&self) {

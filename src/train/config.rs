@@ -105,6 +105,10 @@ pub struct TrainConfig {
     pub delayed_update: Option<u64>,
     /// Keep only each block's input in forward; recompute the block in backward.
     pub recompute: bool,
+    /// Where `recompute` is not asked for: once a step has had to evict tensors to stay in the
+    /// GPU budget, time steps with and without recompute and keep the faster
+    /// (`train::recompute_trial`). Off: never recompute unasked.
+    pub auto_recompute: bool,
     /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
     /// them (`Block::forward`).
     /// `None`: from the step after one that had to evict tensors to stay in the GPU budget
@@ -149,6 +153,7 @@ impl Default for TrainConfig {
             optimizer_on: OptimizerOn::Gpu,
             delayed_update: None,
             recompute: false,
+            auto_recompute: true,
             remake: None,
             f16_gradients: None,
             freeze_int8: None,

@@ -51,7 +51,11 @@ pub struct RunSummary {
     pub micro_batch: usize,
     pub accum: usize,
     pub optimizer_on: String,
+    /// Whether the blocks were recomputed at the end of the run (asked for, or kept by the
+    /// recompute trial).
     pub recompute: bool,
+    /// What the recompute trial measured and kept (`TrainConfig::auto_recompute`), where it ran.
+    pub recompute_choice: Option<String>,
     /// Activation bytes per step (summed over its micro-batches) not kept from forward to
     /// backward: by the checkpointed blocks (`--recompute`; a micro-batch's footprint is lower by
     /// about its share of this, less one block's worth) or as LayerNorm and MLP outputs made

@@ -51,6 +51,8 @@ pub struct RunFile {
     /// Steps before host AdamW's updates are delayed by one step.
     pub delayed_update: Option<u64>,
     pub recompute: Option<bool>,
+    /// `TrainConfig::auto_recompute`.
+    pub auto_recompute: Option<bool>,
     pub freeze_int8: Option<String>,
     pub precision: Option<String>,
     pub tokenizer: Option<Tokenizer>,
@@ -85,6 +87,7 @@ impl RunFile {
         }
         set!(model, steps, batch_size, accum, seq_len, lr, warmup_steps, weight_decay, grad_clip, seed);
         set!(out, eval_batches, eval_every, sample_len, checkpoint_every, recompute, tokenizer);
+        set!(auto_recompute);
         if let Some(v) = &self.sample_prompt {
             c.sample_prompt = Some(v.clone());
         }
@@ -166,6 +169,7 @@ impl RunFile {
             optimizer_on: Some(format!("{:?}", cfg.optimizer_on).to_lowercase()),
             delayed_update: cfg.delayed_update,
             recompute: Some(cfg.recompute),
+            auto_recompute: Some(cfg.auto_recompute),
             freeze_int8: cfg.freeze_int8.clone(),
             precision: Some(format!("{:?}", cfg.precision).to_lowercase()),
             tokenizer: Some(cfg.tokenizer),

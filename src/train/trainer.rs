@@ -13,6 +13,7 @@ use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
 pub use super::optimizer::Optimizer;
 use super::pending_loss::{PendingLosses, StepLoss};
+use super::recompute_trial::RecomputeTrial;
 pub use super::report::{Quiet, Reporter, RunSummary, StepReport};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
 use super::tokenizer::Tokenizer;
@@ -60,6 +61,11 @@ pub struct Trainer {
     /// its update started just before the next backward, so the step's end waits for nothing
     /// and the next forward is recorded while the GPU finishes this backward.
     pub(super) pending_update: Option<PendingUpdate>,
+    /// Whether this paged run recomputes its blocks, measured (`TrainConfig::auto_recompute`).
+    recompute_trial: RecomputeTrial,
+    /// Recompute or remaking changed since the last step: the next one will not repeat its
+    /// accesses ([`crate::pager::Pager::begin_step_unlike_last`]).
+    step_changed: bool,
 }
 
 /// Whether a mixed-precision run with AdamW on the host sends its gradients down in f16:
@@ -230,6 +236,8 @@ impl Trainer {
             run_file: None,
             dist,
             pending_update: None,
+            recompute_trial: RecomputeTrial::default(),
+            step_changed: false,
         };
         // A prompt the vocabulary cannot encode fails now, not after the training.
         trainer.sample_prompt()?;
@@ -306,6 +314,7 @@ impl Trainer {
             return;
         }
         self.model.set_remake(true);
+        self.step_changed = true;
         log::info!(
             "step {}: {evictions} evictions to stay in the {} MiB GPU budget; from now on LayerNorm outputs and the MLP's hidden values are made again in backward instead of paged",
             self.step,
@@ -334,10 +343,20 @@ impl Trainer {
             None => (&x[..], &y[..]),
         };
         let evictions = ctx.pager.counters().evictions;
+        // A step the recompute trial times runs from an idle GPU to an idle GPU.
+        let timed = self.recompute_trial.times_next_step();
+        if timed {
+            ctx.sync()?;
+        }
+        let trial_clock = crate::clock::Stopwatch::start();
         // The update delayed at the step before last lands before this forward reads the weights.
         self.opt.land_delayed()?;
         let loss = loop {
-            ctx.pager.begin_step();
+            if std::mem::take(&mut self.step_changed) {
+                ctx.pager.begin_step_unlike_last();
+            } else {
+                ctx.pager.begin_step();
+            }
             match self.accumulate(ctx, x, y).await {
                 Ok(losses) => break losses,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
@@ -360,7 +379,11 @@ impl Trainer {
                 Err(e) => return Err(e),
             }
         };
-        self.remake_if_paging(ctx, ctx.pager.counters().evictions - evictions);
+        let evicted = ctx.pager.counters().evictions - evictions;
+        self.remake_if_paging(ctx, evicted);
+        if evicted > 0 && self.wants_recompute_trial(ctx) {
+            self.recompute_trial.start();
+        }
         // Ranks agree on the mean at once (it is a collective); alone, it is read later.
         let mut loss = match &self.dist {
             Some(d) => StepLoss::known(self.step, d.mean(loss.mean(ctx).await?)?),
@@ -385,8 +408,43 @@ impl Trainer {
             );
         }
         loss.submit(ctx);
+        if timed {
+            ctx.sync()?;
+        }
+        let was_running = self.recompute_trial.running();
+        if let Some(on) = self.recompute_trial.after_step(timed.then(|| trial_clock.seconds())) {
+            self.set_recompute(on);
+        }
+        if let (true, Some(why)) = (was_running, self.recompute_trial.choice()) {
+            log::info!("step {}: {why}", self.step);
+        }
         self.step += 1;
         Ok(loss)
+    }
+
+    /// Whether this run measures recompute against paging: not asked either way, one process
+    /// (ranks would have to agree), and waits may block (see [`Trainer::remake_if_paging`]).
+    fn wants_recompute_trial(&self, ctx: &Context) -> bool {
+        !self.cfg.recompute && self.cfg.auto_recompute && self.dist.is_none() && ctx.pager.waits_may_block()
+    }
+
+    /// Turns block recompute on or off from the next step (`TrainConfig::recompute` sets it
+    /// at the start); the next step is then planned afresh, not from the last one's accesses.
+    pub fn set_recompute(&mut self, on: bool) {
+        if self.model.recomputes() != on {
+            self.model.set_recompute(on);
+            self.step_changed = true;
+        }
+    }
+
+    /// Whether the recompute trial is still measuring (the bench warms up until it is not).
+    pub fn recompute_trial_running(&self) -> bool {
+        self.recompute_trial.running()
+    }
+
+    /// What the recompute trial kept and why, once it has decided.
+    pub fn recompute_choice(&self) -> Option<&str> {
+        self.recompute_trial.choice()
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).

@@ -35,12 +35,22 @@ pub(crate) struct BenchArgs {
     pub(crate) batch_size: usize,
     #[arg(long, default_value_t = 64)]
     pub(crate) seq_len: usize,
-    /// Timed steps per budget (after two warm-up steps).
+    /// Timed steps per budget (after `--warmup-steps`).
     #[arg(long, default_value_t = 3)]
     pub(crate) steps: usize,
+    /// Untimed steps before them. A GPU that idled while pipelines compiled raises its clocks
+    /// over the first steps (H100: a paged f16 GPT-2 step's kernels took 135, 87, then 72 ms):
+    /// more warm-up steps time the steady state.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) warmup_steps: usize,
     /// Time the steps with activation recompute.
     #[arg(long)]
     pub(crate) recompute: bool,
+    /// Never recompute unasked (`train --no-auto-recompute`). By default a paged run first
+    /// times steps with and without recompute, as `train` does, and the warm-up lasts until it
+    /// has chosen.
+    #[arg(long, conflicts_with = "recompute")]
+    pub(crate) no_auto_recompute: bool,
     /// Where AdamW runs in the timed steps.
     #[arg(long, default_value = "gpu")]
     pub(crate) optimizer_on: OptimizerOn,
@@ -176,6 +186,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 seq_len: args.seq_len,
                 sample_len: 0,
                 recompute: args.recompute,
+                auto_recompute: !args.no_auto_recompute,
                 optimizer_on: args.optimizer_on,
                 delayed_update: args.delayed_update,
                 precision: args.precision,
@@ -225,7 +236,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 &data,
                 r.upload_chosen_gbps,
                 pagetrain::bench::Budgets { percent: budgets, bytes: &args.budget },
-                2,
+                args.warmup_steps,
                 args.steps,
             )?)
         }

@@ -69,6 +69,10 @@ pub(crate) struct TrainArgs {
     /// Keep only each block's input in forward and recompute the block in backward.
     #[arg(long)]
     pub(crate) recompute: bool,
+    /// Never recompute unasked. By default a run that has to page times a few steps with and
+    /// without recompute and keeps the faster.
+    #[arg(long, conflicts_with = "recompute")]
+    pub(crate) no_auto_recompute: bool,
     /// Freeze the Linear layers whose parameter names contain PATTERN (e.g. `mlp`, `h.0.`) as
     /// int8 weights with per-row scales, dequantized inside the matmul kernel.
     #[arg(long, value_name = "PATTERN")]
@@ -167,6 +171,7 @@ impl TrainArgs {
         }
         c.sampling = self.sampling.apply(c.sampling);
         c.recompute |= self.recompute;
+        c.auto_recompute &= !self.no_auto_recompute;
         let budget_text = match (&self.gpu_budget, &file.gpu_budget) {
             (Some(b), _) => b.text.clone(),
             (None, Some(t)) => t.clone(),
@@ -354,6 +359,9 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
             "recompute: {:.1} MiB of block activations per step not kept from forward to backward",
             summary.recompute_dropped_bytes_per_step as f64 / (1 << 20) as f64
         );
+    }
+    if let Some(why) = &summary.recompute_choice {
+        eprintln!("recompute trial: {why}");
     }
     let c = ctx.pager.counters();
     eprintln!(

@@ -1,0 +1,155 @@
+//! Whether a paged run recomputes its blocks in backward, decided by measuring. Recompute trades
+//! a second forward's kernels for the activations' trips over the bus, and which costs more
+//! depends on the GPU, the precision and the budget: on an H100 (2026-12-06), GPT-2 small in
+//! f16 stepped in 141 ms recomputed against 175 ms paged at a tenth of its footprint, 120
+//! against 119 at a quarter, and in f32 at a quarter 391 against 335. So once a step has had to
+//! evict tensors to stay in the GPU budget, a few steps are timed as they are, then as many with
+//! the blocks recomputed, and the faster way is kept for the rest of the run.
+
+/// Steps after a change before timing: the pager plans a step from the last one's accesses, so
+/// the first step after a change runs on a stale plan (and the change to remaking before it).
+const SETTLE: u32 = 2;
+/// Steps timed each way.
+const TIMED: u32 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum State {
+    /// No step has evicted yet (or the trial is not wanted).
+    Idle,
+    Settling {
+        on: bool,
+        left: u32,
+    },
+    Timing {
+        on: bool,
+        left: u32,
+        seconds: f64,
+    },
+    Done,
+}
+
+/// The trial's progress; the trainer times the steps it asks for and applies its switches.
+#[derive(Debug)]
+pub struct RecomputeTrial {
+    state: State,
+    /// Seconds of the steps timed without recompute.
+    without: f64,
+    /// What was measured and kept, once done.
+    choice: Option<String>,
+}
+
+impl Default for RecomputeTrial {
+    fn default() -> Self {
+        RecomputeTrial { state: State::Idle, without: 0.0, choice: None }
+    }
+}
+
+impl RecomputeTrial {
+    /// A step evicted tensors: begin (once), recompute still off.
+    pub fn start(&mut self) {
+        if self.state == State::Idle {
+            self.state = State::Settling { on: false, left: SETTLE };
+        }
+    }
+
+    /// Whether the trial has begun and not yet decided.
+    pub fn running(&self) -> bool {
+        !matches!(self.state, State::Idle | State::Done)
+    }
+
+    /// Whether the next step is to be timed (the trainer then times it from an idle GPU to an
+    /// idle GPU, so that work between steps does not count).
+    pub fn times_next_step(&self) -> bool {
+        matches!(self.state, State::Timing { .. })
+    }
+
+    /// After a step, with its seconds if it was timed: `Some(on)` when recompute is to change
+    /// from the next step.
+    pub fn after_step(&mut self, seconds: Option<f64>) -> Option<bool> {
+        match self.state {
+            State::Idle | State::Done => None,
+            State::Settling { on, left } => {
+                self.state = match left {
+                    0 | 1 => State::Timing { on, left: TIMED, seconds: 0.0 },
+                    _ => State::Settling { on, left: left - 1 },
+                };
+                None
+            }
+            State::Timing { on, left, seconds: so_far } => {
+                let total = so_far + seconds.unwrap_or(0.0);
+                if left > 1 {
+                    self.state = State::Timing { on, left: left - 1, seconds: total };
+                    return None;
+                }
+                if !on {
+                    self.without = total;
+                    self.state = State::Settling { on: true, left: SETTLE };
+                    return Some(true);
+                }
+                let keep = total < self.without;
+                let per_step = |s: f64| s * 1e3 / TIMED as f64;
+                self.choice = Some(format!(
+                    "recompute {} (measured: {:.1} ms a step recomputed, {:.1} ms kept from forward)",
+                    if keep { "on" } else { "off" },
+                    per_step(total),
+                    per_step(self.without)
+                ));
+                self.state = State::Done;
+                (!keep).then_some(false)
+            }
+        }
+    }
+
+    /// What the trial kept and why, once it has decided.
+    pub fn choice(&self) -> Option<&str> {
+        self.choice.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs steps whose timed seconds are `off` without recompute and `on` with it; returns the
+    /// switches made (step index, on) and the final choice.
+    fn trial(off: f64, on: f64) -> (Vec<(usize, bool)>, RecomputeTrial) {
+        let mut t = RecomputeTrial::default();
+        let mut recompute = false;
+        let mut switches = Vec::new();
+        assert!(!t.running() && t.after_step(None).is_none(), "idle until started");
+        t.start();
+        for step in 0..30 {
+            let timed = t.times_next_step().then_some(if recompute { on } else { off });
+            if let Some(next) = t.after_step(timed) {
+                recompute = next;
+                switches.push((step, next));
+            }
+        }
+        (switches, t)
+    }
+
+    #[test]
+    fn keeps_recompute_where_it_was_faster() {
+        let (switches, t) = trial(0.175, 0.141);
+        assert_eq!(switches, vec![(2 + 3 - 1, true)], "one switch on, after settling and timing");
+        assert!(!t.running());
+        let why = t.choice().expect("decided");
+        assert!(why.starts_with("recompute on") && why.contains("141.0 ms") && why.contains("175.0 ms"), "{why}");
+    }
+
+    #[test]
+    fn turns_recompute_off_again_where_it_was_slower() {
+        let (switches, t) = trial(0.335, 0.391);
+        assert_eq!(switches, vec![(4, true), (9, false)]);
+        assert!(t.choice().expect("decided").starts_with("recompute off"));
+    }
+
+    #[test]
+    fn starts_once() {
+        let mut t = RecomputeTrial::default();
+        t.start();
+        t.after_step(None);
+        t.start();
+        assert_eq!(t.state, State::Settling { on: false, left: SETTLE - 1 }, "a second start changes nothing");
+    }
+}
