@@ -313,10 +313,10 @@ fn attention_in_f32_at_head_size_64_over_several_tiles_matches_finite_difference
 #[test]
 fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     let mut rng = Rng::new(17);
-    let (n, c, v) = (9, 5, 37);
+    let (n, c, v) = (20, 5, 37);
     let targets: Vec<u32> = (0..n).map(|i| if i == 4 { u32::MAX } else { rng.below(v) as u32 }).collect();
     // With the device's budget the head keeps its logits for backward; an 8 KiB budget makes them
-    // in chunks of 5 and 4 rows and again in backward.
+    // in two chunks of 10 rows (a quarter of the budget holds 13) and again in backward.
     for budget in [None, Some(8u64 << 10)] {
         let ctx =
             common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
@@ -396,7 +396,7 @@ fn head_run(
 #[test]
 fn head_gradients_made_in_forward_are_those_backward_makes() {
     let mut rng = Rng::new(23);
-    let (n, c, v) = (9, 5, 37);
+    let (n, c, v) = (20, 5, 37);
     let targets: Vec<u32> = (0..n).map(|i| if i == 4 { u32::MAX } else { rng.below(v) as u32 }).collect();
     let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));
     let (x64, w64) = (to64(&x), to64(&w));
@@ -408,8 +408,8 @@ fn head_gradients_made_in_forward_are_those_backward_makes() {
     let scaled = |fd: Vec<f64>| fd.iter().map(|g| g * seed as f64).collect::<Vec<_>>();
     let fd_x = scaled(finite_diff(&x64, 1e-5, |xi| loss_of(xi, &w64)));
     let fd_w = scaled(finite_diff(&w64, 1e-5, |wi| loss_of(&x64, wi)));
-    // the device's budget keeps the logits for backward; 8 KiB makes them in chunks of 5 and 4
-    // rows, and again in backward
+    // the device's budget keeps the logits for backward; 8 KiB makes them in two chunks of 10
+    // rows (a quarter of the budget holds 13), and again in backward
     for budget in [None, Some(8u64 << 10)] {
         let ctx =
             common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });

@@ -62,7 +62,9 @@ pub fn check_budget(gpu: &Gpu, budget: u64) -> Result<()> {
 /// more than a quarter of the budget (and never fewer than 4). Rings in host memory (the
 /// readback ring, a pinned upload ring) take no GPU memory and are not bounded by it.
 pub fn ring_slots(budget: u64, slot_bytes: u64, max: usize) -> usize {
-    let share = (budget / RING_SHARE / slot_bytes.max(1)) as usize;
+    // (PAGETRAIN_RING_SHARE=N: 1/N of the budget instead, for measuring)
+    let ring_share = std::env::var("PAGETRAIN_RING_SHARE").ok().and_then(|v| v.parse::<u64>().ok());
+    let share = (budget / ring_share.unwrap_or(RING_SHARE).max(1) / slot_bytes.max(1)) as usize;
     max.min(share.max(RING_MIN_SLOTS)).max(1)
 }
 
