@@ -68,6 +68,7 @@ fn checkpoints_stream_a_tensor_at_a_time() {
         seq_len: 32,
         sample_len: 0,
         out: dir.join("run"),
+        optimizer_on: pagetrain::train::OptimizerOn::Gpu,
         ..Default::default()
     };
     let mut t = Trainer::new(&ctx, cfg.clone(), None).unwrap();

@@ -9,14 +9,15 @@ use crate::nn::{GptConfig, ModelShape};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OptimizerOn {
     /// Fused kernels over paged states.
-    #[default]
     Gpu,
     /// Worker threads over the host-resident states.
     Host,
     /// The first parameters (the embedding first) on the GPU with their state kept there, the
     /// rest on the host (`optim::SplitAdamW`).
     Split,
-    /// Decided from the model and the budget; the run says which and why.
+    /// Decided from the model and the budget; the run says which and why. The GPU wherever
+    /// the optimizer's state fits half the budget, so a resident run decides without measuring.
+    #[default]
     Auto,
 }
 

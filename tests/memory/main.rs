@@ -41,6 +41,8 @@ fn cfg(out: &Path) -> TrainConfig {
         eval_batches: 1,
         out: out.to_path_buf(),
         seed: 5,
+        // (these tests page AdamW's state; `auto` would measure where to run it)
+        optimizer_on: pagetrain::train::OptimizerOn::Gpu,
         ..Default::default()
     }
 }

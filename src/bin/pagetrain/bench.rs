@@ -51,8 +51,9 @@ pub(crate) struct BenchArgs {
     /// has chosen.
     #[arg(long, conflicts_with = "recompute")]
     pub(crate) no_auto_recompute: bool,
-    /// Where AdamW runs in the timed steps.
-    #[arg(long, default_value = "gpu")]
+    /// Where AdamW runs in the timed steps; `auto` chooses as `train` does, for the resident
+    /// steps and for each budget.
+    #[arg(long, default_value = "auto")]
     pub(crate) optimizer_on: OptimizerOn,
     /// Delay host AdamW's updates by one step after STEPS steps (`train --delayed-update`).
     #[arg(long, value_name = "STEPS")]
