@@ -360,7 +360,9 @@ impl Trainer {
             match self.accumulate(ctx, x, y).await {
                 Ok(losses) => break losses,
                 Err(e) if is_out_of_memory(&e) && self.micro_batch > 1 => {
-                    // Throw the partial step away and run it again in smaller pieces.
+                    // Throw the partial step away and run it again in smaller pieces (not by
+                    // the partial step's accesses: it freed its tensors unread).
+                    self.step_changed = true;
                     ctx.tape().clear();
                     self.apply_pending(ctx).await?;
                     self.model.zero_grad(ctx)?;
