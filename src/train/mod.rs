@@ -11,6 +11,7 @@ mod optimizer;
 pub mod pending_loss;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod prepare;
+mod recompute_policy;
 mod recompute_trial;
 mod report;
 pub mod run_file;

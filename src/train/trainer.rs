@@ -62,10 +62,10 @@ pub struct Trainer {
     /// and the next forward is recorded while the GPU finishes this backward.
     pub(super) pending_update: Option<PendingUpdate>,
     /// Whether this paged run recomputes its blocks, measured (`TrainConfig::auto_recompute`).
-    recompute_trial: RecomputeTrial,
+    pub(super) recompute_trial: RecomputeTrial,
     /// Recompute or remaking changed since the last step: the next one will not repeat its
     /// accesses ([`crate::pager::Pager::begin_step_unlike_last`]).
-    step_changed: bool,
+    pub(super) step_changed: bool,
 }
 
 /// Whether a mixed-precision run with AdamW on the host sends its gradients down in f16:
@@ -302,26 +302,6 @@ impl Trainer {
         Ok(losses)
     }
 
-    /// After a step that evicted tensors to stay in the GPU budget, the later steps make
-    /// LayerNorm outputs and the MLP's hidden values again in backward instead of paging them
-    /// (`Block::forward`), unless `TrainConfig::remake` says otherwise. Not where transfers
-    /// cannot be waited for within a step (the browser): there the web demo's second step
-    /// failed waiting for a write-back in Chromium, which native runs of the same mode cannot
-    /// show (their polls complete maps at once).
-    fn remake_if_paging(&mut self, ctx: &Context, evictions: u64) {
-        let asked = self.cfg.remake.is_some();
-        if evictions == 0 || self.model.remakes() || self.cfg.recompute || asked || !ctx.pager.waits_may_block() {
-            return;
-        }
-        self.model.set_remake(true);
-        self.step_changed = true;
-        log::info!(
-            "step {}: {evictions} evictions to stay in the {} MiB GPU budget; from now on LayerNorm outputs and the MLP's hidden values are made again in backward instead of paged",
-            self.step,
-            ctx.pager.budget() >> 20
-        );
-    }
-
     /// One optimizer step on the step's batch; returns the mean loss before the update (waits
     /// for the step's GPU work: [`Trainer::train_step_pending`] does not).
     pub async fn train_step(&mut self, ctx: &Context) -> Result<f32> {
@@ -343,12 +323,7 @@ impl Trainer {
             None => (&x[..], &y[..]),
         };
         let evictions = ctx.pager.counters().evictions;
-        // A step the recompute trial times runs from an idle GPU to an idle GPU.
-        let timed = self.recompute_trial.times_next_step();
-        if timed {
-            ctx.sync()?;
-        }
-        let trial_clock = crate::clock::Stopwatch::start();
+        let trial_clock = self.trial_step_begins(ctx)?;
         // The update delayed at the step before last lands before this forward reads the weights.
         self.opt.land_delayed()?;
         let loss = loop {
@@ -381,11 +356,7 @@ impl Trainer {
                 Err(e) => return Err(e),
             }
         };
-        let evicted = ctx.pager.counters().evictions - evictions;
-        self.remake_if_paging(ctx, evicted);
-        if evicted > 0 && self.wants_recompute_trial(ctx) {
-            self.recompute_trial.start();
-        }
+        self.after_evictions(ctx, ctx.pager.counters().evictions - evictions);
         // Ranks agree on the mean at once (it is a collective); alone, it is read later.
         let mut loss = match &self.dist {
             Some(d) => StepLoss::known(self.step, d.mean(loss.mean(ctx).await?)?),
@@ -410,43 +381,9 @@ impl Trainer {
             );
         }
         loss.submit(ctx);
-        if timed {
-            ctx.sync()?;
-        }
-        let was_running = self.recompute_trial.running();
-        if let Some(on) = self.recompute_trial.after_step(timed.then(|| trial_clock.seconds())) {
-            self.set_recompute(on);
-        }
-        if let (true, Some(why)) = (was_running, self.recompute_trial.choice()) {
-            log::info!("step {}: {why}", self.step);
-        }
+        self.trial_step_ends(ctx, trial_clock)?;
         self.step += 1;
         Ok(loss)
-    }
-
-    /// Whether this run measures recompute against paging: not asked either way, one process
-    /// (ranks would have to agree), and waits may block (see [`Trainer::remake_if_paging`]).
-    fn wants_recompute_trial(&self, ctx: &Context) -> bool {
-        !self.cfg.recompute && self.cfg.auto_recompute && self.dist.is_none() && ctx.pager.waits_may_block()
-    }
-
-    /// Turns block recompute on or off from the next step (`TrainConfig::recompute` sets it
-    /// at the start); the next step is then planned afresh, not from the last one's accesses.
-    pub fn set_recompute(&mut self, on: bool) {
-        if self.model.recomputes() != on {
-            self.model.set_recompute(on);
-            self.step_changed = true;
-        }
-    }
-
-    /// Whether the recompute trial is still measuring (the bench warms up until it is not).
-    pub fn recompute_trial_running(&self) -> bool {
-        self.recompute_trial.running()
-    }
-
-    /// What the recompute trial kept and why, once it has decided.
-    pub fn recompute_choice(&self) -> Option<&str> {
-        self.recompute_trial.choice()
     }
 
     /// Mean loss over `cfg.eval_batches` validation batches (a fixed sample, so evaluations compare).
