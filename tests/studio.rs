@@ -278,6 +278,19 @@ fn the_log_says_when_backward_begins_making_values_again() {
 }
 
 #[test]
+fn the_log_says_what_the_recompute_trial_measured_and_kept() {
+    let mut dash = Dashboard::default();
+    let decided = pagetrain::train::RecomputeDecision { on: true, recomputed_ms: 121.3, kept_ms: 152.4 };
+    for (n, recompute_decided) in [(11, None), (12, Some(decided)), (13, None)] {
+        dash.apply(Event::Step(StepInfo { step: n, loss: 3.0, seconds: 0.1, recompute_decided, ..Default::default() }));
+    }
+    let said: Vec<&str> = dash.log.iter().map(|(_, line)| line.as_str()).filter(|l| l.contains("recompute")).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("step 12: recompute on"), "{said:?}");
+    assert!(said[0].contains("121.3 ms a step recomputed, 152.4 ms kept"), "{said:?}");
+}
+
+#[test]
 fn residency_map_snapshot() {
     let mut snap = model_snapshot(400);
     snap.tensors[1].dirty = true;

@@ -159,7 +159,7 @@ pub struct StepTiming {
     pub optimizer: String,
     pub optimizer_reason: String,
     pub host_optimizer_s: Option<f64>,
-    /// Whether the blocks were recomputed, and why (`Trainer::recompute_choice`).
+    /// Whether the blocks were recomputed, and why (`Trainer::recompute_decision`).
     pub recompute: String,
 }
 
@@ -256,9 +256,9 @@ pub fn time_steps(
         recording: per_step,
         optimizer: t.opt.name().to_string(),
         optimizer_reason: t.optimizer_reason.clone(),
-        recompute: match (cfg.recompute, t.recompute_choice()) {
+        recompute: match (cfg.recompute, t.recompute_decision()) {
             (true, _) => "on (asked for)".into(),
-            (false, Some(why)) => why.into(),
+            (false, Some(decided)) => decided.to_string(),
             (false, None) => "off".into(),
         },
         host_optimizer_s: t

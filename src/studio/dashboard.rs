@@ -148,6 +148,9 @@ impl Dashboard {
                         format!("step {}: evicted to stay in the GPU budget; from now on {what}", s.step),
                     );
                 }
+                if let Some(decided) = s.recompute_decided {
+                    self.say(Level::Info, format!("step {}: {decided}", s.step));
+                }
                 self.steps.push(s);
             }
             Event::Eval { step, loss } => self.evals.push((step, loss)),

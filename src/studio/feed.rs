@@ -57,6 +57,8 @@ pub struct StepInfo {
     /// From this step on, backward makes LayerNorm outputs and the MLP's hidden values again
     /// instead of paging them (the run turned it on after having to evict).
     pub began_remaking: bool,
+    /// The recompute trial decided at this step: what it measured and kept.
+    pub recompute_decided: Option<crate::train::RecomputeDecision>,
 }
 
 /// What a [`StepInfo`] is measured from: the pager's counters and the trainer's skipped steps,
@@ -65,6 +67,7 @@ pub struct StepStart {
     counters: Counters,
     skipped_steps: u64,
     remaking: bool,
+    decided: bool,
 }
 
 impl StepStart {
@@ -73,6 +76,7 @@ impl StepStart {
             counters: ctx.pager.counters(),
             skipped_steps: trainer.skipped_steps,
             remaking: trainer.model.remakes(),
+            decided: trainer.recompute_decision().is_some(),
         }
     }
 
@@ -95,6 +99,7 @@ impl StepStart {
             skipped: trainer.skipped_steps > self.skipped_steps,
             loss_scale: trainer.loss_scale,
             began_remaking: !self.remaking && trainer.model.remakes(),
+            recompute_decided: trainer.recompute_decision().filter(|_| !self.decided),
         }
     }
 }

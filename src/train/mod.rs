@@ -26,6 +26,7 @@ mod update;
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
 pub use generate::Sampling;
+pub use recompute_trial::RecomputeDecision;
 pub use run_file::RunFile;
 pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};

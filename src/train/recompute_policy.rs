@@ -3,6 +3,7 @@
 //! recompute trial (`super::recompute_trial`) measures it faster. A step after any such change
 //! is planned afresh ([`crate::pager::Pager::begin_step_unlike_last`]).
 
+use super::recompute_trial::RecomputeDecision;
 use super::trainer::Trainer;
 use crate::clock::Stopwatch;
 use crate::context::Context;
@@ -57,8 +58,8 @@ impl Trainer {
         if let Some(on) = self.recompute_trial.after_step(clock.map(|c| c.seconds())) {
             self.set_recompute(on);
         }
-        if let (true, Some(why)) = (was_running, self.recompute_trial.choice()) {
-            log::info!("step {}: {why}", self.step);
+        if let (true, Some(decided)) = (was_running, self.recompute_trial.decision()) {
+            log::info!("step {}: {decided}", self.step);
         }
         Ok(())
     }
@@ -83,8 +84,8 @@ impl Trainer {
         self.recompute_trial.running()
     }
 
-    /// What the recompute trial kept and why, once it has decided.
-    pub fn recompute_choice(&self) -> Option<&str> {
-        self.recompute_trial.choice()
+    /// What the recompute trial measured and kept, once it has decided.
+    pub fn recompute_decision(&self) -> Option<RecomputeDecision> {
+        self.recompute_trial.decision()
     }
 }

@@ -39,6 +39,28 @@ enum State {
     Done,
 }
 
+/// What the trial measured and kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecomputeDecision {
+    /// Recompute is kept on.
+    pub on: bool,
+    /// The fastest timed step each way, in milliseconds.
+    pub recomputed_ms: f64,
+    pub kept_ms: f64,
+}
+
+impl std::fmt::Display for RecomputeDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "recompute {} (measured, the fastest of {TIMED} steps each way: {:.1} ms a step recomputed, {:.1} ms kept from forward)",
+            if self.on { "on" } else { "off" },
+            self.recomputed_ms,
+            self.kept_ms
+        )
+    }
+}
+
 /// The trial's progress; the trainer times the steps it asks for and applies its switches.
 #[derive(Debug)]
 pub struct RecomputeTrial {
@@ -46,12 +68,12 @@ pub struct RecomputeTrial {
     /// Seconds of the fastest step timed without recompute.
     without: f64,
     /// What was measured and kept, once done.
-    choice: Option<String>,
+    decision: Option<RecomputeDecision>,
 }
 
 impl Default for RecomputeTrial {
     fn default() -> Self {
-        RecomputeTrial { state: State::Idle, without: 0.0, choice: None }
+        RecomputeTrial { state: State::Idle, without: 0.0, decision: None }
     }
 }
 
@@ -98,21 +120,17 @@ impl RecomputeTrial {
                     return Some(true);
                 }
                 let keep = best < self.without * (1.0 - MARGIN);
-                self.choice = Some(format!(
-                    "recompute {} (measured, the fastest of {TIMED} steps each way: {:.1} ms a step recomputed, {:.1} ms kept from forward)",
-                    if keep { "on" } else { "off" },
-                    best * 1e3,
-                    self.without * 1e3
-                ));
+                self.decision =
+                    Some(RecomputeDecision { on: keep, recomputed_ms: best * 1e3, kept_ms: self.without * 1e3 });
                 self.state = State::Done;
                 (!keep).then_some(false)
             }
         }
     }
 
-    /// What the trial kept and why, once it has decided.
-    pub fn choice(&self) -> Option<&str> {
-        self.choice.as_deref()
+    /// What the trial measured and kept, once it has decided.
+    pub fn decision(&self) -> Option<RecomputeDecision> {
+        self.decision
     }
 }
 
@@ -145,7 +163,7 @@ mod tests {
         let (switches, t) = trial(0.175, 0.141);
         assert_eq!(switches, vec![(FIRST_SETTLE as usize + 3 - 1, true)], "one switch on, after settling and timing");
         assert!(!t.running());
-        let why = t.choice().expect("decided");
+        let why = t.decision().expect("decided").to_string();
         assert!(why.starts_with("recompute on") && why.contains("141.0 ms") && why.contains("175.0 ms"), "{why}");
     }
 
@@ -153,14 +171,14 @@ mod tests {
     fn turns_recompute_off_again_where_it_was_slower() {
         let (switches, t) = trial(0.335, 0.391);
         assert_eq!(switches, vec![(6, true), (11, false)]);
-        assert!(t.choice().expect("decided").starts_with("recompute off"));
+        assert!(t.decision().expect("decided").to_string().starts_with("recompute off"));
     }
 
     #[test]
     fn keeps_recompute_off_where_it_was_faster_by_less_than_the_margin() {
         let (switches, t) = trial(0.1725, 0.166);
         assert_eq!(switches, vec![(6, true), (11, false)]);
-        assert!(t.choice().expect("decided").starts_with("recompute off"));
+        assert!(t.decision().expect("decided").to_string().starts_with("recompute off"));
     }
 
     #[test]

@@ -31,12 +31,12 @@ fn a_paged_run_times_steps_with_and_without_recompute_and_keeps_the_faster() {
     let steps = 14;
     let resident = context(None);
     let (full, t) = losses(&resident, cfg(&out), steps);
-    assert!(t.recompute_choice().is_none() && !t.model.recomputes(), "a resident run has nothing to measure");
+    assert!(t.recompute_decision().is_none() && !t.model.recomputes(), "a resident run has nothing to measure");
     let budget = resident.pager.live_bytes().1 / 4;
 
     let paged = context(Some(budget));
     let (l, t) = losses(&paged, cfg(&out), steps);
-    let why = t.recompute_choice().expect("a paged run measured recompute");
+    let why = t.recompute_decision().expect("a paged run measured recompute").to_string();
     println!("{why}");
     assert!(!t.recompute_trial_running());
     assert_eq!(t.model.recomputes(), why.starts_with("recompute on"), "{why}");
@@ -45,7 +45,7 @@ fn a_paged_run_times_steps_with_and_without_recompute_and_keeps_the_faster() {
 
     let off = context(Some(budget));
     let (_, t) = losses(&off, TrainConfig { auto_recompute: false, ..cfg(&out) }, steps);
-    assert!(t.recompute_choice().is_none() && !t.model.recomputes(), "auto_recompute off measured anyway");
+    assert!(t.recompute_decision().is_none() && !t.model.recomputes(), "auto_recompute off measured anyway");
     // Remaking alone from the second step (LayerNorm and MLP outputs: 10 C values a token and
     // block, f32); a step with whole blocks recomputed would drop more.
     let c = t.model.config;
