@@ -17,6 +17,10 @@ pub struct StepReport {
     pub step_ms_budget50: Option<f64>,
     pub step_ms_budget25: Option<f64>,
     pub step_ms_budget10: Option<f64>,
+    /// Whether those steps recomputed their blocks, and why (`StepTiming::recompute`).
+    pub recompute_budget50: Option<String>,
+    pub recompute_budget25: Option<String>,
+    pub recompute_budget10: Option<String>,
     /// Bytes moved per step (up + back) at 50 / 25 / 10 % budgets.
     pub bytes_per_step_budget50: Option<u64>,
     pub bytes_per_step_budget25: Option<u64>,
@@ -397,6 +401,9 @@ pub fn step_times(
         step_ms_budget50: at[0].as_ref().map(|r| r.ms),
         step_ms_budget25: at[1].as_ref().map(|r| r.ms),
         step_ms_budget10: at[2].as_ref().map(|r| r.ms),
+        recompute_budget50: at[0].as_ref().map(|r| r.recompute.clone()),
+        recompute_budget25: at[1].as_ref().map(|r| r.recompute.clone()),
+        recompute_budget10: at[2].as_ref().map(|r| r.recompute.clone()),
         bytes_per_step_budget50: at[0].as_ref().map(|r| r.bytes_up + r.bytes_down),
         bytes_per_step_budget25: at[1].as_ref().map(|r| r.bytes_up + r.bytes_down),
         bytes_per_step_budget10: at[2].as_ref().map(|r| r.bytes_up + r.bytes_down),
