@@ -151,7 +151,7 @@ impl Default for TrainConfig {
             sample_prompt: None,
             sampling: super::generate::Sampling::default(),
             checkpoint_every: 0,
-            optimizer_on: OptimizerOn::Gpu,
+            optimizer_on: OptimizerOn::Auto,
             delayed_update: None,
             recompute: false,
             auto_recompute: true,

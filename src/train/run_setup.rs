@@ -32,6 +32,10 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
         OptimizerOn::Host => (OptimizerOn::Host, "--optimizer-on host".into()),
         OptimizerOn::Split => (OptimizerOn::Split, "--optimizer-on split".into()),
         OptimizerOn::Auto => {
+            if !ctx.pager.waits_may_block() {
+                // (the measurements below wait for the GPU, which the browser cannot within a call)
+                return (OptimizerOn::Gpu, "auto: the GPU (nothing is measured where waits cannot block)".into());
+            }
             let states = 16.0 * params;
             let budget = ctx.pager.budget() as f64;
             if states * 2.0 <= budget {
