@@ -54,6 +54,13 @@ fn losses(ctx: &Context, cfg: TrainConfig, steps: usize) -> (Vec<f32>, Trainer) 
     (l, t)
 }
 
+/// Bytes a step of `cfg(out)` makes again instead of keeping, remaking `values` f32 values per
+/// channel, token and block (LayerNorm and MLP outputs: 10; with c_fc frozen in int8, 6).
+fn remade_bytes_per_step(t: &Trainer, out: &Path, values: usize) -> u64 {
+    let (c, run) = (t.model.config, cfg(out));
+    (c.n_layer * values * c.n_embd * run.batch_size * run.seq_len * 4) as u64
+}
+
 fn to64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
@@ -221,8 +228,7 @@ fn remade_layernorm_and_mlp_outputs_give_the_same_losses_and_are_neither_kept_no
     // The same kernels on the same inputs: the same bits, so the same gradients and updates.
     assert_eq!(remade, kept, "losses with the outputs made again in backward");
     // Per block and token: ln_1 and ln_2 (C values each), c_fc's and GELU's outputs (4C each), f32.
-    let c = t.model.config;
-    let per_step = (c.n_layer * 10 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    let per_step = remade_bytes_per_step(&t, &out, 10);
     assert_eq!(ctx.pager.counters().recompute_dropped_bytes, per_step * steps as u64);
     // With c_fc frozen in int8 its output is kept and the rest made again: the same losses too.
     let frozen = |remake| TrainConfig { remake: Some(remake), freeze_int8: Some("mlp".into()), ..cfg(&out) };
@@ -230,7 +236,7 @@ fn remade_layernorm_and_mlp_outputs_give_the_same_losses_and_are_neither_kept_no
     let frozen_ctx = context(None);
     let (frozen_remade, _) = losses(&frozen_ctx, frozen(true), 3);
     assert_eq!(frozen_remade, frozen_kept, "losses with int8 MLP layers");
-    let per_step_frozen = (c.n_layer * 6 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    let per_step_frozen = remade_bytes_per_step(&t, &out, 6);
     assert_eq!(frozen_ctx.pager.counters().recompute_dropped_bytes, per_step_frozen * 3);
     let (kept_peak, remade_peak) = (kept_ctx.pager.snapshot().peak_gpu_bytes, ctx.pager.snapshot().peak_gpu_bytes);
     println!("peak GPU bytes: kept {kept_peak}, remade {remade_peak}");

@@ -1,7 +1,7 @@
 //! Recompute switched during a paged run, by hand and by the trial that measures it
 //! (`TrainConfig::auto_recompute`): the losses stay those of the resident run.
 
-use super::{cfg, context, losses, tmpdir, to64};
+use super::{cfg, context, losses, remade_bytes_per_step, tmpdir, to64};
 use crate::common::assert_close;
 use pagetrain::train::{TrainConfig, Trainer};
 
@@ -46,9 +46,8 @@ fn a_paged_run_times_steps_with_and_without_recompute_and_keeps_the_faster() {
     let off = context(Some(budget));
     let (_, t) = losses(&off, TrainConfig { auto_recompute: false, ..cfg(&out) }, steps);
     assert!(t.recompute_decision().is_none() && !t.model.recomputes(), "auto_recompute off measured anyway");
-    // Remaking alone from the second step (LayerNorm and MLP outputs: 10 C values a token and
-    // block, f32); a step with whole blocks recomputed would drop more.
-    let c = t.model.config;
-    let remade = (c.n_layer * 10 * c.n_embd * cfg(&out).batch_size * cfg(&out).seq_len * 4) as u64;
+    // Remaking alone from the second step (LayerNorm and MLP outputs); a step with whole blocks
+    // recomputed would drop more.
+    let remade = remade_bytes_per_step(&t, &out, 10);
     assert_eq!(off.pager.counters().recompute_dropped_bytes, remade * (steps as u64 - 1), "blocks recomputed");
 }
