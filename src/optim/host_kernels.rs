@@ -3,8 +3,6 @@
 //! threads take from one shared queue, so one set of threads serves a whole model (GPT-2 XL has
 //! ~580 tensors, 1.56 B parameters) and the loops are simple enough to vectorize.
 
-use std::sync::Mutex;
-
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -25,40 +23,38 @@ pub fn worker_threads() -> usize {
     asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1)
 }
 
-/// Runs `f` on every job, on up to `threads` worker threads taking jobs in order from one queue,
-/// and returns the results in job order. One lock a job: a job is a chunk, tens of microseconds
-/// of work, so the queue never contends.
+/// Runs `f` on every job, on up to `threads` worker threads, and returns the results in job
+/// order. The workers are a pool kept per thread count (`rayon`), not threads spawned per call:
+/// the host optimizer runs a pass per layer, and spawning 16 threads for each took a quarter of
+/// a GPT-2 small layer's ~2 ms pass (H100, BENCHMARKS stop 46). Where no pool can be made, the
+/// jobs run here, one after another.
 fn run_jobs<J: Send, R: Send>(jobs: Vec<J>, threads: usize, f: impl Fn(J) -> R + Sync) -> Vec<R> {
-    let count = jobs.len();
-    let threads = threads.min(count);
-    if threads <= 1 || cfg!(target_arch = "wasm32") {
-        return jobs.into_iter().map(f).collect();
+    let threads = threads.min(jobs.len());
+    #[cfg(not(target_arch = "wasm32"))]
+    if threads > 1 {
+        if let Some(pool) = worker_pool(threads) {
+            use rayon::prelude::*;
+            return pool.install(|| jobs.into_par_iter().map(&f).collect());
+        }
     }
-    let queue = Mutex::new(jobs.into_iter().enumerate());
-    let (queue, f) = (&queue, &f);
-    let done: Vec<Vec<(usize, R)>> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(move || {
-                    let mut out = Vec::new();
-                    // A poisoned lock only means another worker panicked; the scope re-raises that.
-                    loop {
-                        // The lock is let go at the end of this statement, before the job runs.
-                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                        let Some((i, job)) = next else { break };
-                        out.push((i, f(job)));
-                    }
-                    out
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-    });
-    let mut slots: Vec<Option<R>> = (0..count).map(|_| None).collect();
-    for (i, r) in done.into_iter().flatten() {
-        slots[i] = Some(r);
+    jobs.into_iter().map(f).collect()
+}
+
+/// The pool of `threads` workers, made on first use and kept for the process (a run asks for
+/// one or two sizes); `None` where its threads cannot start.
+#[cfg(not(target_arch = "wasm32"))]
+fn worker_pool(threads: usize) -> Option<std::sync::Arc<rayon::ThreadPool>> {
+    use std::sync::Arc;
+    static POOLS: std::sync::Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>> = std::sync::Mutex::new(Vec::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, pool)) = pools.iter().find(|(n, _)| *n == threads) {
+        return Some(pool.clone());
     }
-    slots.into_iter().flatten().collect()
+    let pool =
+        rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("host pass {i}")).build().ok()?;
+    let pool = Arc::new(pool);
+    pools.push((threads, pool.clone()));
+    Some(pool)
 }
 
 /// `dst.copy_from_slice(src)` for every pair, in chunks on up to `threads` workers (one thread

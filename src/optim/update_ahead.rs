@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 
 use super::host_kernels::{adamw_update, AdamWSlices, AdamWStep, GradSlice};
 use super::host_values::{pods, F32sMut, PodsMut};
+use crate::clock::Stopwatch;
 use crate::error::{Error, Result};
 use crate::pager::{HostLoan, Pager};
 
@@ -119,8 +120,12 @@ impl UpdateAhead {
         let (give, work) = mpsc::channel::<(Vec<ParamUpdate>, HostLoan)>();
         let (send, done) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("host AdamW ahead".into()).spawn(move || {
+            let first = Stopwatch::start();
             for (g, (updates, mut loan)) in work.iter().enumerate() {
+                let (began, this) = (first.seconds(), Stopwatch::start());
                 let result = update_in_place(&mut loan.slices(), &updates, step, threads);
+                // (`RUST_LOG=pagetrain::optim=debug`: how fast each layer's pass runs, and when)
+                log::debug!("host AdamW ahead: group {g} from {:.2} ms, {:.2} ms", began * 1e3, this.seconds() * 1e3);
                 if send.send((g, loan, result)).is_err() {
                     return;
                 }
@@ -158,6 +163,7 @@ impl UpdateAhead {
                 wanted.push(g);
             }
         }
+        let waiting = Stopwatch::start();
         while wanted.iter().any(|&g| self.groups[g].1.is_none() && !self.groups[g].0.is_empty()) {
             let (g, loan, result) = self
                 .done
@@ -169,6 +175,7 @@ impl UpdateAhead {
             }
             self.groups[g].1 = Some(loan);
         }
+        log::debug!("host AdamW ahead: waited {:.2} ms for groups {wanted:?}", waiting.seconds() * 1e3);
         let mut finished = Vec::new();
         for g in wanted {
             if let Some(loan) = self.groups[g].1.take() {
