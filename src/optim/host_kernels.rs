@@ -1,7 +1,7 @@
 //! The host optimizer's two passes over every parameter: the sum of squares of the gradients
-//! (for the clip) and the AdamW update. Both cut each tensor into fixed-size chunks that worker
-//! threads take from one shared queue, so one set of threads serves a whole model (GPT-2 XL has
-//! ~580 tensors, 1.56 B parameters) and the loops are simple enough to vectorize.
+//! (for the clip) and the AdamW update. Both cut each tensor into fixed-size chunks that a pool of
+//! worker threads shares out, so one set of threads serves a whole model (GPT-2 XL has ~580
+//! tensors, 1.56 B parameters) and the loops are simple enough to vectorize.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;

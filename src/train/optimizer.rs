@@ -64,14 +64,14 @@ impl Optimizer {
             }
             (OptimizerOn::Host, None) => host(reason)?,
             (OptimizerOn::Split, None) => {
-                let on_gpu = gpu_share(&params, ctx.pager.budget() / split_share());
+                let on_gpu = gpu_share(&params, ctx.pager.budget() / split_share(cfg.precision));
                 if on_gpu == 0 || on_gpu == params.len() || cfg.delayed_update.is_some() {
                     *reason += &match cfg.delayed_update {
                         Some(_) => "; not split: --delayed-update delays a host optimizer".to_string(),
                         None => format!(
                             "; not split: the state of {on_gpu} of the {} parameters fits 1/{} of the budget",
                             params.len(),
-                            split_share()
+                            split_share(cfg.precision)
                         ),
                     };
                     return host(reason);

@@ -11,9 +11,16 @@ use crate::nn::GptConfig;
 use crate::optim::HostAdamW;
 
 /// The budget divided by this is what a split optimizer's GPU share may keep
-/// (`optim::SplitAdamW`); the rest is the step's working set. `PAGETRAIN_SPLIT_SHARE` overrides.
-pub(super) fn split_share() -> u64 {
-    std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()).filter(|&d| d >= 1).unwrap_or(3)
+/// (`optim::SplitAdamW`); the rest is the step's working set. A half in f16, whose activations
+/// take half the bytes, a third in f32 (GPT-2 small at a quarter budget, H100: f16 split at a
+/// half 89.0 / 90.9 ms a step against 103.4 / 104.4 with AdamW on the host; BENCHMARKS stop 46).
+/// `PAGETRAIN_SPLIT_SHARE` overrides.
+pub(super) fn split_share(precision: Precision) -> u64 {
+    let default = match precision {
+        Precision::F16 => 2,
+        Precision::F32 => 3,
+    };
+    std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()).filter(|&d| d >= 1).unwrap_or(default)
 }
 
 /// Where the optimizer should run, and why. `auto` keeps it on the GPU when parameters,
@@ -22,9 +29,9 @@ pub(super) fn split_share() -> u64 {
 /// optimizer pages ~28 bytes per parameter across the bus (parameter, gradient, both moments in;
 /// parameter and moments back), the host one ~8 (gradient down, parameter up) plus its CPU time
 /// (the norm and update passes on all cores, timed here on arrays larger than the caches).
-/// Where the host wins in f32 and the embedding's state fits in a third of the budget, AdamW is
-/// split: the embedding (and the parameters after it that fit) update on the GPU, the rest on the
-/// host.
+/// Where the host wins and the embedding's state fits in its share of the budget
+/// ([`split_share`]), AdamW is split: the embedding (and the parameters after it that fit) update
+/// on the GPU, the rest on the host.
 pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConfig) -> (OptimizerOn, String) {
     let params = model.num_params() as f64;
     match cfg.optimizer_on {
@@ -74,17 +81,13 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             );
             // The embedding comes first in the forward: with its state on the GPU the next step
             // need not wait for its gradient to go down, the host to update it and it to go up.
-            // Measured faster in f32 only (GPT-2 small at a quarter budget, BENCHMARKS stop 44:
-            // 1–9 %); in f16 the extra paging the kept state causes ate the gain.
-            let embedding = 16.0 * model.vocab_size as f64 * c;
-            let splits = cfg.precision == Precision::F32
-                && cfg.delayed_update.is_none()
-                && embedding <= budget / split_share() as f64;
+            // Its state: value, gradient and moments in f32, and its f16 copy under f16.
+            let per_value = if cfg.precision == Precision::F16 { 18.0 } else { 16.0 };
+            let embedding = per_value * model.vocab_size as f64 * c;
+            let share = split_share(cfg.precision);
+            let splits = cfg.delayed_update.is_none() && embedding <= budget / share as f64;
             if host_s < gpu_s && splits {
-                (
-                    OptimizerOn::Split,
-                    format!("auto: {figures}; the embedding's state fits 1/{} of the budget", split_share()),
-                )
+                (OptimizerOn::Split, format!("auto: {figures}; the embedding's state fits 1/{share} of the budget"))
             } else if host_s < gpu_s {
                 (OptimizerOn::Host, format!("auto: {figures}"))
             } else {
