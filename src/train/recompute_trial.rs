@@ -4,7 +4,7 @@
 //! f16 stepped in 141 ms recomputed against 175 ms paged at a tenth of its footprint, 120
 //! against 119 at a quarter, and in f32 at a quarter 391 against 335. So once a step has had to
 //! evict tensors to stay in the GPU budget, a few steps are timed as they are, then as many with
-//! the blocks recomputed, and recompute is kept for the rest of the run where its fastest step
+//! the blocks recomputed, and recompute is kept for the rest of the run where its median step
 //! beat the other way's by a margin.
 
 /// Steps after the first that evicted before timing: a run's first paged steps are slow while
@@ -14,9 +14,12 @@ const FIRST_SETTLE: u32 = 4;
 /// Steps after a change before timing: the pager plans a step from the last one's accesses, and
 /// a step after a change has none to go by.
 const SETTLE: u32 = 2;
-/// Steps timed each way; the fastest counts, so one step slowed by something else does not.
-const TIMED: u32 = 3;
-/// Recompute is kept only where its fastest step is at least this much faster: a tie keeps the
+/// Steps timed each way; the median counts, so neither one step slowed by something else (an
+/// evaluation) nor one lucky step does. The fastest counted before: on an H100, GPT-2 small in
+/// f16 at a quarter with AdamW split measured 106.6 ms at its fastest without recompute (105.0
+/// with it), kept it off, and then stepped in 148 ms, against 88–90 in runs that kept it on.
+const TIMED: usize = 3;
+/// Recompute is kept only where its median step is at least this much faster: a tie keeps the
 /// way without a second forward. On an H100, GPT-2 small in f16 at a quarter of its footprint
 /// measured within 5 % either way in five calls (noise), at a tenth 17–24 % faster recomputed.
 /// The way without is also timed first, nearer the run's slow start, which favours recompute.
@@ -30,11 +33,11 @@ enum State {
         on: bool,
         left: u32,
     },
-    /// `best`: the fastest timed step so far, in seconds.
+    /// `times`: the steps timed so far, in seconds (`taken` of them).
     Timing {
         on: bool,
-        left: u32,
-        best: f64,
+        taken: usize,
+        times: [f64; TIMED],
     },
     Done,
 }
@@ -44,7 +47,7 @@ enum State {
 pub struct RecomputeDecision {
     /// Recompute is kept on.
     pub on: bool,
-    /// The fastest timed step each way, in milliseconds.
+    /// The median timed step each way, in milliseconds.
     pub recomputed_ms: f64,
     pub kept_ms: f64,
 }
@@ -53,7 +56,7 @@ impl std::fmt::Display for RecomputeDecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "recompute {} (measured, the fastest of {TIMED} steps each way: {:.1} ms a step recomputed, {:.1} ms kept from forward)",
+            "recompute {} (measured, the median of {TIMED} steps each way: {:.1} ms a step recomputed, {:.1} ms kept from forward)",
             if self.on { "on" } else { "off" },
             self.recomputed_ms,
             self.kept_ms
@@ -65,7 +68,7 @@ impl std::fmt::Display for RecomputeDecision {
 #[derive(Debug)]
 pub struct RecomputeTrial {
     state: State,
-    /// Seconds of the fastest step timed without recompute.
+    /// Seconds of the median step timed without recompute.
     without: f64,
     /// What was measured and kept, once done.
     decision: Option<RecomputeDecision>,
@@ -103,25 +106,27 @@ impl RecomputeTrial {
             State::Idle | State::Done => None,
             State::Settling { on, left } => {
                 self.state = match left {
-                    0 | 1 => State::Timing { on, left: TIMED, best: f64::INFINITY },
+                    0 | 1 => State::Timing { on, taken: 0, times: [f64::INFINITY; TIMED] },
                     _ => State::Settling { on, left: left - 1 },
                 };
                 None
             }
-            State::Timing { on, left, best } => {
-                let best = best.min(seconds.unwrap_or(f64::INFINITY));
-                if left > 1 {
-                    self.state = State::Timing { on, left: left - 1, best };
+            State::Timing { on, taken, mut times } => {
+                times[taken] = seconds.unwrap_or(f64::INFINITY);
+                if taken + 1 < TIMED {
+                    self.state = State::Timing { on, taken: taken + 1, times };
                     return None;
                 }
+                times.sort_by(f64::total_cmp);
+                let median = times[TIMED / 2];
                 if !on {
-                    self.without = best;
+                    self.without = median;
                     self.state = State::Settling { on: true, left: SETTLE };
                     return Some(true);
                 }
-                let keep = best < self.without * (1.0 - MARGIN);
+                let keep = median < self.without * (1.0 - MARGIN);
                 self.decision =
-                    Some(RecomputeDecision { on: keep, recomputed_ms: best * 1e3, kept_ms: self.without * 1e3 });
+                    Some(RecomputeDecision { on: keep, recomputed_ms: median * 1e3, kept_ms: self.without * 1e3 });
                 self.state = State::Done;
                 (!keep).then_some(false)
             }
@@ -147,7 +152,7 @@ mod tests {
         assert!(!t.running() && t.after_step(None).is_none(), "idle until started");
         t.start();
         for step in 0..30 {
-            // (one slow step each way, which the fastest step ignores)
+            // (one slow step each way, which the median ignores)
             let slow = if step % 3 == 0 { 10.0 } else { 1.0 };
             let timed = t.times_next_step().then_some(slow * if recompute { on } else { off });
             if let Some(next) = t.after_step(timed) {
