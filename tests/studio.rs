@@ -291,6 +291,22 @@ fn the_log_says_what_the_recompute_trial_measured_and_kept() {
 }
 
 #[test]
+fn the_log_says_what_the_upload_trial_measured_and_kept() {
+    let mut dash = Dashboard::default();
+    let decided = pagetrain::train::UploadDecision { pinned: true, pinned_ms: 114.7, ring_ms: 126.3 };
+    for (n, upload_decided) in [(20, None), (21, Some(decided)), (22, None)] {
+        dash.apply(Event::Step(StepInfo { step: n, loss: 3.0, seconds: 0.1, upload_decided, ..Default::default() }));
+    }
+    let said: Vec<&str> = dash.log.iter().map(|(_, line)| line.as_str()).filter(|l| l.contains("uploads")).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("step 21: uploads through pinned host memory"), "{said:?}");
+    assert!(
+        said[0].contains("114.7 ms a step by DMA from pinned memory, 126.3 ms through the staging ring"),
+        "{said:?}"
+    );
+}
+
+#[test]
 fn residency_map_snapshot() {
     let mut snap = model_snapshot(400);
     snap.tensors[1].dirty = true;

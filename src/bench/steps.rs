@@ -93,6 +93,9 @@ pub struct AtBudget {
     /// Whether the paged steps recomputed their blocks, and why (what the recompute trial
     /// measured, where it ran).
     pub recompute: Option<String>,
+    /// How the paged steps' uploads crossed the bus, and why (what the upload trial measured,
+    /// where it ran).
+    pub upload: Option<String>,
     pub compared: Option<String>,
     /// Per step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
     pub host_optimizer_ms_per_step: Option<f64>,
@@ -183,7 +186,7 @@ pub fn time_steps(
     let mut first_step_creation = Default::default();
     // (the warm-up lasts until a paged run's recompute trial has chosen: it times steps itself)
     let mut warmed = 0;
-    while warmed < warmup.max(1) || t.recompute_trial_running() {
+    while warmed < warmup.max(1) || t.trials_running() {
         warmed += 1;
         ctx.kernels.profile_step();
         pollster::block_on(t.train_step(&ctx))?;
@@ -368,6 +371,7 @@ pub fn step_times(
             optimizer: t.as_ref().map(|t| t.optimizer.clone()),
             optimizer_reason: t.as_ref().map(|t| t.optimizer_reason.clone()),
             recompute: t.as_ref().map(|t| t.recompute.clone()),
+            upload: t.as_ref().map(|t| t.upload_path.clone()),
             compared: t.as_ref().map(|t| {
                 format!(
                     "this paged step (AdamW on the {}) against the resident step of the same model (AdamW on the {}), each where --optimizer-on {} put it",

@@ -30,8 +30,9 @@ pub fn worker_threads() -> usize {
 /// jobs run here, one after another.
 fn run_jobs<J: Send, R: Send>(jobs: Vec<J>, threads: usize, f: impl Fn(J) -> R + Sync) -> Vec<R> {
     let threads = threads.min(jobs.len());
-    #[cfg(not(target_arch = "wasm32"))]
-    if threads > 1 {
+    // (the browser has no threads: one after another there)
+    if threads > 1 && !cfg!(target_arch = "wasm32") {
+        #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = worker_pool(threads) {
             use rayon::prelude::*;
             return pool.install(|| jobs.into_par_iter().map(&f).collect());

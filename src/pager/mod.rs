@@ -33,7 +33,7 @@ mod upload_path;
 mod upload_ring;
 mod window;
 
-use std::cell::{RefCell, RefMut};
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -104,6 +104,9 @@ pub struct Pager {
     state: RefCell<State>,
     /// The upload path in use and why it was chosen.
     upload_choice: RefCell<(UploadPath, String)>,
+    /// `auto` kept the staging ring unmeasured on a GPU that offers pinned memory: a paged run
+    /// may time both (`upload_trial_offered`).
+    upload_trial: Cell<bool>,
     /// Upload slots asked for, and as many as a ring in GPU memory may take of the budget.
     upload_slots: (usize, usize),
     /// How the budget was set.
@@ -243,6 +246,7 @@ impl Pager {
             recorder,
             state: RefCell::new(state),
             upload_choice: RefCell::new((UploadPath::Ring, String::new())),
+            upload_trial: Cell::new(false),
             upload_slots,
             budget_source,
             #[cfg(vulkan_hal)]

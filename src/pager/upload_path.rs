@@ -48,6 +48,7 @@ impl Pager {
             UploadPath::ZeroCopy => (UploadPath::Ring, "staging ring (no unified memory on this adapter)".to_string()),
             UploadPath::Auto => self.measure_and_pick(pinned_why.is_none(), unified, pinned_why.as_deref()),
         };
+        self.upload_trial.set(want == UploadPath::Auto && path == UploadPath::Ring && !unified && pinned_why.is_none());
         self.use_path(path);
         *self.upload_choice.borrow_mut() = (path, why);
     }
@@ -245,5 +246,33 @@ impl Pager {
     /// back to the ring and says so). Copies in flight finish first.
     pub fn set_upload_path(&self, path: UploadPath) {
         self.choose_upload_path(path);
+    }
+
+    /// Whether `auto` kept the staging ring without measuring on a GPU that also offers pinned
+    /// memory, so a paged run may time its steps both ways (`train::upload_trial`).
+    pub fn upload_trial_offered(&self) -> bool {
+        self.upload_trial.get()
+    }
+
+    /// Offers the upload trial where pinned memory is, whatever `auto` chose (on unified memory
+    /// `auto` measures the paths at start-up instead): for tests and measurements. Returns
+    /// whether it is offered.
+    pub fn offer_upload_trial(&self) -> bool {
+        self.upload_trial.set(self.pinned_unavailable().is_none());
+        self.upload_trial.get()
+    }
+
+    /// Switches to `path` while a trial times it (`Ring` or `Pinned`, which this GPU offers:
+    /// [`Pager::upload_trial_offered`]); copies in flight finish first.
+    pub fn try_upload_path(&self, path: UploadPath) {
+        self.use_path(path);
+        self.upload_choice.borrow_mut().0 = path;
+    }
+
+    /// Keeps `path`, as a trial measured it, and says so.
+    pub fn keep_upload_path(&self, path: UploadPath, why: String) {
+        self.try_upload_path(path);
+        *self.upload_choice.borrow_mut() = (path, why);
+        self.upload_trial.set(false);
     }
 }

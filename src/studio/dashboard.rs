@@ -151,6 +151,9 @@ impl Dashboard {
                 if let Some(decided) = s.recompute_decided {
                     self.say(Level::Info, format!("step {}: {decided}", s.step));
                 }
+                if let Some(decided) = s.upload_decided {
+                    self.say(Level::Info, format!("step {}: uploads through {decided}", s.step));
+                }
                 self.steps.push(s);
             }
             Event::Eval { step, loss } => self.evals.push((step, loss)),

@@ -59,6 +59,8 @@ pub struct StepInfo {
     pub began_remaking: bool,
     /// The recompute trial decided at this step: what it measured and kept.
     pub recompute_decided: Option<crate::train::RecomputeDecision>,
+    /// The upload trial decided at this step: what it measured and kept.
+    pub upload_decided: Option<crate::train::UploadDecision>,
 }
 
 /// What a [`StepInfo`] is measured from: the pager's counters and the trainer's skipped steps,
@@ -68,6 +70,7 @@ pub struct StepStart {
     skipped_steps: u64,
     remaking: bool,
     decided: bool,
+    uploads_decided: bool,
 }
 
 impl StepStart {
@@ -77,6 +80,7 @@ impl StepStart {
             skipped_steps: trainer.skipped_steps,
             remaking: trainer.model.remakes(),
             decided: trainer.recompute_decision().is_some(),
+            uploads_decided: trainer.upload_decision().is_some(),
         }
     }
 
@@ -100,6 +104,7 @@ impl StepStart {
             loss_scale: trainer.loss_scale,
             began_remaking: !self.remaking && trainer.model.remakes(),
             recompute_decided: trainer.recompute_decision().filter(|_| !self.decided),
+            upload_decided: trainer.upload_decision().filter(|_| !self.uploads_decided),
         }
     }
 }

@@ -18,10 +18,13 @@ pub mod run_file;
 #[cfg(not(target_arch = "wasm32"))]
 mod run_loop;
 mod run_setup;
+mod step_trial;
 pub mod tensor_file;
 pub mod tokenizer;
 pub mod trainer;
+mod trials;
 mod update;
+mod upload_trial;
 
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
@@ -30,3 +33,4 @@ pub use recompute_trial::RecomputeDecision;
 pub use run_file::RunFile;
 pub use tokenizer::Tokenizer;
 pub use trainer::{Quiet, Reporter, RunSummary, StepReport, Trainer};
+pub use upload_trial::UploadDecision;

@@ -3,11 +3,9 @@
 //! recompute trial (`super::recompute_trial`) measures it faster. A step after any such change
 //! is planned afresh ([`crate::pager::Pager::begin_step_unlike_last`]).
 
-use super::recompute_trial::RecomputeDecision;
+use super::recompute_trial::FIRST_SETTLE;
 use super::trainer::Trainer;
-use crate::clock::Stopwatch;
 use crate::context::Context;
-use crate::error::Result;
 
 impl Trainer {
     /// After a step that evicted tensors to stay in the GPU budget, the later steps make
@@ -30,38 +28,14 @@ impl Trainer {
         );
     }
 
-    /// Before a step: a step the recompute trial times runs from an idle GPU (and, in
-    /// [`Trainer::trial_step_ends`], to one), so work between steps does not count.
-    pub(super) fn trial_step_begins(&self, ctx: &Context) -> Result<Option<Stopwatch>> {
-        if !self.recompute_trial.times_next_step() {
-            return Ok(None);
-        }
-        ctx.sync()?;
-        Ok(Some(Stopwatch::start()))
-    }
-
     /// After a step's forward and backward that evicted `evicted` tensors: remaking from the
-    /// next step, and the recompute trial begins.
+    /// next step, and the recompute trial begins (`super::trials`).
     pub(super) fn after_evictions(&mut self, ctx: &Context, evicted: u64) {
         self.remake_if_paging(ctx, evicted);
+        self.paged |= evicted > 0;
         if evicted > 0 && self.wants_recompute_trial(ctx) {
-            self.recompute_trial.start();
+            self.recompute_trial.start(FIRST_SETTLE);
         }
-    }
-
-    /// At a step's end: the trial takes its time, if it timed it, and may switch recompute.
-    pub(super) fn trial_step_ends(&mut self, ctx: &Context, clock: Option<Stopwatch>) -> Result<()> {
-        if clock.is_some() {
-            ctx.sync()?;
-        }
-        let was_running = self.recompute_trial.running();
-        if let Some(on) = self.recompute_trial.after_step(clock.map(|c| c.seconds())) {
-            self.set_recompute(on);
-        }
-        if let (true, Some(decided)) = (was_running, self.recompute_trial.decision()) {
-            log::info!("step {}: {decided}", self.step);
-        }
-        Ok(())
     }
 
     /// Whether this run measures recompute against paging: not asked either way, one process
@@ -77,15 +51,5 @@ impl Trainer {
             self.model.set_recompute(on);
             self.step_changed = true;
         }
-    }
-
-    /// Whether the recompute trial is still measuring (the bench warms up until it is not).
-    pub fn recompute_trial_running(&self) -> bool {
-        self.recompute_trial.running()
-    }
-
-    /// What the recompute trial measured and kept, once it has decided.
-    pub fn recompute_decision(&self) -> Option<RecomputeDecision> {
-        self.recompute_trial.decision()
     }
 }

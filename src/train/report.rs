@@ -56,6 +56,8 @@ pub struct RunSummary {
     pub recompute: bool,
     /// What the recompute trial measured and kept (`TrainConfig::auto_recompute`), where it ran.
     pub recompute_choice: Option<String>,
+    /// What the upload trial measured and kept (`train::upload_trial`), where it ran.
+    pub upload_choice: Option<String>,
     /// Activation bytes per step (summed over its micro-batches) not kept from forward to
     /// backward: by the checkpointed blocks (`--recompute`; a micro-batch's footprint is lower by
     /// about its share of this, less one block's worth) or as LayerNorm and MLP outputs made

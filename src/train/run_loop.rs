@@ -149,6 +149,7 @@ impl Trainer {
             optimizer_on: self.opt.name().into(),
             recompute: self.model.recomputes(),
             recompute_choice: self.recompute_decision().map(|d| d.to_string()),
+            upload_choice: self.upload_decision().map(|d| d.to_string()),
             recompute_dropped_bytes_per_step: counters.recompute_dropped_bytes / (self.step - first_step).max(1),
             precision: format!("{:?}", self.precision).to_lowercase(),
             loss_scale: self.loss_scale,

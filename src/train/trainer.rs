@@ -13,9 +13,9 @@ use super::data::{Dataset, Prefetcher, Split, Vocab};
 use super::generate::{generate, start_token, Sampling};
 pub use super::optimizer::Optimizer;
 use super::pending_loss::{PendingLosses, StepLoss};
-use super::recompute_trial::RecomputeTrial;
 pub use super::report::{Quiet, Reporter, RunSummary, StepReport};
 use super::run_setup::{checkpoint_vocab, choose_optimizer, open_data};
+use super::step_trial::StepTrial;
 use super::tokenizer::Tokenizer;
 use super::update::PendingUpdate;
 pub use super::update::{GROWTH_INTERVAL, INITIAL_LOSS_SCALE};
@@ -62,7 +62,11 @@ pub struct Trainer {
     /// and the next forward is recorded while the GPU finishes this backward.
     pub(super) pending_update: Option<PendingUpdate>,
     /// Whether this paged run recomputes its blocks, measured (`TrainConfig::auto_recompute`).
-    pub(super) recompute_trial: RecomputeTrial,
+    pub(super) recompute_trial: StepTrial,
+    /// How this paged run's uploads cross the bus, measured where the GPU offers a choice.
+    pub(super) upload_trial: StepTrial,
+    /// A step has evicted tensors to stay in the GPU budget.
+    pub(super) paged: bool,
     /// Recompute or remaking changed since the last step: the next one will not repeat its
     /// accesses ([`crate::pager::Pager::begin_step_unlike_last`]).
     pub(super) step_changed: bool,
@@ -236,7 +240,9 @@ impl Trainer {
             run_file: None,
             dist,
             pending_update: None,
-            recompute_trial: RecomputeTrial::default(),
+            recompute_trial: StepTrial::default(),
+            upload_trial: StepTrial::default(),
+            paged: false,
             step_changed: false,
         };
         // A prompt the vocabulary cannot encode fails now, not after the training.

@@ -8,6 +8,7 @@ mod delayed_update;
 mod host_optimizer;
 mod recompute_trial;
 mod split_optimizer;
+mod upload_trial;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -38,7 +38,7 @@ fn a_paged_run_times_steps_with_and_without_recompute_and_keeps_the_faster() {
     let (l, t) = losses(&paged, cfg(&out), steps);
     let why = t.recompute_decision().expect("a paged run measured recompute").to_string();
     println!("{why}");
-    assert!(!t.recompute_trial_running());
+    assert!(!t.trials_running());
     assert_eq!(t.model.recomputes(), why.starts_with("recompute on"), "{why}");
     assert!(why.contains("ms a step recomputed") && why.contains("ms kept from forward"), "{why}");
     assert_close("paged with the recompute trial", &l, &to64(&full), 0.0, 1e-6);

@@ -363,6 +363,9 @@ async fn train_rank(args: TrainArgs, dist: Option<Rc<Dist>>) -> Result<(), Error
     if let Some(why) = &summary.recompute_choice {
         eprintln!("recompute trial: {why}");
     }
+    if let Some(why) = &summary.upload_choice {
+        eprintln!("upload trial: {why}");
+    }
     let c = ctx.pager.counters();
     eprintln!(
         "pager: {} hits, {} misses, {} evictions, {} prefetches, {} write-backs; {:.2} s filling staging",

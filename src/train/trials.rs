@@ -1,0 +1,83 @@
+//! The trainer's side of its step trials (`super::step_trial`): timing the steps a trial asks
+//! for from an idle GPU to an idle GPU, and applying what it switches. The recompute trial runs
+//! first, once a step has evicted; the upload trial after it, where the GPU offers a choice of
+//! upload paths (`Pager::upload_trial_offered`). Neither runs in the browser (waits cannot
+//! block there) nor in data-parallel runs (ranks would have to agree).
+
+use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
+use super::step_trial::SETTLE;
+use super::trainer::Trainer;
+use super::upload_trial::UploadDecision;
+use crate::clock::Stopwatch;
+use crate::context::Context;
+use crate::error::Result;
+use crate::pager::UploadPath;
+
+impl Trainer {
+    /// Before a step: a step a trial times runs from an idle GPU (and, in
+    /// [`Trainer::trial_step_ends`], to one), so work between steps does not count.
+    pub(super) fn trial_step_begins(&self, ctx: &Context) -> Result<Option<Stopwatch>> {
+        if !self.recompute_trial.times_next_step() && !self.upload_trial.times_next_step() {
+            return Ok(None);
+        }
+        ctx.sync()?;
+        Ok(Some(Stopwatch::start()))
+    }
+
+    /// At a step's end: the running trial takes the step's time, if it timed it, and may switch
+    /// its way from the next step; the upload trial begins once the recompute trial is done (or
+    /// does not run) in a run that pages.
+    pub(super) fn trial_step_ends(&mut self, ctx: &Context, clock: Option<Stopwatch>) -> Result<()> {
+        if clock.is_some() {
+            ctx.sync()?;
+        }
+        let seconds = clock.map(|c| c.seconds());
+        if self.recompute_trial.running() {
+            if let Some(on) = self.recompute_trial.after_step(seconds) {
+                self.set_recompute(on);
+            }
+            if let Some(decided) = self.recompute_decision() {
+                log::info!("step {}: {decided}", self.step);
+            }
+        } else if self.upload_trial.running() {
+            let switch = self.upload_trial.after_step(seconds);
+            let path = |pinned| if pinned { UploadPath::Pinned } else { UploadPath::Ring };
+            if let Some(decided) = self.upload_decision() {
+                ctx.pager.keep_upload_path(path(decided.pinned), decided.to_string());
+                log::info!("step {}: uploads through {decided}", self.step);
+            } else if let Some(pinned) = switch {
+                ctx.pager.try_upload_path(path(pinned));
+            }
+        }
+        if !self.recompute_trial.running() && self.wants_upload_trial(ctx) {
+            // (a run's first paged steps are slow: after the recompute trial they are past)
+            self.upload_trial.start(if self.recompute_trial.started() { SETTLE } else { FIRST_SETTLE });
+        }
+        Ok(())
+    }
+
+    /// Whether this run times its uploads both ways now: it pages, and `auto` kept the staging
+    /// ring where pinned memory is offered (`Pager::upload_trial_offered`).
+    fn wants_upload_trial(&self, ctx: &Context) -> bool {
+        self.paged
+            && !self.upload_trial.started()
+            && ctx.pager.upload_trial_offered()
+            && self.dist.is_none()
+            && ctx.pager.waits_may_block()
+    }
+
+    /// Whether a trial is still measuring (the bench warms up until none is).
+    pub fn trials_running(&self) -> bool {
+        self.recompute_trial.running() || self.upload_trial.running()
+    }
+
+    /// What the upload trial measured and kept, once it has decided.
+    pub fn upload_decision(&self) -> Option<UploadDecision> {
+        self.upload_trial.outcome().map(UploadDecision::from)
+    }
+
+    /// What the recompute trial measured and kept, once it has decided.
+    pub fn recompute_decision(&self) -> Option<RecomputeDecision> {
+        self.recompute_trial.outcome().map(RecomputeDecision::from)
+    }
+}
