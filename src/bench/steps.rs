@@ -184,7 +184,7 @@ pub fn time_steps(
     let mut t = crate::train::Trainer::new(&ctx, cfg.clone(), Some(data()?))?;
     let mut first_step_s = None;
     let mut first_step_creation = Default::default();
-    // (the warm-up lasts until a paged run's recompute trial has chosen: it times steps itself)
+    // (the warm-up lasts until a paged run's trials have chosen: they time steps themselves)
     let mut warmed = 0;
     while warmed < warmup.max(1) || t.trials_running() {
         warmed += 1;
