@@ -6,16 +6,10 @@ use crate::common::assert_close;
 use pagetrain::pager::UploadPath;
 use pagetrain::train::{TrainConfig, Trainer};
 
-#[test]
-fn uploads_switched_between_the_ring_and_pinned_memory_mid_run_give_the_resident_losses() {
-    let out = tmpdir("upload-switch");
-    let fixed = TrainConfig { auto_recompute: false, ..cfg(&out) };
-    let resident = context(None);
-    let (full, _) = losses(&resident, fixed.clone(), 8);
-    let paged = context(Some(resident.pager.live_bytes().1 / 4));
-    let pinned = paged.pager.offer_upload_trial();
-    println!("pinned memory offered: {pinned} ({})", paged.gpu.describe());
-    let mut t = Trainer::new(&paged, fixed, None).unwrap();
+/// Losses of 8 steps at `paged`'s budget with the upload path switched every two steps (ring,
+/// DMA, DMA, ring), and how many uploads went each way.
+fn switched_losses(paged: &pagetrain::Context, config: TrainConfig) -> (Vec<f32>, [u64; 2]) {
+    let mut t = Trainer::new(paged, config, None).unwrap();
     let mut l = Vec::new();
     let mut uploads_each_way = [0, 0];
     for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::Pinned, UploadPath::Ring] {
@@ -23,13 +17,40 @@ fn uploads_switched_between_the_ring_and_pinned_memory_mid_run_give_the_resident
         assert_eq!(paged.pager.upload_path_kind(), path);
         let before = paged.pager.counters().uploads;
         for _ in 0..2 {
-            l.push(pollster::block_on(t.train_step(&paged)).unwrap());
+            l.push(pollster::block_on(t.train_step(paged)).unwrap());
         }
         uploads_each_way[usize::from(path == UploadPath::Pinned)] += paged.pager.counters().uploads - before;
     }
     assert!(paged.pager.counters().evictions > 0, "the run did not page");
-    assert!(uploads_each_way.iter().all(|&u| u > 0), "uploads each way: {uploads_each_way:?}");
+    (l, uploads_each_way)
+}
+
+#[test]
+fn uploads_switched_between_the_ring_and_pinned_memory_mid_run_give_the_resident_losses() {
+    let out = tmpdir("upload-switch");
+    let fixed = TrainConfig { auto_recompute: false, ..cfg(&out) };
+    let resident = context(None);
+    let (full, _) = losses(&resident, fixed.clone(), 8);
+    let budget = resident.pager.live_bytes().1 / 4;
+    // The host store in files or memory: DMA goes through a staging ring in pinned memory.
+    let paged = context(Some(budget));
+    let pinned = paged.pager.offer_upload_trial();
+    println!("pinned memory offered: {pinned} ({})", paged.gpu.describe());
+    let (l, uploads) = switched_losses(&paged, fixed.clone());
+    assert!(uploads.iter().all(|&u| u > 0), "uploads each way: {uploads:?}");
     assert_close("paged, upload path switched", &l, &to64(&full), 0.0, 1e-6);
+    // The host store in pinned memory (Vulkan): DMA straight from it, no staging.
+    let gpu = pollster::block_on(pagetrain::device::Gpu::new(&Default::default())).expect("a GPU adapter");
+    if gpu.info.backend != wgpu::Backend::Vulkan {
+        return;
+    }
+    let store = pagetrain::pager::PinnedStore::new(&gpu.device).expect("pinned memory on Vulkan");
+    let opts = pagetrain::pager::PagerOptions { budget: Some(budget), slot_bytes: 64 << 10, ..Default::default() };
+    let paged = pagetrain::Context::with_store(gpu, Box::new(store), &opts);
+    assert!(paged.pager.describe_store().starts_with("pinned"), "{}", paged.pager.describe_store());
+    let (l, uploads) = switched_losses(&paged, fixed);
+    assert!(uploads.iter().all(|&u| u > 0), "pinned store, uploads each way: {uploads:?}");
+    assert_close("paged from a pinned store, upload path switched", &l, &to64(&full), 0.0, 1e-6);
 }
 
 #[test]
