@@ -23,10 +23,21 @@ use crate::error::{Error, Result};
 use crate::nn::Param;
 use crate::tensor::Tensor;
 
+/// Bytes per value a parameter's update keeps on the GPU besides its f16 copy: value, gradient
+/// and both moments, f32.
+const F32_STATE_BYTES: u64 = 16;
+
 /// Bytes a parameter's update keeps on the GPU all step: value, gradient, both moments (f32),
 /// and its f16 copy where it has one.
 pub fn kept_bytes(p: &Param) -> u64 {
-    16 * p.value.len() as u64 + p.half.as_ref().map_or(0, |h| h.bytes())
+    F32_STATE_BYTES * p.value.len() as u64 + p.half.as_ref().map_or(0, |h| h.bytes())
+}
+
+/// [`kept_bytes`] of a parameter of `values` values before it exists (`optimizer-on auto`
+/// choosing), with an f16 copy where `with_half` (taken unpadded).
+pub fn kept_bytes_of(values: u64, with_half: bool) -> u64 {
+    let half = if with_half { std::mem::size_of::<half::f16>() as u64 } else { 0 };
+    (F32_STATE_BYTES + half) * values
 }
 
 /// How many of `params`, from the first, keep their update on the GPU within `bytes`.

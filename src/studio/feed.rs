@@ -69,8 +69,8 @@ pub struct StepStart {
     counters: Counters,
     skipped_steps: u64,
     remaking: bool,
-    decided: bool,
-    uploads_decided: bool,
+    recompute_decided: bool,
+    upload_decided: bool,
 }
 
 impl StepStart {
@@ -79,8 +79,8 @@ impl StepStart {
             counters: ctx.pager.counters(),
             skipped_steps: trainer.skipped_steps,
             remaking: trainer.model.remakes(),
-            decided: trainer.recompute_decision().is_some(),
-            uploads_decided: trainer.upload_decision().is_some(),
+            recompute_decided: trainer.recompute_decision().is_some(),
+            upload_decided: trainer.upload_decision().is_some(),
         }
     }
 
@@ -103,8 +103,8 @@ impl StepStart {
             skipped: trainer.skipped_steps > self.skipped_steps,
             loss_scale: trainer.loss_scale,
             began_remaking: !self.remaking && trainer.model.remakes(),
-            recompute_decided: trainer.recompute_decision().filter(|_| !self.decided),
-            upload_decided: trainer.upload_decision().filter(|_| !self.uploads_decided),
+            recompute_decided: trainer.recompute_decision().filter(|_| !self.recompute_decided),
+            upload_decided: trainer.upload_decision().filter(|_| !self.upload_decided),
         }
     }
 }

@@ -8,7 +8,7 @@ use super::tokenizer::{Tokenizer, GPT2_VOCAB};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::GptConfig;
-use crate::optim::HostAdamW;
+use crate::optim::{kept_bytes_of, HostAdamW};
 
 /// The budget divided by this is what a split optimizer's GPU share may keep
 /// (`optim::SplitAdamW`); the rest is the step's working set. A half in f16, whose activations
@@ -81,9 +81,8 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             );
             // The embedding comes first in the forward: with its state on the GPU the next step
             // need not wait for its gradient to go down, the host to update it and it to go up.
-            // Its state: value, gradient and moments in f32, and its f16 copy under f16.
-            let per_value = if cfg.precision == Precision::F16 { 18.0 } else { 16.0 };
-            let embedding = per_value * model.vocab_size as f64 * c;
+            let embedding_values = (model.vocab_size * model.n_embd) as u64;
+            let embedding = kept_bytes_of(embedding_values, cfg.precision == Precision::F16) as f64;
             let share = split_share(cfg.precision);
             let splits = cfg.delayed_update.is_none() && embedding <= budget / share as f64;
             if host_s < gpu_s && splits {
