@@ -14,14 +14,16 @@
 // buffers, zero where a slice runs past K (the launcher checks): no fetch is tested against the
 // bounds (H200, 4096^3 NN 147 -> 156 TFLOP/s; the same test as a uniform branch ran 82).
 // FLAGS & 256: M and N are multiples of 128, so the epilogue tests none either.
-// Tiling: a workgroup of 8 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
-// 64x32 of it as 4x2 accumulators of 16x16. K advances 64 at a time through one workgroup
-// buffer of f16 tiles per operand that keeps the global layout (so each operand is read coalesced
-// and each 16x16 fragment loads row- or column-major from it); the next slice is fetched into
-// registers while the current one is multiplied, and stored after a barrier. On the H200, slices
-// of 64 with one buffer (two barriers a slice) ran 4096^3 NN at 150 TFLOP/s, against 113 for
-// slices of 32 in two buffers (one barrier a slice; two slices ahead: NT 32 vs 80). The four
-// 16-deep steps of a slice are written out, not looped: the accumulators are named variables.
+// Tiling: a workgroup of 4 subgroups of 32 lanes computes a 128x128 tile of C, each subgroup
+// 64x64 of it as 4x4 accumulators of 16x16. K advances 32 at a time through one workgroup buffer
+// of f16 tiles per operand that keeps the global layout (so each operand is read coalesced and
+// each 16x16 fragment loads row- or column-major from it): each slice is fetched, stored, and
+// multiplied between two barriers, with no fetch ahead in registers. Small workgroups with few
+// registers and 24 KiB of workgroup memory let two share an SM, so one multiplies while the
+// other waits on memory (H100, 4096^3 NN / NT / TN 159-162 / 157 / 158-162 -> 224 / 203 /
+// 237-244 TFLOP/s against 8 subgroups of 64x32 fetching 64-deep slices ahead in registers; the
+// same 4x4 subgroups at 64 deep 156 / 161 / 155, with the fetch ahead at 32 deep 191 / 177 / 101).
+// The two 16-deep steps of a slice are written out, not looped: the accumulators are named variables.
 // Accumulators go through a 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias,
 // beta, f16 rounding; subgroup barriers, as in attention_coop.wgsl, and stores along C's rows:
 // H200, GPT-2 small f16 step, 59.6 -> 52.2 ms of products), except in whole tiles of a plain
@@ -48,16 +50,16 @@
 @group(0) @binding(8) var<uniform> p: Params;
 
 const CT: u32 = 128u;
-const CK: u32 = 64u;
+const CK: u32 = 32u;
 const GROUP: u32 = 16u;
 // Halves of padding after each stored row: 16-byte fragment rows then fall in distinct banks.
 const PAD: u32 = 8u;
 // The buffer of one operand in vec4s: 128 rows of CK + PAD, or CK rows of 128 + PAD (the larger).
 const BUF: u32 = CT * (CK + PAD) / 4u;
-// 8 subgroups: 2 down M by 4 across N, each 64x32 of the tile as 4x2 accumulators (measured on
-// the H200: 4 subgroups of 64x64 ran 54 TFLOP/s at 4096^3, 8 of 64x32 or 32x64 104).
-const THREADS: u32 = 256u;
-// 8-half chunks each thread fetches per operand and slice (128 x 64 halves / 8 / THREADS): the
+// 4 subgroups: 2 down M by 2 across N, each 64x64 of the tile as 4x4 accumulators (16 multiplies
+// for 8 fragment loads a 16-deep step).
+const THREADS: u32 = 128u;
+// 8-half chunks each thread fetches per operand and slice (128 x 32 halves / 8 / THREADS): the
 // four registers xa0..xa3 and xb0..xb3 of the main loop.
 const CHUNKS: u32 = CT * CK / 8u / THREADS;
 const_assert CHUNKS == 4u;
@@ -154,7 +156,7 @@ fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
     return h;
 }
 
-// Chunk q (< 1024) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
+// Chunk q (< CT * CK / 8) of the slice at depth k0 of the tile at rows (A) or columns (B) t0: 8 halves.
 fn fetch(is_a: bool, base: u32, t0: u32, k0: u32, q: u32) -> array<vec4<f16>, 2> {
     let per_row = tile_inner(is_a) / 8u;
     let r = q / per_row;
@@ -295,23 +297,31 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let rows = min(nwg.y - first, GROUP);
     let m0 = (first + (id % per_group) % rows) * CT;
     let n0 = ((id % per_group) / rows) * CT;
-    // this subgroup's 64x32 of the tile
-    let sm = (sg / 4u) * 64u;
-    let sn = (sg % 4u) * 32u;
+    // this subgroup's 64x64 of the tile
+    let sm = (sg / 2u) * 64u;
+    let sn = (sg % 2u) * 64u;
     let a_base = p.a_off + wid.z * p.stride_a;
     let b_base = p.b_off + wid.z * p.stride_b;
     let c_base = p.c_off + wid.z * p.stride_c;
 
-    // accumulators c{i}{j}: rows sm + 16i, columns sn + 16j (named, not an array: the
-    // compiler keeps them in registers)
-    var c00: coop_mat16x16<f32, C>;
-    var c01: coop_mat16x16<f32, C>;
-    var c10: coop_mat16x16<f32, C>;
-    var c11: coop_mat16x16<f32, C>;
-    var c20: coop_mat16x16<f32, C>;
-    var c21: coop_mat16x16<f32, C>;
-    var c30: coop_mat16x16<f32, C>;
-    var c31: coop_mat16x16<f32, C>;
+    // accumulators acc{i}{j}: rows sm + 16i, columns sn + 16j (named, not an array: the
+    // compiler keeps them in registers; `acc`, since c32 names a binding)
+    var acc00: coop_mat16x16<f32, C>;
+    var acc01: coop_mat16x16<f32, C>;
+    var acc02: coop_mat16x16<f32, C>;
+    var acc03: coop_mat16x16<f32, C>;
+    var acc10: coop_mat16x16<f32, C>;
+    var acc11: coop_mat16x16<f32, C>;
+    var acc12: coop_mat16x16<f32, C>;
+    var acc13: coop_mat16x16<f32, C>;
+    var acc20: coop_mat16x16<f32, C>;
+    var acc21: coop_mat16x16<f32, C>;
+    var acc22: coop_mat16x16<f32, C>;
+    var acc23: coop_mat16x16<f32, C>;
+    var acc30: coop_mat16x16<f32, C>;
+    var acc31: coop_mat16x16<f32, C>;
+    var acc32: coop_mat16x16<f32, C>;
+    var acc33: coop_mat16x16<f32, C>;
     // Whole tiles of an f32 C with alpha = 1 skip the scratch: accumulators start from C (beta
     // = 1) and are stored straight to it (a uniform choice: the whole workgroup takes it).
     // (`&`, not `&&`: a short circuit is a branch, which the uniformity analysis cannot follow)
@@ -321,62 +331,59 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let stride = p.n;
     if (direct & ACCUMULATE) {
         let pc00 = &c32[at + 0u * p.n + 0u];
-        c00 = coopLoadT<coop_mat16x16<f32, C>>(pc00, stride);
+        acc00 = coopLoadT<coop_mat16x16<f32, C>>(pc00, stride);
         let pc01 = &c32[at + 0u * p.n + 16u];
-        c01 = coopLoadT<coop_mat16x16<f32, C>>(pc01, stride);
+        acc01 = coopLoadT<coop_mat16x16<f32, C>>(pc01, stride);
+        let pc02 = &c32[at + 0u * p.n + 32u];
+        acc02 = coopLoadT<coop_mat16x16<f32, C>>(pc02, stride);
+        let pc03 = &c32[at + 0u * p.n + 48u];
+        acc03 = coopLoadT<coop_mat16x16<f32, C>>(pc03, stride);
         let pc10 = &c32[at + 16u * p.n + 0u];
-        c10 = coopLoadT<coop_mat16x16<f32, C>>(pc10, stride);
+        acc10 = coopLoadT<coop_mat16x16<f32, C>>(pc10, stride);
         let pc11 = &c32[at + 16u * p.n + 16u];
-        c11 = coopLoadT<coop_mat16x16<f32, C>>(pc11, stride);
+        acc11 = coopLoadT<coop_mat16x16<f32, C>>(pc11, stride);
+        let pc12 = &c32[at + 16u * p.n + 32u];
+        acc12 = coopLoadT<coop_mat16x16<f32, C>>(pc12, stride);
+        let pc13 = &c32[at + 16u * p.n + 48u];
+        acc13 = coopLoadT<coop_mat16x16<f32, C>>(pc13, stride);
         let pc20 = &c32[at + 32u * p.n + 0u];
-        c20 = coopLoadT<coop_mat16x16<f32, C>>(pc20, stride);
+        acc20 = coopLoadT<coop_mat16x16<f32, C>>(pc20, stride);
         let pc21 = &c32[at + 32u * p.n + 16u];
-        c21 = coopLoadT<coop_mat16x16<f32, C>>(pc21, stride);
+        acc21 = coopLoadT<coop_mat16x16<f32, C>>(pc21, stride);
+        let pc22 = &c32[at + 32u * p.n + 32u];
+        acc22 = coopLoadT<coop_mat16x16<f32, C>>(pc22, stride);
+        let pc23 = &c32[at + 32u * p.n + 48u];
+        acc23 = coopLoadT<coop_mat16x16<f32, C>>(pc23, stride);
         let pc30 = &c32[at + 48u * p.n + 0u];
-        c30 = coopLoadT<coop_mat16x16<f32, C>>(pc30, stride);
+        acc30 = coopLoadT<coop_mat16x16<f32, C>>(pc30, stride);
         let pc31 = &c32[at + 48u * p.n + 16u];
-        c31 = coopLoadT<coop_mat16x16<f32, C>>(pc31, stride);
+        acc31 = coopLoadT<coop_mat16x16<f32, C>>(pc31, stride);
+        let pc32 = &c32[at + 48u * p.n + 32u];
+        acc32 = coopLoadT<coop_mat16x16<f32, C>>(pc32, stride);
+        let pc33 = &c32[at + 48u * p.n + 48u];
+        acc33 = coopLoadT<coop_mat16x16<f32, C>>(pc33, stride);
     }
-    // The next slice travels global -> registers while the current one is multiplied, then
-    // registers -> the workgroup buffer once every subgroup is done with it.
-    var xa0: array<vec4<f16>, 2>;
-    var xa1: array<vec4<f16>, 2>;
-    var xa2: array<vec4<f16>, 2>;
-    var xa3: array<vec4<f16>, 2>;
-    var xb0: array<vec4<f16>, 2>;
-    var xb1: array<vec4<f16>, 2>;
-    var xb2: array<vec4<f16>, 2>;
-    var xb3: array<vec4<f16>, 2>;
     let slices = (p.k + CK - 1u) / CK;
-    xa0 = fetch(true, a_base, m0, 0u, tid);
-    xa1 = fetch(true, a_base, m0, 0u, tid + THREADS);
-    xa2 = fetch(true, a_base, m0, 0u, tid + 2u * THREADS);
-    xa3 = fetch(true, a_base, m0, 0u, tid + 3u * THREADS);
-    xb0 = fetch(false, b_base, n0, 0u, tid);
-    xb1 = fetch(false, b_base, n0, 0u, tid + THREADS);
-    xb2 = fetch(false, b_base, n0, 0u, tid + 2u * THREADS);
-    xb3 = fetch(false, b_base, n0, 0u, tid + 3u * THREADS);
     for (var s = 0u; s < slices; s++) {
-        put(true, tid, xa0);
-        put(true, tid + THREADS, xa1);
+        let k0 = s * CK;
+        // all eight fetches issued before any store: one trip to memory a slice
+        let xa0 = fetch(true, a_base, m0, k0, tid + 0u * THREADS);
+        let xa1 = fetch(true, a_base, m0, k0, tid + 1u * THREADS);
+        let xa2 = fetch(true, a_base, m0, k0, tid + 2u * THREADS);
+        let xa3 = fetch(true, a_base, m0, k0, tid + 3u * THREADS);
+        let xb0 = fetch(false, b_base, n0, k0, tid + 0u * THREADS);
+        let xb1 = fetch(false, b_base, n0, k0, tid + 1u * THREADS);
+        let xb2 = fetch(false, b_base, n0, k0, tid + 2u * THREADS);
+        let xb3 = fetch(false, b_base, n0, k0, tid + 3u * THREADS);
+        put(true, tid + 0u * THREADS, xa0);
+        put(true, tid + 1u * THREADS, xa1);
         put(true, tid + 2u * THREADS, xa2);
         put(true, tid + 3u * THREADS, xa3);
-        put(false, tid, xb0);
-        put(false, tid + THREADS, xb1);
+        put(false, tid + 0u * THREADS, xb0);
+        put(false, tid + 1u * THREADS, xb1);
         put(false, tid + 2u * THREADS, xb2);
         put(false, tid + 3u * THREADS, xb3);
         workgroupBarrier();
-        if (s + 1u < slices) {
-            let k1 = (s + 1u) * CK;
-            xa0 = fetch(true, a_base, m0, k1, tid);
-            xa1 = fetch(true, a_base, m0, k1, tid + THREADS);
-            xa2 = fetch(true, a_base, m0, k1, tid + 2u * THREADS);
-            xa3 = fetch(true, a_base, m0, k1, tid + 3u * THREADS);
-            xb0 = fetch(false, b_base, n0, k1, tid);
-            xb1 = fetch(false, b_base, n0, k1, tid + THREADS);
-            xb2 = fetch(false, b_base, n0, k1, tid + 2u * THREADS);
-            xb3 = fetch(false, b_base, n0, k1, tid + 3u * THREADS);
-        }
         // depths 0..15
         let a0_0 = frag_a(sm + 0u, 0u);
         let a1_0 = frag_a(sm + 16u, 0u);
@@ -384,14 +391,24 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         let a3_0 = frag_a(sm + 48u, 0u);
         let b0_0 = frag_b(0u, sn + 0u);
         let b1_0 = frag_b(0u, sn + 16u);
-        c00 = coopMultiplyAdd(a0_0, b0_0, c00);
-        c01 = coopMultiplyAdd(a0_0, b1_0, c01);
-        c10 = coopMultiplyAdd(a1_0, b0_0, c10);
-        c11 = coopMultiplyAdd(a1_0, b1_0, c11);
-        c20 = coopMultiplyAdd(a2_0, b0_0, c20);
-        c21 = coopMultiplyAdd(a2_0, b1_0, c21);
-        c30 = coopMultiplyAdd(a3_0, b0_0, c30);
-        c31 = coopMultiplyAdd(a3_0, b1_0, c31);
+        let b2_0 = frag_b(0u, sn + 32u);
+        let b3_0 = frag_b(0u, sn + 48u);
+        acc00 = coopMultiplyAdd(a0_0, b0_0, acc00);
+        acc01 = coopMultiplyAdd(a0_0, b1_0, acc01);
+        acc02 = coopMultiplyAdd(a0_0, b2_0, acc02);
+        acc03 = coopMultiplyAdd(a0_0, b3_0, acc03);
+        acc10 = coopMultiplyAdd(a1_0, b0_0, acc10);
+        acc11 = coopMultiplyAdd(a1_0, b1_0, acc11);
+        acc12 = coopMultiplyAdd(a1_0, b2_0, acc12);
+        acc13 = coopMultiplyAdd(a1_0, b3_0, acc13);
+        acc20 = coopMultiplyAdd(a2_0, b0_0, acc20);
+        acc21 = coopMultiplyAdd(a2_0, b1_0, acc21);
+        acc22 = coopMultiplyAdd(a2_0, b2_0, acc22);
+        acc23 = coopMultiplyAdd(a2_0, b3_0, acc23);
+        acc30 = coopMultiplyAdd(a3_0, b0_0, acc30);
+        acc31 = coopMultiplyAdd(a3_0, b1_0, acc31);
+        acc32 = coopMultiplyAdd(a3_0, b2_0, acc32);
+        acc33 = coopMultiplyAdd(a3_0, b3_0, acc33);
         // depths 16..31
         let a0_16 = frag_a(sm + 0u, 16u);
         let a1_16 = frag_a(sm + 16u, 16u);
@@ -399,88 +416,108 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         let a3_16 = frag_a(sm + 48u, 16u);
         let b0_16 = frag_b(16u, sn + 0u);
         let b1_16 = frag_b(16u, sn + 16u);
-        c00 = coopMultiplyAdd(a0_16, b0_16, c00);
-        c01 = coopMultiplyAdd(a0_16, b1_16, c01);
-        c10 = coopMultiplyAdd(a1_16, b0_16, c10);
-        c11 = coopMultiplyAdd(a1_16, b1_16, c11);
-        c20 = coopMultiplyAdd(a2_16, b0_16, c20);
-        c21 = coopMultiplyAdd(a2_16, b1_16, c21);
-        c30 = coopMultiplyAdd(a3_16, b0_16, c30);
-        c31 = coopMultiplyAdd(a3_16, b1_16, c31);
-        // depths 32..47
-        let a0_32 = frag_a(sm + 0u, 32u);
-        let a1_32 = frag_a(sm + 16u, 32u);
-        let a2_32 = frag_a(sm + 32u, 32u);
-        let a3_32 = frag_a(sm + 48u, 32u);
-        let b0_32 = frag_b(32u, sn + 0u);
-        let b1_32 = frag_b(32u, sn + 16u);
-        c00 = coopMultiplyAdd(a0_32, b0_32, c00);
-        c01 = coopMultiplyAdd(a0_32, b1_32, c01);
-        c10 = coopMultiplyAdd(a1_32, b0_32, c10);
-        c11 = coopMultiplyAdd(a1_32, b1_32, c11);
-        c20 = coopMultiplyAdd(a2_32, b0_32, c20);
-        c21 = coopMultiplyAdd(a2_32, b1_32, c21);
-        c30 = coopMultiplyAdd(a3_32, b0_32, c30);
-        c31 = coopMultiplyAdd(a3_32, b1_32, c31);
-        // depths 48..63
-        let a0_48 = frag_a(sm + 0u, 48u);
-        let a1_48 = frag_a(sm + 16u, 48u);
-        let a2_48 = frag_a(sm + 32u, 48u);
-        let a3_48 = frag_a(sm + 48u, 48u);
-        let b0_48 = frag_b(48u, sn + 0u);
-        let b1_48 = frag_b(48u, sn + 16u);
-        c00 = coopMultiplyAdd(a0_48, b0_48, c00);
-        c01 = coopMultiplyAdd(a0_48, b1_48, c01);
-        c10 = coopMultiplyAdd(a1_48, b0_48, c10);
-        c11 = coopMultiplyAdd(a1_48, b1_48, c11);
-        c20 = coopMultiplyAdd(a2_48, b0_48, c20);
-        c21 = coopMultiplyAdd(a2_48, b1_48, c21);
-        c30 = coopMultiplyAdd(a3_48, b0_48, c30);
-        c31 = coopMultiplyAdd(a3_48, b1_48, c31);
+        let b2_16 = frag_b(16u, sn + 32u);
+        let b3_16 = frag_b(16u, sn + 48u);
+        acc00 = coopMultiplyAdd(a0_16, b0_16, acc00);
+        acc01 = coopMultiplyAdd(a0_16, b1_16, acc01);
+        acc02 = coopMultiplyAdd(a0_16, b2_16, acc02);
+        acc03 = coopMultiplyAdd(a0_16, b3_16, acc03);
+        acc10 = coopMultiplyAdd(a1_16, b0_16, acc10);
+        acc11 = coopMultiplyAdd(a1_16, b1_16, acc11);
+        acc12 = coopMultiplyAdd(a1_16, b2_16, acc12);
+        acc13 = coopMultiplyAdd(a1_16, b3_16, acc13);
+        acc20 = coopMultiplyAdd(a2_16, b0_16, acc20);
+        acc21 = coopMultiplyAdd(a2_16, b1_16, acc21);
+        acc22 = coopMultiplyAdd(a2_16, b2_16, acc22);
+        acc23 = coopMultiplyAdd(a2_16, b3_16, acc23);
+        acc30 = coopMultiplyAdd(a3_16, b0_16, acc30);
+        acc31 = coopMultiplyAdd(a3_16, b1_16, acc31);
+        acc32 = coopMultiplyAdd(a3_16, b2_16, acc32);
+        acc33 = coopMultiplyAdd(a3_16, b3_16, acc33);
         workgroupBarrier();
     }
 
     if (direct) {
-        let d00 = c00;
+        let d00 = acc00;
         let pd00 = &c32[at + 0u * p.n + 0u];
         coopStoreT(d00, pd00, stride);
-        let d01 = c01;
+        let d01 = acc01;
         let pd01 = &c32[at + 0u * p.n + 16u];
         coopStoreT(d01, pd01, stride);
-        let d10 = c10;
+        let d02 = acc02;
+        let pd02 = &c32[at + 0u * p.n + 32u];
+        coopStoreT(d02, pd02, stride);
+        let d03 = acc03;
+        let pd03 = &c32[at + 0u * p.n + 48u];
+        coopStoreT(d03, pd03, stride);
+        let d10 = acc10;
         let pd10 = &c32[at + 16u * p.n + 0u];
         coopStoreT(d10, pd10, stride);
-        let d11 = c11;
+        let d11 = acc11;
         let pd11 = &c32[at + 16u * p.n + 16u];
         coopStoreT(d11, pd11, stride);
-        let d20 = c20;
+        let d12 = acc12;
+        let pd12 = &c32[at + 16u * p.n + 32u];
+        coopStoreT(d12, pd12, stride);
+        let d13 = acc13;
+        let pd13 = &c32[at + 16u * p.n + 48u];
+        coopStoreT(d13, pd13, stride);
+        let d20 = acc20;
         let pd20 = &c32[at + 32u * p.n + 0u];
         coopStoreT(d20, pd20, stride);
-        let d21 = c21;
+        let d21 = acc21;
         let pd21 = &c32[at + 32u * p.n + 16u];
         coopStoreT(d21, pd21, stride);
-        let d30 = c30;
+        let d22 = acc22;
+        let pd22 = &c32[at + 32u * p.n + 32u];
+        coopStoreT(d22, pd22, stride);
+        let d23 = acc23;
+        let pd23 = &c32[at + 32u * p.n + 48u];
+        coopStoreT(d23, pd23, stride);
+        let d30 = acc30;
         let pd30 = &c32[at + 48u * p.n + 0u];
         coopStoreT(d30, pd30, stride);
-        let d31 = c31;
+        let d31 = acc31;
         let pd31 = &c32[at + 48u * p.n + 16u];
         coopStoreT(d31, pd31, stride);
+        let d32 = acc32;
+        let pd32 = &c32[at + 48u * p.n + 32u];
+        coopStoreT(d32, pd32, stride);
+        let d33 = acc33;
+        let pd33 = &c32[at + 48u * p.n + 48u];
+        coopStoreT(d33, pd33, stride);
     } else {
-        let r00 = c00;
+        let r00 = acc00;
         store_frag(r00, m0 + sm + 0u, n0 + sn + 0u, c_base, sg, lane);
-        let r01 = c01;
+        let r01 = acc01;
         store_frag(r01, m0 + sm + 0u, n0 + sn + 16u, c_base, sg, lane);
-        let r10 = c10;
+        let r02 = acc02;
+        store_frag(r02, m0 + sm + 0u, n0 + sn + 32u, c_base, sg, lane);
+        let r03 = acc03;
+        store_frag(r03, m0 + sm + 0u, n0 + sn + 48u, c_base, sg, lane);
+        let r10 = acc10;
         store_frag(r10, m0 + sm + 16u, n0 + sn + 0u, c_base, sg, lane);
-        let r11 = c11;
+        let r11 = acc11;
         store_frag(r11, m0 + sm + 16u, n0 + sn + 16u, c_base, sg, lane);
-        let r20 = c20;
+        let r12 = acc12;
+        store_frag(r12, m0 + sm + 16u, n0 + sn + 32u, c_base, sg, lane);
+        let r13 = acc13;
+        store_frag(r13, m0 + sm + 16u, n0 + sn + 48u, c_base, sg, lane);
+        let r20 = acc20;
         store_frag(r20, m0 + sm + 32u, n0 + sn + 0u, c_base, sg, lane);
-        let r21 = c21;
+        let r21 = acc21;
         store_frag(r21, m0 + sm + 32u, n0 + sn + 16u, c_base, sg, lane);
-        let r30 = c30;
+        let r22 = acc22;
+        store_frag(r22, m0 + sm + 32u, n0 + sn + 32u, c_base, sg, lane);
+        let r23 = acc23;
+        store_frag(r23, m0 + sm + 32u, n0 + sn + 48u, c_base, sg, lane);
+        let r30 = acc30;
         store_frag(r30, m0 + sm + 48u, n0 + sn + 0u, c_base, sg, lane);
-        let r31 = c31;
+        let r31 = acc31;
         store_frag(r31, m0 + sm + 48u, n0 + sn + 16u, c_base, sg, lane);
+        let r32 = acc32;
+        store_frag(r32, m0 + sm + 48u, n0 + sn + 32u, c_base, sg, lane);
+        let r33 = acc33;
+        store_frag(r33, m0 + sm + 48u, n0 + sn + 48u, c_base, sg, lane);
     }
 }

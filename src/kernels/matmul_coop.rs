@@ -10,7 +10,7 @@ use crate::tensor::DType;
 
 /// `matmul_coop`'s square tile of C and the depth of its K slices (CT and CK in the shader).
 const COOP_TILE: usize = 128;
-const COOP_DEPTH: usize = 64;
+const COOP_DEPTH: usize = 32;
 /// Operands `matmul_coop` takes: f16 and f16, or f16 and f32.
 pub(super) fn coop_operands(a: &View, b: &View) -> bool {
     coop_dtypes(a.dtype, b.dtype)
@@ -101,7 +101,7 @@ pub(super) fn launch_coop(
 }
 
 /// Whether `matmul_coop`'s tiles and K slices cover `g` exactly (M and N multiples of 128, K of
-/// 64): its fetches then test no bounds wherever the operands are packed.
+/// 32): its fetches then test no bounds wherever the operands are packed.
 pub fn coop_tiles_whole(g: &Gemm) -> bool {
     [g.m, g.n].iter().all(|d| d.is_multiple_of(COOP_TILE)) && g.k.is_multiple_of(COOP_DEPTH)
 }

@@ -83,8 +83,8 @@ const DEEP_MIN_SLICE: usize = 2048;
 /// GPU over a deep K — the head's dx = dlogits·wte a chunk of rows at a time (1024 × 768 over
 /// K = 50304 at a quarter of GPT-2's footprint: 48 tiles; 8 chunks took 13.9 ms a step on an
 /// H100 against 3.5 for the whole 8192 rows). As many slices as keep each a whole number of
-/// the kernel's depth steps (64: no bounds tests) and at least [`DEEP_MIN_SLICE`] deep; 1 = no
-/// split.
+/// the kernel's depth steps (a multiple of 64 covers them: no bounds tests) and at least
+/// [`DEEP_MIN_SLICE`] deep; 1 = no split.
 pub fn split_k_deep(tuned: MatmulVariant, g: &Gemm) -> usize {
     let tiles = g.m.div_ceil(LARGE_TILE) * g.n.div_ceil(LARGE_TILE);
     if tuned != MatmulVariant::Coop || !deep_splits(g) || tiles >= SPLIT_TARGET_TILES {

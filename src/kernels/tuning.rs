@@ -84,9 +84,9 @@ pub const LARGE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 33 * 16;
 pub const LARGE_STORAGE_BINDINGS: u32 = 8;
 /// Storage buffers `matmul_coop` binds (c, a, b, bias, a4, b4, c32, c16).
 pub const COOP_STORAGE_BINDINGS: u32 = 8;
-/// Workgroup memory `matmul_coop` declares: two operands, one buffer each of 128 × (64 + 8) halves,
-/// and a 16×16 f32 scratch for each of its 8 subgroups.
-pub const COOP_WORKGROUP_BYTES: u32 = 2 * 128 * 72 * 2 + 8 * 256 * 4;
+/// Workgroup memory `matmul_coop` declares: two operands, one buffer each of 128 × (32 + 8) halves,
+/// and a 16×16 f32 scratch for each of its 4 subgroups.
+pub const COOP_WORKGROUP_BYTES: u32 = 2 * 128 * 40 * 2 + 4 * 256 * 4;
 
 /// Which matmul entry point runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
