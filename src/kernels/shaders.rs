@@ -136,12 +136,26 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     src.push_str(&format!("const PER_THREAD: u32 = {PER_THREAD}u;\n"));
     src.push_str(&format!("const PER_THREAD_FEW: u32 = {PER_THREAD_FEW}u;\n"));
     src.push_str(shader.params);
+    let replaced = replacement(shader);
+    let source = replaced.as_deref().unwrap_or(shader.source);
     if variant.writable {
-        src.push_str(&shader.source.replace("var<storage, read>", "var<storage, read_write>"));
+        src.push_str(&source.replace("var<storage, read>", "var<storage, read_write>"));
     } else {
-        src.push_str(shader.source);
+        src.push_str(source);
     }
     src
+}
+
+/// Kernel development: where `PAGETRAIN_SHADER_DIR` holds `<family>.wgsl`, that file (after
+/// common.wgsl, in place of the family's own file and its preludes) is compiled instead of the
+/// built-in source, so variants of a kernel can be timed on a GPU without rebuilding (how
+/// `matmul_coop`'s tilings were compared). Read at each compile; a family without a file there
+/// keeps its own.
+fn replacement(shader: Shader) -> Option<String> {
+    let path = std::path::Path::new(&std::env::var_os("PAGETRAIN_SHADER_DIR")?).join(format!("{}.wgsl", shader.name));
+    let body = std::fs::read_to_string(&path).ok()?;
+    log::warn!("{} compiled from {} (PAGETRAIN_SHADER_DIR)", shader.name, path.display());
+    Some(format!("{COMMON}{body}"))
 }
 
 /// Every shader family, for validation and warm-up.
@@ -170,3 +184,25 @@ pub const ALL: &[Shader] = &[
     SUMSQ,
     TRANSPOSE,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_family_compiles_from_the_shader_dir_where_it_has_a_file_there() {
+        // (the replacement is fill's own source plus a marker, so a test compiling fill beside
+        // this one while the variable is set gets the same kernel)
+        let dir = std::env::temp_dir().join(format!("pagetrain-shader-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let own = include_str!("../../shaders/fill.wgsl");
+        std::fs::write(dir.join("fill.wgsl"), format!("{own}\n// from the shader dir\n")).unwrap();
+        std::env::set_var("PAGETRAIN_SHADER_DIR", &dir);
+        let (replaced, other) = (specialize(FILL, Variant::default()), specialize(SUMSQ, Variant::default()));
+        std::env::remove_var("PAGETRAIN_SHADER_DIR");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(replaced.contains("// from the shader dir") && replaced.contains(COMMON));
+        assert!(!other.contains("// from the shader dir") && other.contains(SUMSQ.source));
+        assert!(!specialize(FILL, Variant::default()).contains("// from the shader dir"));
+    }
+}
