@@ -18,12 +18,15 @@
 // 64x64 of it as 4x4 accumulators of 16x16. K advances 32 at a time through one workgroup buffer
 // of f16 tiles per operand that keeps the global layout (so each operand is read coalesced and
 // each 16x16 fragment loads row- or column-major from it): each slice is fetched, stored, and
-// multiplied between two barriers, with no fetch ahead in registers. Small workgroups with few
-// registers and 24 KiB of workgroup memory let two share an SM, so one multiplies while the
-// other waits on memory (H100, 4096^3 NN / NT / TN 159-162 / 157 / 158-162 -> 224 / 203 /
-// 237-244 TFLOP/s against 8 subgroups of 64x32 fetching 64-deep slices ahead in registers; the
-// same 4x4 subgroups at 64 deep 156 / 161 / 155, with the fetch ahead at 32 deep 191 / 177 / 101).
-// The two 16-deep steps of a slice are written out, not looped: the accumulators are named variables.
+// multiplied between two barriers. Workgroups of 128 threads (registers to R252) in 24 KiB of
+// workgroup memory run two to an SM, so one multiplies while the other waits on memory (H100,
+// 4096^3 NN / NT / TN 159-163 / 156-160 / 158-162 -> 221-231 / 200-207 / 233-242 TFLOP/s against
+// 8 subgroups of 64x32 fetching 64-deep slices ahead in registers; the same 4x4 subgroups at 64
+// deep 155 / 158-161 / 154-156, with two buffers an operand and one barrier a slice (44 KiB)
+// 153 / 144 / 133-155). No slice is fetched ahead in WGSL: the driver's compiler already issues
+// the next slice's loads among the current slice's multiplies, and written out it only spills
+// (190 / 177 / 101-198). The two 16-deep steps of a slice are written out, not looped: the
+// accumulators are named variables.
 // Accumulators go through a 16x16 f32 scratch per subgroup to the guarded epilogue (alpha, bias,
 // beta, f16 rounding; subgroup barriers, as in attention_coop.wgsl, and stores along C's rows:
 // H200, GPT-2 small f16 step, 59.6 -> 52.2 ms of products), except in whole tiles of a plain

@@ -111,7 +111,7 @@ fn coop_matmul_matches_reference_in_every_layout_epilogue_and_awkward_shape() {
         (256, 128, 64),
         // tiles wholly inside both operands beside tiles that are not, in one dispatch
         (264, 136, 128),
-        // 17 rows of tiles: two whole groups of the kernel's tile order (8 rows) and one row
+        // 17 rows of tiles: a whole group of the kernel's tile order (16 rows) and one row
         (2100, 136, 24),
         (300, 72, 24),
         (511, 129, 33),
