@@ -263,16 +263,25 @@ impl Pager {
     }
 
     /// Switches to `path` while a trial times it (`Ring` or `Pinned`, which this GPU offers:
-    /// [`Pager::upload_trial_offered`]); copies in flight finish first.
+    /// [`Pager::upload_trial_offered`]), and says so; copies in flight finish first where the
+    /// path changes.
     pub fn try_upload_path(&self, path: UploadPath) {
-        self.use_path(path);
-        self.upload_choice.borrow_mut().0 = path;
+        self.switch_path(path);
+        let what = if path == UploadPath::Pinned { "pinned host memory" } else { "staging ring" };
+        *self.upload_choice.borrow_mut() = (path, format!("{what} (on trial: its steps are being timed)"));
     }
 
     /// Keeps `path`, as a trial measured it, and says so.
     pub fn keep_upload_path(&self, path: UploadPath, why: String) {
-        self.try_upload_path(path);
+        self.switch_path(path);
         *self.upload_choice.borrow_mut() = (path, why);
         self.upload_trial.set(false);
+    }
+
+    /// `use_path` where `path` is not the one in use (which would only wait for the GPU).
+    fn switch_path(&self, path: UploadPath) {
+        if self.upload_path_kind() != path {
+            self.use_path(path);
+        }
     }
 }

@@ -15,6 +15,8 @@ fn switched_losses(paged: &pagetrain::Context, config: TrainConfig) -> (Vec<f32>
     for path in [UploadPath::Ring, UploadPath::Pinned, UploadPath::Pinned, UploadPath::Ring] {
         paged.pager.try_upload_path(path);
         assert_eq!(paged.pager.upload_path_kind(), path);
+        let what = if path == UploadPath::Pinned { "pinned host memory (on trial" } else { "staging ring (on trial" };
+        assert!(paged.pager.upload_path().starts_with(what), "{path:?}: {}", paged.pager.upload_path());
         let before = paged.pager.counters().uploads;
         for _ in 0..2 {
             l.push(pollster::block_on(t.train_step(paged)).unwrap());
