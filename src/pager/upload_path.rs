@@ -23,6 +23,18 @@ pub enum UploadPath {
     Auto,
 }
 
+impl UploadPath {
+    /// How the pager's texts name the path.
+    pub fn name(self) -> &'static str {
+        match self {
+            UploadPath::Ring => "staging ring",
+            UploadPath::Pinned => "pinned host memory",
+            UploadPath::ZeroCopy => "zero-copy",
+            UploadPath::Auto => "auto",
+        }
+    }
+}
+
 /// Bytes each path moves in the start-up measurement (best of two): enough on a GPU for the
 /// copies to stream as paging does (the pinned ring overlaps memcpy and DMA only over many
 /// slots), little on CPU adapters where every context pays for it.
@@ -267,8 +279,7 @@ impl Pager {
     /// path changes.
     pub fn try_upload_path(&self, path: UploadPath) {
         self.switch_path(path);
-        let what = if path == UploadPath::Pinned { "pinned host memory" } else { "staging ring" };
-        *self.upload_choice.borrow_mut() = (path, format!("{what} (on trial: its steps are being timed)"));
+        *self.upload_choice.borrow_mut() = (path, format!("{} (on trial: its steps are being timed)", path.name()));
     }
 
     /// Keeps `path`, as a trial measured it, and says so.

@@ -7,11 +7,10 @@
 use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
 use super::step_trial::SETTLE;
 use super::trainer::Trainer;
-use super::upload_trial::UploadDecision;
+use super::upload_trial::{path_of, UploadDecision};
 use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::Result;
-use crate::pager::UploadPath;
 
 impl Trainer {
     /// Before a step: a step a trial times runs from an idle GPU (and, in
@@ -41,12 +40,11 @@ impl Trainer {
             }
         } else if self.upload_trial.running() {
             let switch = self.upload_trial.after_step(seconds);
-            let path = |pinned| if pinned { UploadPath::Pinned } else { UploadPath::Ring };
             if let Some(decided) = self.upload_decision() {
-                ctx.pager.keep_upload_path(path(decided.pinned), decided.to_string());
+                ctx.pager.keep_upload_path(decided.path(), decided.to_string());
                 log::info!("step {}: uploads through {decided}", self.step);
             } else if let Some(pinned) = switch {
-                ctx.pager.try_upload_path(path(pinned));
+                ctx.pager.try_upload_path(path_of(pinned));
             }
         }
         if !self.recompute_trial.running() && self.wants_upload_trial(ctx) {

@@ -9,6 +9,7 @@
 //! then as many by DMA.
 
 use super::step_trial::{Outcome, TIMED};
+use crate::pager::UploadPath;
 
 /// What the upload trial measured and kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -18,6 +19,22 @@ pub struct UploadDecision {
     /// The median timed step each way, in milliseconds.
     pub pinned_ms: f64,
     pub ring_ms: f64,
+}
+
+/// The path a trial's `pinned` stands for.
+pub(super) fn path_of(pinned: bool) -> UploadPath {
+    if pinned {
+        UploadPath::Pinned
+    } else {
+        UploadPath::Ring
+    }
+}
+
+impl UploadDecision {
+    /// The path kept.
+    pub fn path(&self) -> UploadPath {
+        path_of(self.pinned)
+    }
 }
 
 impl From<Outcome> for UploadDecision {
@@ -32,7 +49,7 @@ impl std::fmt::Display for UploadDecision {
         write!(
             f,
             "{} (measured, the median of {TIMED} paged steps each way: {:.1} ms a step by DMA from pinned memory, {:.1} ms through the staging ring)",
-            if self.pinned { "pinned host memory" } else { "staging ring" },
+            self.path().name(),
             self.pinned_ms,
             self.ring_ms
         )
