@@ -12,6 +12,12 @@ SPEC is one of:
                                   accumulators of 16x16 (the tile stays 128x128, which the
                                   launcher dispatches), CK-deep slices; `ahead` fetches the next
                                   slice into registers while the current one is multiplied
+  wide:BUFFERS,CK                 8 subgroups of 64x64 on a 256x128 tile (1 workgroup an SM); the
+                                  launcher still dispatches 128x128 tiles, so workgroups of odd tile
+                                  rows return at once (M a multiple of 256, loads inside); BUFFERS 2:
+                                  the next slice fetched while the current one multiplies, one
+                                  barrier a slice (NVIDIA's Vulkan allows 48 KiB a workgroup:
+                                  wide:2,16 fits, wide:2,32 does not)
   no-loads                        the committed kernel with constant chunks instead of global loads
   no-barriers                     the committed kernel without its main loop's barriers
   no-staging                      the committed kernel with neither loads nor workgroup stores
@@ -104,6 +110,155 @@ def tiling(src, wm, wn, fm, fn, ck, ahead):
     return head + "\n".join(out) + "\n"
 
 
+def wide(src, double, ck):
+    """Workgroups of 8 subgroups (4 down M by 2 across N), each 64x64 as 4x4 accumulators, on a
+    256x128 tile; A's buffer holds 256 rows. Timing only: tiles must cover M in pairs."""
+    head = src[: src.index("@compute")]
+    head = re.sub(r"const CK: u32 = \d+u;", f"const CK: u32 = {ck}u;", head)
+    head = re.sub(r"const THREADS: u32 = \d+u;", "const THREADS: u32 = 256u;\nconst TM: u32 = 256u;", head)
+    head = re.sub(r"const_assert CHUNKS == \d+u;", f"const_assert CHUNKS == {ck // 16}u;\nconst BUF_A: u32 = TM * (CK + PAD) / 4u;", head)
+    nbuf = "2u * " if double else ""
+    head = head.replace("var<workgroup> As: array<vec4<f16>, BUF>;", f"var<workgroup> As: array<vec4<f16>, {nbuf}BUF_A>;")
+    head = head.replace("var<workgroup> Bs: array<vec4<f16>, BUF>;", f"var<workgroup> Bs: array<vec4<f16>, {nbuf}BUF>;")
+    old = "return select(CT, CK, depth_inner(is_a));"
+    assert old in head
+    head = head.replace(old, "return select(select(CT, TM, is_a), CK, depth_inner(is_a));")
+    head += """
+fn put_at(is_a: bool, q: u32, v: array<vec4<f16>, 2>, off: u32) {
+    let inner = tile_inner(is_a);
+    let per_row = inner / 8u;
+    let at = off + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
+    if (is_a) {
+        As[at] = v[0];
+        As[at + 1u] = v[1];
+    } else {
+        Bs[at] = v[0];
+        Bs[at + 1u] = v[1];
+    }
+}
+
+fn frag_a_at(r0: u32, k0: u32, off: u32) -> coop_mat16x16<f16, A> {
+    if (TRANS_A) {
+        let ptr = &As[off + (k0 * (TM + PAD) + r0) / 4u];
+        let stride = (TM + PAD) / 4u;
+        return coopLoad<coop_mat16x16<f16, A>>(ptr, stride);
+    }
+    let ptr = &As[off + (r0 * (CK + PAD) + k0) / 4u];
+    let stride = (CK + PAD) / 4u;
+    return coopLoadT<coop_mat16x16<f16, A>>(ptr, stride);
+}
+
+fn frag_b_at(k0: u32, n0: u32, off: u32) -> coop_mat16x16<f16, B> {
+    if (TRANS_B) {
+        let ptr = &Bs[off + (n0 * (CK + PAD) + k0) / 4u];
+        let stride = (CK + PAD) / 4u;
+        return coopLoad<coop_mat16x16<f16, B>>(ptr, stride);
+    }
+    let ptr = &Bs[off + (k0 * (CT + PAD) + n0) / 4u];
+    let stride = (CT + PAD) / 4u;
+    return coopLoadT<coop_mat16x16<f16, B>>(ptr, stride);
+}
+
+"""
+    acc = [(i, j) for i in range(4) for j in range(4)]
+    out = []
+    w = out.append
+    w("@compute @workgroup_size(THREADS)")
+    w("fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,")
+    w("               @builtin(num_workgroups) nwg: vec3<u32>) {")
+    w("    let sg = tid / 32u;")
+    w("    let lane = tid % 32u;")
+    w("    let id = wid.y * nwg.x + wid.x;")
+    w("    let per_group = GROUP * nwg.x;")
+    w("    let first = (id / per_group) * GROUP;")
+    w("    let rows = min(nwg.y - first, GROUP);")
+    w("    let tile_row = first + (id % per_group) % rows;")
+    w("    if (tile_row % 2u == 1u) {")
+    w("        return;")
+    w("    }")
+    w("    let m0 = tile_row * CT;")
+    w("    let n0 = ((id % per_group) / rows) * CT;")
+    w("    let sm = (sg / 2u) * 64u;")
+    w("    let sn = (sg % 2u) * 64u;")
+    w("    let a_base = p.a_off + wid.z * p.stride_a;")
+    w("    let b_base = p.b_off + wid.z * p.stride_b;")
+    w("    let c_base = p.c_off + wid.z * p.stride_c;")
+    for i, j in acc:
+        w(f"    var acc{i}_{j}: coop_mat16x16<f32, C>;")
+    w("    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + TM <= p.m & n0 + CT <= p.n;")
+    w("    let at = c_base + (m0 + sm) * p.n + n0 + sn;")
+    w("    let stride = p.n;")
+    w("    if (direct & ACCUMULATE) {")
+    for i, j in acc:
+        w(f"        let pc{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
+        w(f"        acc{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(pc{i}_{j}, stride);")
+    w("    }")
+    w("    let slices = (p.k + CK - 1u) / CK;")
+    chunks = ck // 16
+    names = [(f"xa{q}", "true", "m0") for q in range(2 * chunks)] + [(f"xb{q}", "false", "n0") for q in range(chunks)]
+
+    def fetch(name, a, t0, k):
+        base = "a_base" if a == "true" else "b_base"
+        return f"fetch({a}, {base}, {t0}, {k}, tid + {name[2:]}u * THREADS)"
+
+    def put(name, a, off):
+        return f"put_at({a}, tid + {name[2:]}u * THREADS, {name}, {off});"
+
+    def multiply(offa, offb):
+        for d in range(0, ck, 16):
+            for i in range(4):
+                w(f"        let a{i}_{d} = frag_a_at(sm + {16 * i}u, {d}u, {offa});")
+            for j in range(4):
+                w(f"        let b{j}_{d} = frag_b_at({d}u, sn + {16 * j}u, {offb});")
+            for i, j in acc:
+                w(f"        acc{i}_{j} = coopMultiplyAdd(a{i}_{d}, b{j}_{d}, acc{i}_{j});")
+
+    if double:
+        for name, a, t0 in names:
+            w(f"    var {name} = {fetch(name, a, t0, '0u')};")
+        for name, a, t0 in names:
+            w("    " + put(name, a, "0u"))
+        w("    workgroupBarrier();")
+        w("    for (var s = 0u; s < slices; s++) {")
+        w("        let more = s + 1u < slices;")
+        w("        if (more) {")
+        for name, a, t0 in names:
+            w(f"            {name} = {fetch(name, a, t0, '(s + 1u) * CK')};")
+        w("        }")
+        w("        let cur_a = (s % 2u) * BUF_A;")
+        w("        let cur_b = (s % 2u) * BUF;")
+        multiply("cur_a", "cur_b")
+        w("        if (more) {")
+        for name, a, t0 in names:
+            off = "BUF_A - cur_a" if a == "true" else "BUF - cur_b"
+            w("            " + put(name, a, off))
+        w("        }")
+        w("        workgroupBarrier();")
+        w("    }")
+    else:
+        w("    for (var s = 0u; s < slices; s++) {")
+        for name, a, t0 in names:
+            w(f"        let {name} = {fetch(name, a, t0, 's * CK')};")
+        for name, a, t0 in names:
+            w("        " + put(name, a, "0u"))
+        w("        workgroupBarrier();")
+        multiply("0u", "0u")
+        w("        workgroupBarrier();")
+        w("    }")
+    w("    if (direct) {")
+    for i, j in acc:
+        w(f"        let d{i}_{j} = acc{i}_{j};")
+        w(f"        let pd{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
+        w(f"        coopStoreT(d{i}_{j}, pd{i}_{j}, stride);")
+    w("    } else {")
+    for i, j in acc:
+        w(f"        let r{i}_{j} = acc{i}_{j};")
+        w(f"        store_frag(r{i}_{j}, m0 + sm + {16 * i}u, n0 + sn + {16 * j}u, c_base, sg, lane);")
+    w("    }")
+    w("}")
+    return head + "\n".join(out) + "\n"
+
+
 def main_loop(src):
     i0 = src.index("    for (var s = 0u; s < slices; s++) {")
     i1 = src.index("    if (direct) {")
@@ -143,6 +298,9 @@ def main():
             fields = spec[len("tiling:"):].split(",")
             wm, wn, fm, fn, ck = (int(x) for x in fields[:5])
             text = tiling(src, wm, wn, fm, fn, ck, fields[5:] == ["ahead"])
+        elif spec.startswith("wide:"):
+            buffers, ck = (int(x) for x in spec[len("wide:"):].split(","))
+            text = wide(src, buffers == 2, ck)
         else:
             text = probe(src, spec)
         os.makedirs(os.path.join(sys.argv[1], name), exist_ok=True)
