@@ -125,9 +125,8 @@ def wide(src, double, ck):
     head = head.replace(old, "return select(select(CT, TM, is_a), CK, depth_inner(is_a));")
     head += """
 fn put_at(is_a: bool, q: u32, v: array<vec4<f16>, 2>, off: u32) {
-    let inner = tile_inner(is_a);
-    let per_row = inner / 8u;
-    let at = off + ((q / per_row) * (inner + PAD) + (q % per_row) * 8u) / 4u;
+    let place = chunk_place(is_a, q);
+    let at = off + (place.x * (tile_inner(is_a) + PAD) + place.y) / 4u;
     if (is_a) {
         As[at] = v[0];
         As[at + 1u] = v[1];
