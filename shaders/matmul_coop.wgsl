@@ -167,11 +167,14 @@ fn fetch4(is_a: bool, at: u32, gr: u32, gc: u32) -> vec4<f16> {
 // contiguous bytes (H100, 4096^3 NN / NT 233 / 212 -> 242 / 216 TFLOP/s, TN unchanged at 246;
 // the kernel without global loads, a probe, 308 / 292 -> 339 / 341. Lanes taking one chunk of 8
 // rows each stored without conflicts but loaded slower: NN 187).
+// (The same holds at other depths: 8 lanes take rows j, j + P, ... of each 8, P chunks each,
+// for P = CK / 8 chunks a row of P + 1 units.)
 fn chunk_place(is_a: bool, q: u32) -> vec2<u32> {
     let per_row = tile_inner(is_a) / 8u;
-    if (depth_inner(is_a) && per_row == 4u) {
+    if (depth_inner(is_a)) {
         let lanes = q % 8u;
-        return vec2<u32>((q / 32u) * 8u + (q / 8u) % 4u + (lanes / 4u) * 4u, (lanes % 4u) * 8u);
+        let row = (q / (8u * per_row)) * 8u + (q / 8u) % per_row + (lanes / per_row) * per_row;
+        return vec2<u32>(row, (lanes % per_row) * 8u);
     }
     return vec2<u32>(q / per_row, (q % per_row) * 8u);
 }

@@ -12,12 +12,12 @@ SPEC is one of:
                                   accumulators of 16x16 (the tile stays 128x128, which the
                                   launcher dispatches), CK-deep slices; `ahead` fetches the next
                                   slice into registers while the current one is multiplied
-  wide:BUFFERS,CK                 8 subgroups of 64x64 on a 256x128 tile (1 workgroup an SM); the
-                                  launcher still dispatches 128x128 tiles, so workgroups of odd tile
-                                  rows return at once (M a multiple of 256, loads inside); BUFFERS 2:
-                                  the next slice fetched while the current one multiplies, one
-                                  barrier a slice (NVIDIA's Vulkan allows 48 KiB a workgroup:
-                                  wide:2,16 fits, wide:2,32 does not)
+  wide:BUFFERS,CK[,TM]            subgroups of 64x64 on a TMx128 tile, TM 256 (8 subgroups, 1
+                                  workgroup an SM; the launcher still dispatches 128x128 tiles, so
+                                  workgroups of odd tile rows return at once: M a multiple of 256,
+                                  loads inside) or 128; BUFFERS 2: the next slice fetched while the
+                                  current one multiplies, one barrier a slice (NVIDIA's Vulkan
+                                  allows 48 KiB a workgroup: wide:2,16 fits, wide:2,32 does not)
   no-loads                        the committed kernel with constant chunks instead of global loads
   no-barriers                     the committed kernel without its main loop's barriers
   no-staging                      the committed kernel with neither loads nor workgroup stores
@@ -110,13 +110,13 @@ def tiling(src, wm, wn, fm, fn, ck, ahead):
     return head + "\n".join(out) + "\n"
 
 
-def wide(src, double, ck):
+def wide(src, double, ck, tm):
     """Workgroups of 8 subgroups (4 down M by 2 across N), each 64x64 as 4x4 accumulators, on a
     256x128 tile; A's buffer holds 256 rows. Timing only: tiles must cover M in pairs."""
     head = src[: src.index("@compute")]
     head = re.sub(r"const CK: u32 = \d+u;", f"const CK: u32 = {ck}u;", head)
-    head = re.sub(r"const THREADS: u32 = \d+u;", "const THREADS: u32 = 256u;\nconst TM: u32 = 256u;", head)
-    head = re.sub(r"const_assert CHUNKS == \d+u;", f"const_assert CHUNKS == {ck // 16}u;\nconst BUF_A: u32 = TM * (CK + PAD) / 4u;", head)
+    head = re.sub(r"const THREADS: u32 = \d+u;", f"const THREADS: u32 = {tm}u;\nconst TM: u32 = {tm}u;", head)
+    head = re.sub(r"const_assert CHUNKS == \d+u;", f"const_assert CHUNKS == {128 * ck // 8 // tm}u;\nconst BUF_A: u32 = TM * (CK + PAD) / 4u;", head)
     nbuf = "2u * " if double else ""
     head = head.replace("var<workgroup> As: array<vec4<f16>, BUF>;", f"var<workgroup> As: array<vec4<f16>, {nbuf}BUF_A>;")
     head = head.replace("var<workgroup> Bs: array<vec4<f16>, BUF>;", f"var<workgroup> Bs: array<vec4<f16>, {nbuf}BUF>;")
@@ -172,9 +172,10 @@ fn frag_b_at(k0: u32, n0: u32, off: u32) -> coop_mat16x16<f16, B> {
     w("    let first = (id / per_group) * GROUP;")
     w("    let rows = min(nwg.y - first, GROUP);")
     w("    let tile_row = first + (id % per_group) % rows;")
-    w("    if (tile_row % 2u == 1u) {")
-    w("        return;")
-    w("    }")
+    if tm == 256:
+        w("    if (tile_row % 2u == 1u) {")
+        w("        return;")
+        w("    }")
     w("    let m0 = tile_row * CT;")
     w("    let n0 = ((id % per_group) / rows) * CT;")
     w("    let sm = (sg / 2u) * 64u;")
@@ -193,8 +194,8 @@ fn frag_b_at(k0: u32, n0: u32, off: u32) -> coop_mat16x16<f16, B> {
         w(f"        acc{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(pc{i}_{j}, stride);")
     w("    }")
     w("    let slices = (p.k + CK - 1u) / CK;")
-    chunks = ck // 16
-    names = [(f"xa{q}", "true", "m0") for q in range(2 * chunks)] + [(f"xb{q}", "false", "n0") for q in range(chunks)]
+    chunks = 128 * ck // 8 // tm
+    names = [(f"xa{q}", "true", "m0") for q in range(tm * ck // 8 // tm)] + [(f"xb{q}", "false", "n0") for q in range(chunks)]
 
     def fetch(name, a, t0, k):
         base = "a_base" if a == "true" else "b_base"
@@ -298,8 +299,8 @@ def main():
             wm, wn, fm, fn, ck = (int(x) for x in fields[:5])
             text = tiling(src, wm, wn, fm, fn, ck, fields[5:] == ["ahead"])
         elif spec.startswith("wide:"):
-            buffers, ck = (int(x) for x in spec[len("wide:"):].split(","))
-            text = wide(src, buffers == 2, ck)
+            fields = [int(x) for x in spec[len("wide:"):].split(",")]
+            text = wide(src, fields[0] == 2, fields[1], fields[2] if len(fields) > 2 else 256)
         else:
             text = probe(src, spec)
         os.makedirs(os.path.join(sys.argv[1], name), exist_ok=True)
