@@ -60,19 +60,28 @@ impl Pager {
             UploadPath::ZeroCopy => (UploadPath::Ring, "staging ring (no unified memory on this adapter)".to_string()),
             UploadPath::Auto => self.measure_and_pick(pinned_why.is_none(), unified, pinned_why.as_deref()),
         };
-        self.upload_trial.set(want == UploadPath::Auto && path == UploadPath::Ring && !unified && pinned_why.is_none());
+        let either = matches!(path, UploadPath::Ring | UploadPath::Pinned);
+        self.upload_trial.set(want == UploadPath::Auto && either && !unified && pinned_why.is_none());
         self.use_path(path);
         *self.upload_choice.borrow_mut() = (path, why);
     }
 
     /// Times every path on offer and keeps the fastest. Without unified memory (a discrete
-    /// GPU) the mapped ring is kept unmeasured: its PCIe transfer is the copy threads' memcpy,
-    /// which runs beside the kernels, while the pinned ring's DMA copies run on wgpu's one queue
-    /// in line with them. Measured on an H200 (2026-12-01): pinned 38 GB/s vs ring 31 GB/s
-    /// alone, yet GPT-2 small at a quarter budget stepped in 581 ms pinned vs 513 ms on the ring;
-    /// again with DMA straight from a pinned store (2026-12-02): 594 ms vs 468 ms on the ring.
-    /// (A transfer queue of its own would change this.)
+    /// GPU) nothing is measured here: how a path does alone says little about a paged step, and
+    /// a paged run times its steps both ways (`train::upload_trial`). It starts by DMA where the
+    /// host store is itself pinned memory (no copy on the host either way it goes), else on the
+    /// mapped ring: its PCIe transfer is the copy threads' memcpy, which runs beside the kernels,
+    /// while a pinned ring's DMA copies run on wgpu's one queue in line with them. Measured on an
+    /// H200 (2026-12-01): pinned 38 GB/s vs ring 31 GB/s alone, yet GPT-2 small at a quarter
+    /// budget stepped in 581 ms through a pinned ring vs 513 ms on the mapped one. From a pinned
+    /// store (H100, 2026-12-06, f16): at a tenth 120.3 ms by DMA against 130.7 on the ring, and
+    /// 139.8 where the trial began on the ring and kept it (its write-backs still by DMA).
     fn measure_and_pick(&self, pinned: bool, unified: bool, pinned_why: Option<&str>) -> (UploadPath, String) {
+        if !unified && pinned && self.state().store.is_pinned() {
+            let why = "no unified memory; the host store is pinned memory, which the GPU reads by DMA \
+                       with no copy on the host (a paged run times the staging ring against it)";
+            return (UploadPath::Pinned, format!("pinned host memory ({why})"));
+        }
         if !unified {
             let why = match pinned_why {
                 None => "no unified memory: the ring's memcpy overlaps the kernels, while pinned DMA copies \
@@ -260,8 +269,8 @@ impl Pager {
         self.choose_upload_path(path);
     }
 
-    /// Whether `auto` kept the staging ring without measuring on a GPU that also offers pinned
-    /// memory, so a paged run may time its steps both ways (`train::upload_trial`).
+    /// Whether `auto` chose the staging ring or DMA without measuring, on a GPU that offers
+    /// both, so a paged run may time its steps both ways (`train::upload_trial`).
     pub fn upload_trial_offered(&self) -> bool {
         self.upload_trial.get()
     }

@@ -65,6 +65,8 @@ pub struct Trainer {
     pub(super) recompute_trial: StepTrial,
     /// How this paged run's uploads cross the bus, measured where the GPU offers a choice.
     pub(super) upload_trial: StepTrial,
+    /// The upload path the upload trial began on (its usual way).
+    pub(super) upload_usual: crate::pager::UploadPath,
     /// A step has evicted tensors to stay in the GPU budget.
     pub(super) paged: bool,
     /// Recompute or remaking changed since the last step: the next one will not repeat its
@@ -242,6 +244,7 @@ impl Trainer {
             pending_update: None,
             recompute_trial: StepTrial::default(),
             upload_trial: StepTrial::default(),
+            upload_usual: crate::pager::UploadPath::Ring,
             paged: false,
             step_changed: false,
         };

@@ -7,7 +7,7 @@
 use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
 use super::step_trial::SETTLE;
 use super::trainer::Trainer;
-use super::upload_trial::{path_of, UploadDecision};
+use super::upload_trial::{other_than, UploadDecision};
 use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::Result;
@@ -43,19 +43,20 @@ impl Trainer {
             if let Some(decided) = self.upload_decision() {
                 ctx.pager.keep_upload_path(decided.path(), decided.to_string());
                 log::info!("step {}: uploads through {decided}", self.step);
-            } else if let Some(pinned) = switch {
-                ctx.pager.try_upload_path(path_of(pinned));
+            } else if let Some(other) = switch {
+                ctx.pager.try_upload_path(if other { other_than(self.upload_usual) } else { self.upload_usual });
             }
         }
         if !self.recompute_trial.running() && self.wants_upload_trial(ctx) {
             // (a run's first paged steps are slow: after the recompute trial they are past)
+            self.upload_usual = ctx.pager.upload_path_kind();
             self.upload_trial.start(if self.recompute_trial.started() { SETTLE } else { FIRST_SETTLE });
         }
         Ok(())
     }
 
-    /// Whether this run times its uploads both ways now: it pages, and `auto` kept the staging
-    /// ring where pinned memory is offered (`Pager::upload_trial_offered`).
+    /// Whether this run times its uploads both ways now: it pages, and `auto` chose between the
+    /// staging ring and DMA where pinned memory is offered (`Pager::upload_trial_offered`).
     fn wants_upload_trial(&self, ctx: &Context) -> bool {
         self.paged
             && !self.upload_trial.started()
@@ -71,7 +72,7 @@ impl Trainer {
 
     /// What the upload trial measured and kept, once it has decided.
     pub fn upload_decision(&self) -> Option<UploadDecision> {
-        self.upload_trial.outcome().map(UploadDecision::from)
+        self.upload_trial.outcome().map(|o| UploadDecision::new(self.upload_usual, o))
     }
 
     /// What the recompute trial measured and kept, once it has decided.
