@@ -3,7 +3,6 @@
 //! recompute trial (`super::recompute_trial`) measures it faster. A step after any such change
 //! is planned afresh ([`crate::pager::Pager::begin_step_unlike_last`]).
 
-use super::recompute_trial::FIRST_SETTLE;
 use super::trainer::Trainer;
 use crate::context::Context;
 
@@ -29,18 +28,15 @@ impl Trainer {
     }
 
     /// After a step's forward and backward that evicted `evicted` tensors: remaking from the
-    /// next step, and the recompute trial begins (`super::trials`).
+    /// next step; the run pages, so its trials begin (`super::trials`).
     pub(super) fn after_evictions(&mut self, ctx: &Context, evicted: u64) {
         self.remake_if_paging(ctx, evicted);
         self.paged |= evicted > 0;
-        if evicted > 0 && self.wants_recompute_trial(ctx) {
-            self.recompute_trial.start(FIRST_SETTLE);
-        }
     }
 
     /// Whether this run measures recompute against paging: not asked either way, one process
     /// (ranks would have to agree), and waits may block (see [`Trainer::remake_if_paging`]).
-    fn wants_recompute_trial(&self, ctx: &Context) -> bool {
+    pub(super) fn wants_recompute_trial(&self, ctx: &Context) -> bool {
         !self.cfg.recompute && self.cfg.auto_recompute && self.dist.is_none() && ctx.pager.waits_may_block()
     }
 
