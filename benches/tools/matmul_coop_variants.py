@@ -110,13 +110,13 @@ def tiling(src, wm, wn, fm, fn, ck, ahead):
     return head + "\n".join(out) + "\n"
 
 
-def wide(src, double, ck, tm):
-    """Workgroups of 8 subgroups (4 down M by 2 across N), each 64x64 as 4x4 accumulators, on a
-    256x128 tile; A's buffer holds 256 rows. Timing only: tiles must cover M in pairs."""
+def wide_head(src, double, ck, tm, threads):
+    """The committed kernel's declarations and helpers for a TMx128 tile of `threads`, with
+    put_at / frag_a_at / frag_b_at taking a buffer's offset."""
     head = src[: src.index("@compute")]
     head = re.sub(r"const CK: u32 = \d+u;", f"const CK: u32 = {ck}u;", head)
-    head = re.sub(r"const THREADS: u32 = \d+u;", f"const THREADS: u32 = {tm}u;\nconst TM: u32 = {tm}u;", head)
-    head = re.sub(r"const_assert CHUNKS == \d+u;", f"const_assert CHUNKS == {128 * ck // 8 // tm}u;\nconst BUF_A: u32 = TM * (CK + PAD) / 4u;", head)
+    head = re.sub(r"const THREADS: u32 = \d+u;", f"const THREADS: u32 = {threads}u;\nconst TM: u32 = {tm}u;", head)
+    head = re.sub(r"const_assert CHUNKS == \d+u;", "const BUF_A: u32 = TM * (CK + PAD) / 4u;", head)
     nbuf = "2u * " if double else ""
     head = head.replace("var<workgroup> As: array<vec4<f16>, BUF>;", f"var<workgroup> As: array<vec4<f16>, {nbuf}BUF_A>;")
     head = head.replace("var<workgroup> Bs: array<vec4<f16>, BUF>;", f"var<workgroup> Bs: array<vec4<f16>, {nbuf}BUF>;")
@@ -159,6 +159,13 @@ fn frag_b_at(k0: u32, n0: u32, off: u32) -> coop_mat16x16<f16, B> {
 }
 
 """
+    return head
+
+
+def wide(src, double, ck, tm):
+    """Workgroups of TM/32 subgroups (2 across N), each 64x64 as 4x4 accumulators, on a TMx128
+    tile. Timing only: at TM 256, tiles must cover M in pairs."""
+    head = wide_head(src, double, ck, tm, tm)
     acc = [(i, j) for i in range(4) for j in range(4)]
     out = []
     w = out.append
