@@ -103,8 +103,9 @@ pub struct Gpt {
     pub wpe: Param,
     pub blocks: Vec<Rc<Block>>,
     pub ln_f: LayerNorm,
-    /// Checkpoint every block: keep its input, recompute it in backward.
-    recompute: Cell<bool>,
+    /// How many blocks, from the first, are checkpointed: each keeps its input and is run
+    /// again in backward.
+    recompute: Cell<usize>,
     /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
     /// them (`Block::forward`).
     remake: Cell<bool>,
@@ -133,7 +134,7 @@ impl Gpt {
             wpe,
             blocks,
             ln_f,
-            recompute: Cell::new(false),
+            recompute: Cell::new(0),
             remake: Cell::new(false),
             activations: DType::F32,
         })
@@ -176,12 +177,24 @@ impl Gpt {
         self.activations
     }
 
-    /// Turns activation recompute on or off (see [`autograd::checkpoint`]).
+    /// Turns activation recompute on or off for every block (see [`autograd::checkpoint`]).
     pub fn set_recompute(&self, on: bool) {
-        self.recompute.set(on);
+        self.set_recompute_blocks(if on { self.blocks.len() } else { 0 });
     }
 
+    /// Recomputes the first `n` blocks (all where `n` is larger) and keeps the rest's
+    /// activations: the last blocks' are read back first, often before anything evicts them.
+    pub fn set_recompute_blocks(&self, n: usize) {
+        self.recompute.set(n.min(self.blocks.len()));
+    }
+
+    /// Whether any block is recomputed.
     pub fn recomputes(&self) -> bool {
+        self.recompute.get() > 0
+    }
+
+    /// How many blocks, from the first, are recomputed.
+    pub fn recompute_blocks(&self) -> usize {
         self.recompute.get()
     }
 
@@ -256,7 +269,7 @@ impl Gpt {
         for (i, block) in self.blocks.iter().enumerate() {
             prepare(&block.params())?;
             let name = format!("transformer.h.{i}");
-            x = if self.recompute.get() {
+            x = if i < self.recompute.get() {
                 let block = block.clone();
                 // The scope is taken inside too: backward runs the block again, outside this one.
                 let _scope = ctx.name_scope(&name);

@@ -44,8 +44,16 @@ impl Trainer {
     /// at the start); the next step is then planned afresh, not from the last one's accesses.
     pub fn set_recompute(&mut self, on: bool) {
         if self.model.recomputes() != on {
-            self.model.set_recompute(on);
+            self.model.set_recompute_blocks(if on { blocks_recomputed(self.model.blocks.len()) } else { 0 });
             self.step_changed = true;
         }
     }
+}
+
+/// How many of `blocks`, from the first, recompute is on for: all, unless
+/// `PAGETRAIN_RECOMPUTE_BLOCKS=n` says fewer (for measuring what keeping the last blocks'
+/// activations saves).
+pub(super) fn blocks_recomputed(blocks: usize) -> usize {
+    let asked = std::env::var("PAGETRAIN_RECOMPUTE_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok());
+    asked.filter(|&n| n > 0).map_or(blocks, |n| n.min(blocks))
 }
