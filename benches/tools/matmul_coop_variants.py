@@ -31,6 +31,59 @@ import sys
 SHADER = os.path.join(os.path.dirname(__file__), "..", "..", "shaders", "matmul_coop.wgsl")
 
 
+def prelude(w, acc, wn, fm, fn, tm):
+    """The entry point up to its main loop: the tile (TM rows; at 256 the launcher's odd tile
+    rows return), this subgroup's part of it (WN subgroups across, FMxFN accumulators each),
+    and accumulators starting from C where the product goes straight to it."""
+    w("@compute @workgroup_size(THREADS)")
+    w("fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,")
+    w("               @builtin(num_workgroups) nwg: vec3<u32>) {")
+    w("    let sg = tid / 32u;")
+    w("    let lane = tid % 32u;")
+    w("    let id = wid.y * nwg.x + wid.x;")
+    w("    let per_group = GROUP * nwg.x;")
+    w("    let first = (id / per_group) * GROUP;")
+    w("    let rows = min(nwg.y - first, GROUP);")
+    w("    let tile_row = first + (id % per_group) % rows;")
+    if tm == 256:
+        w("    if (tile_row % 2u == 1u) {")
+        w("        return;")
+        w("    }")
+    w("    let m0 = tile_row * CT;")
+    w("    let n0 = ((id % per_group) / rows) * CT;")
+    w(f"    let sm = (sg / {wn}u) * {16 * fm}u;")
+    w(f"    let sn = (sg % {wn}u) * {16 * fn}u;")
+    w("    let a_base = p.a_off + wid.z * p.stride_a;")
+    w("    let b_base = p.b_off + wid.z * p.stride_b;")
+    w("    let c_base = p.c_off + wid.z * p.stride_c;")
+    for i, j in acc:
+        w(f"    var acc{i}_{j}: coop_mat16x16<f32, C>;")
+    w(f"    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + {tm}u <= p.m & n0 + CT <= p.n;")
+    w("    let at = c_base + (m0 + sm) * p.n + n0 + sn;")
+    w("    let stride = p.n;")
+    w("    if (direct & ACCUMULATE) {")
+    for i, j in acc:
+        w(f"        let pc{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
+        w(f"        acc{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(pc{i}_{j}, stride);")
+    w("    }")
+    w("    let slices = (p.k + CK - 1u) / CK;")
+
+
+def epilogue(w, acc):
+    """The accumulators to C, straight or through the epilogue, and the entry point's end."""
+    w("    if (direct) {")
+    for i, j in acc:
+        w(f"        let d{i}_{j} = acc{i}_{j};")
+        w(f"        let pd{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
+        w(f"        coopStoreT(d{i}_{j}, pd{i}_{j}, stride);")
+    w("    } else {")
+    for i, j in acc:
+        w(f"        let r{i}_{j} = acc{i}_{j};")
+        w(f"        store_frag(r{i}_{j}, m0 + sm + {16 * i}u, n0 + sn + {16 * j}u, c_base, sg, lane);")
+    w("    }")
+    w("}")
+
+
 def tiling(src, wm, wn, fm, fn, ck, ahead):
     assert wm * 16 * fm == 128 and wn * 16 * fn == 128, "the tile must stay 128x128"
     threads = 32 * wm * wn
@@ -42,33 +95,7 @@ def tiling(src, wm, wn, fm, fn, ck, ahead):
     acc = [(i, j) for i in range(fm) for j in range(fn)]
     out = []
     w = out.append
-    w("@compute @workgroup_size(THREADS)")
-    w("fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,")
-    w("               @builtin(num_workgroups) nwg: vec3<u32>) {")
-    w("    let sg = tid / 32u;")
-    w("    let lane = tid % 32u;")
-    w("    let id = wid.y * nwg.x + wid.x;")
-    w("    let per_group = GROUP * nwg.x;")
-    w("    let first = (id / per_group) * GROUP;")
-    w("    let rows = min(nwg.y - first, GROUP);")
-    w("    let m0 = (first + (id % per_group) % rows) * CT;")
-    w("    let n0 = ((id % per_group) / rows) * CT;")
-    w(f"    let sm = (sg / {wn}u) * {16 * fm}u;")
-    w(f"    let sn = (sg % {wn}u) * {16 * fn}u;")
-    w("    let a_base = p.a_off + wid.z * p.stride_a;")
-    w("    let b_base = p.b_off + wid.z * p.stride_b;")
-    w("    let c_base = p.c_off + wid.z * p.stride_c;")
-    for i, j in acc:
-        w(f"    var acc{i}_{j}: coop_mat16x16<f32, C>;")
-    w("    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + CT <= p.m & n0 + CT <= p.n;")
-    w("    let at = c_base + (m0 + sm) * p.n + n0 + sn;")
-    w("    let stride = p.n;")
-    w("    if (direct & ACCUMULATE) {")
-    for i, j in acc:
-        w(f"        let pc{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
-        w(f"        acc{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(pc{i}_{j}, stride);")
-    w("    }")
-    w("    let slices = (p.k + CK - 1u) / CK;")
+    prelude(w, acc, wn, fm, fn, 128)
     fetches = [(f"xa{q}", f"fetch(true, a_base, m0, K, tid + {q}u * THREADS)") for q in range(chunks)]
     fetches += [(f"xb{q}", f"fetch(false, b_base, n0, K, tid + {q}u * THREADS)") for q in range(chunks)]
     if ahead:
@@ -96,17 +123,7 @@ def tiling(src, wm, wn, fm, fn, ck, ahead):
             w(f"        acc{i}_{j} = coopMultiplyAdd(a{i}_{d}, b{j}_{d}, acc{i}_{j});")
     w("        workgroupBarrier();")
     w("    }")
-    w("    if (direct) {")
-    for i, j in acc:
-        w(f"        let d{i}_{j} = acc{i}_{j};")
-        w(f"        let pd{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
-        w(f"        coopStoreT(d{i}_{j}, pd{i}_{j}, stride);")
-    w("    } else {")
-    for i, j in acc:
-        w(f"        let r{i}_{j} = acc{i}_{j};")
-        w(f"        store_frag(r{i}_{j}, m0 + sm + {16 * i}u, n0 + sn + {16 * j}u, c_base, sg, lane);")
-    w("    }")
-    w("}")
+    epilogue(w, acc)
     return head + "\n".join(out) + "\n"
 
 
@@ -169,38 +186,7 @@ def wide(src, double, ck, tm):
     acc = [(i, j) for i in range(4) for j in range(4)]
     out = []
     w = out.append
-    w("@compute @workgroup_size(THREADS)")
-    w("fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,")
-    w("               @builtin(num_workgroups) nwg: vec3<u32>) {")
-    w("    let sg = tid / 32u;")
-    w("    let lane = tid % 32u;")
-    w("    let id = wid.y * nwg.x + wid.x;")
-    w("    let per_group = GROUP * nwg.x;")
-    w("    let first = (id / per_group) * GROUP;")
-    w("    let rows = min(nwg.y - first, GROUP);")
-    w("    let tile_row = first + (id % per_group) % rows;")
-    if tm == 256:
-        w("    if (tile_row % 2u == 1u) {")
-        w("        return;")
-        w("    }")
-    w("    let m0 = tile_row * CT;")
-    w("    let n0 = ((id % per_group) / rows) * CT;")
-    w("    let sm = (sg / 2u) * 64u;")
-    w("    let sn = (sg % 2u) * 64u;")
-    w("    let a_base = p.a_off + wid.z * p.stride_a;")
-    w("    let b_base = p.b_off + wid.z * p.stride_b;")
-    w("    let c_base = p.c_off + wid.z * p.stride_c;")
-    for i, j in acc:
-        w(f"    var acc{i}_{j}: coop_mat16x16<f32, C>;")
-    w("    let direct = DIRECT_C & p.alpha == 1.0 & (!ACCUMULATE | p.beta == 1.0) & m0 + TM <= p.m & n0 + CT <= p.n;")
-    w("    let at = c_base + (m0 + sm) * p.n + n0 + sn;")
-    w("    let stride = p.n;")
-    w("    if (direct & ACCUMULATE) {")
-    for i, j in acc:
-        w(f"        let pc{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
-        w(f"        acc{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(pc{i}_{j}, stride);")
-    w("    }")
-    w("    let slices = (p.k + CK - 1u) / CK;")
+    prelude(w, acc, 2, 4, 4, tm)
     chunks = 128 * ck // 8 // tm
     names = [(f"xa{q}", "true", "m0") for q in range(tm * ck // 8 // tm)] + [(f"xb{q}", "false", "n0") for q in range(chunks)]
 
@@ -252,17 +238,7 @@ def wide(src, double, ck, tm):
         multiply("0u", "0u")
         w("        workgroupBarrier();")
         w("    }")
-    w("    if (direct) {")
-    for i, j in acc:
-        w(f"        let d{i}_{j} = acc{i}_{j};")
-        w(f"        let pd{i}_{j} = &c32[at + {16 * i}u * p.n + {16 * j}u];")
-        w(f"        coopStoreT(d{i}_{j}, pd{i}_{j}, stride);")
-    w("    } else {")
-    for i, j in acc:
-        w(f"        let r{i}_{j} = acc{i}_{j};")
-        w(f"        store_frag(r{i}_{j}, m0 + sm + {16 * i}u, n0 + sn + {16 * j}u, c_base, sg, lane);")
-    w("    }")
-    w("}")
+    epilogue(w, acc)
     return head + "\n".join(out) + "\n"
 
 
