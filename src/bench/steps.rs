@@ -265,7 +265,11 @@ pub fn time_steps(
         optimizer_reason: t.optimizer_reason.clone(),
         recompute: match (cfg.recompute, t.recompute_decision()) {
             (true, _) if t.model.recompute_blocks() < t.model.blocks.len() => {
-                format!("on for the first {} of {} blocks (asked for)", t.model.recompute_blocks(), t.model.blocks.len())
+                format!(
+                    "on for the first {} of {} blocks (asked for)",
+                    t.model.recompute_blocks(),
+                    t.model.blocks.len()
+                )
             }
             (true, _) => "on (asked for)".into(),
             (false, Some(decided)) => decided.to_string(),

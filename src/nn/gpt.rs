@@ -177,13 +177,9 @@ impl Gpt {
         self.activations
     }
 
-    /// Turns activation recompute on or off for every block (see [`autograd::checkpoint`]).
-    pub fn set_recompute(&self, on: bool) {
-        self.set_recompute_blocks(if on { self.blocks.len() } else { 0 });
-    }
-
-    /// Recomputes the first `n` blocks (all where `n` is larger) and keeps the rest's
-    /// activations: the last blocks' are read back first, often before anything evicts them.
+    /// Recomputes the first `n` blocks (all where `n` is larger; see [`autograd::checkpoint`])
+    /// and keeps the rest's activations: the last blocks' are read back first, often before
+    /// anything evicts them.
     pub fn set_recompute_blocks(&self, n: usize) {
         self.recompute.set(n.min(self.blocks.len()));
     }

@@ -5,9 +5,9 @@
 //! H100 (2026-12-06, GPT-2 small, same calls) f16 at a tenth of its footprint stepped in
 //! 114.7 / 115.4 ms by DMA against 126.3 / 127.0 through the ring (later 120.3 against 130.7),
 //! f16 at a quarter in 89.5 either way, and f32 at a quarter in 363.1 by DMA against
-//! 324.5–330.3 through the ring. So after the recompute trial (or at once where it does not
-//! run), the steps of the path `auto` started on (the usual one) are timed, then as many the
-//! other way.
+//! 324.5–330.3 through the ring. So once a run pages (before the recompute trial, which then
+//! measures on the path kept), the steps of the path `auto` started on (the usual one) are
+//! timed, then as many the other way.
 
 use super::step_trial::{Outcome, TIMED};
 use crate::pager::UploadPath;
