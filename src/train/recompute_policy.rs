@@ -44,16 +44,19 @@ impl Trainer {
     /// at the start); the next step is then planned afresh, not from the last one's accesses.
     pub fn set_recompute(&mut self, on: bool) {
         if self.model.recomputes() != on {
-            self.model.set_recompute_blocks(if on { blocks_recomputed(self.model.blocks.len()) } else { 0 });
+            self.model.set_recompute_blocks(blocks_recomputed(on, self.model.blocks.len()));
             self.step_changed = true;
         }
     }
 }
 
-/// How many of `blocks`, from the first, recompute is on for: all, unless
+/// How many of `blocks`, from the first, are recomputed with recompute `on`: all, unless
 /// `PAGETRAIN_RECOMPUTE_BLOCKS=n` says fewer (for measuring what keeping the last blocks'
-/// activations saves).
-pub(super) fn blocks_recomputed(blocks: usize) -> usize {
+/// activations saves); none when off.
+pub(super) fn blocks_recomputed(on: bool, blocks: usize) -> usize {
+    if !on {
+        return 0;
+    }
     let asked = std::env::var("PAGETRAIN_RECOMPUTE_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok());
     asked.filter(|&n| n > 0).map_or(blocks, |n| n.min(blocks))
 }

@@ -174,11 +174,7 @@ impl Trainer {
             Precision::F16 => (Precision::F32, format!("{} has no shader-f16: training in f32", ctx.gpu.describe())),
             Precision::F32 => (Precision::F32, "f32".to_string()),
         };
-        model.set_recompute_blocks(if cfg.recompute {
-            super::recompute_policy::blocks_recomputed(model.blocks.len())
-        } else {
-            0
-        });
+        model.set_recompute_blocks(super::recompute_policy::blocks_recomputed(cfg.recompute, model.blocks.len()));
         if cfg.remake.is_none() {
             cfg.remake = match std::env::var("PAGETRAIN_REMAKE").as_deref() {
                 Ok("0") => Some(false),
