@@ -34,10 +34,16 @@ impl Trainer {
         self.paged |= evicted > 0;
     }
 
-    /// Whether this run measures recompute against paging: not asked either way, one process
-    /// (ranks would have to agree), and waits may block (see [`Trainer::remake_if_paging`]).
+    /// Whether this run measures recompute against paging now: it pages and has not measured
+    /// yet, recompute is not asked either way, one process (ranks would have to agree), and
+    /// waits may block (see [`Trainer::remake_if_paging`]).
     pub(super) fn wants_recompute_trial(&self, ctx: &Context) -> bool {
-        !self.cfg.recompute && self.cfg.auto_recompute && self.dist.is_none() && ctx.pager.waits_may_block()
+        self.paged
+            && !self.recompute_trial.started()
+            && !self.cfg.recompute
+            && self.cfg.auto_recompute
+            && self.dist.is_none()
+            && ctx.pager.waits_may_block()
     }
 
     /// Turns block recompute on or off from the next step (`TrainConfig::recompute` sets it

@@ -1,8 +1,8 @@
 //! The trainer's side of its step trials (`super::step_trial`): timing the steps a trial asks
 //! for from an idle GPU to an idle GPU, and applying what it switches. Once a step has evicted,
 //! the upload trial runs where the GPU offers a choice of upload paths
-//! (`Pager::upload_trial_offered`), then the recompute trial. Neither runs in the browser (waits cannot
-//! block there) nor in data-parallel runs (ranks would have to agree).
+//! (`Pager::upload_trial_offered`), then the recompute trial. Neither runs in the browser
+//! (waits cannot block there) nor in data-parallel runs (ranks would have to agree).
 
 use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
 use super::step_trial::SETTLE;
@@ -56,7 +56,7 @@ impl Trainer {
             if self.wants_upload_trial(ctx) {
                 self.upload_usual = ctx.pager.upload_path_kind();
                 self.upload_trial.start(FIRST_SETTLE);
-            } else if self.paged && !self.recompute_trial.started() && self.wants_recompute_trial(ctx) {
+            } else if self.wants_recompute_trial(ctx) {
                 self.recompute_trial.start(if self.upload_trial.started() { SETTLE } else { FIRST_SETTLE });
             }
         }
