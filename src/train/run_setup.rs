@@ -10,17 +10,26 @@ use crate::error::{Error, Result};
 use crate::nn::GptConfig;
 use crate::optim::{kept_bytes_of, HostAdamW};
 
-/// The budget divided by this is what a split optimizer's GPU share may keep
-/// (`optim::SplitAdamW`); the rest is the step's working set. A half in f16, whose activations
-/// take half the bytes, a third in f32 (GPT-2 small at a quarter budget, H100: f16 split at a
-/// half 89.0 / 90.9 ms a step against 103.4 / 104.4 with AdamW on the host; BENCHMARKS stop 46).
-/// `PAGETRAIN_SPLIT_SHARE` overrides.
-pub(super) fn split_share(precision: Precision) -> u64 {
+/// The fraction of the budget a split optimizer's GPU share may keep (`optim::SplitAdamW`); the
+/// rest is the step's working set. A half in f16, whose activations take half the bytes, a third
+/// in f32 (GPT-2 small at a quarter budget, H100: f16 split at a half 89.0 / 90.9 ms a step
+/// against 103.4 / 104.4 with AdamW on the host; BENCHMARKS stop 46).
+/// `PAGETRAIN_SPLIT_SHARE` (a fraction, 0 to 1) overrides.
+pub(super) fn split_share(precision: Precision) -> f64 {
     let default = match precision {
-        Precision::F16 => 2,
-        Precision::F32 => 3,
+        Precision::F16 => 1.0 / 2.0,
+        Precision::F32 => 1.0 / 3.0,
     };
-    std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse().ok()).filter(|&d| d >= 1).unwrap_or(default)
+    let asked = std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
+    asked.filter(|&f| f > 0.0 && f <= 1.0).unwrap_or(default)
+}
+
+/// `share` of `budget` bytes, and how a message names it ("1/2", "0.60").
+pub(super) fn share_of(budget: u64, share: f64) -> (u64, String) {
+    let inverse = 1.0 / share;
+    let name =
+        if (inverse - inverse.round()).abs() < 1e-9 { format!("1/{}", inverse.round()) } else { format!("{share:.2}") };
+    ((budget as f64 * share) as u64, name)
 }
 
 /// Where the optimizer should run, and why. `auto` keeps it on the GPU when parameters,
@@ -83,10 +92,10 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             // need not wait for its gradient to go down, the host to update it and it to go up.
             let embedding_values = (model.vocab_size * model.n_embd) as u64;
             let embedding = kept_bytes_of(embedding_values, cfg.precision == Precision::F16) as f64;
-            let share = split_share(cfg.precision);
-            let splits = cfg.delayed_update.is_none() && embedding <= budget / share as f64;
+            let (share, share_name) = share_of(ctx.pager.budget(), split_share(cfg.precision));
+            let splits = cfg.delayed_update.is_none() && embedding <= share as f64;
             if host_s < gpu_s && splits {
-                (OptimizerOn::Split, format!("auto: {figures}; the embedding's state fits 1/{share} of the budget"))
+                (OptimizerOn::Split, format!("auto: {figures}; the embedding's state fits {share_name} of the budget"))
             } else if host_s < gpu_s {
                 (OptimizerOn::Host, format!("auto: {figures}"))
             } else {
