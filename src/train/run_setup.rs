@@ -11,13 +11,15 @@ use crate::nn::GptConfig;
 use crate::optim::{kept_bytes_of, HostAdamW};
 
 /// The fraction of the budget a split optimizer's GPU share may keep (`optim::SplitAdamW`); the
-/// rest is the step's working set. A half in f16, whose activations take half the bytes, a third
-/// in f32 (GPT-2 small at a quarter budget, H100: f16 split at a half 89.0 / 90.9 ms a step
-/// against 103.4 / 104.4 with AdamW on the host; BENCHMARKS stop 46).
+/// rest is the step's working set. 0.6 in f16, whose activations take half the bytes, a third in
+/// f32 (GPT-2 small at a quarter budget, H100: f16 split at a half 89.0 / 90.9 ms a step against
+/// 103.4 / 104.4 with AdamW on the host, BENCHMARKS stop 46; at 0.6 84.6 / 84.7 against 85.8 /
+/// 85.5 at a half, 88.6 at 0.7, 209.7 at 0.8, stop 49: the host's share of the update paces the
+/// forward, and a larger GPU share leaves it less to do until the working set no longer fits).
 /// `PAGETRAIN_SPLIT_SHARE` (a fraction, 0 to 1) overrides.
 pub(super) fn split_share(precision: Precision) -> f64 {
     let default = match precision {
-        Precision::F16 => 1.0 / 2.0,
+        Precision::F16 => 0.6,
         Precision::F32 => 1.0 / 3.0,
     };
     let asked = std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
