@@ -152,3 +152,15 @@ pub(super) fn open_data(cfg: &TrainConfig, vocab: Option<Vocab>) -> Result<Datas
         None => Dataset::from_text(super::corpus::DEMO, "assets/corpus.txt (built in)", vocab),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::share_of;
+
+    #[test]
+    fn a_share_is_named_as_a_fraction_of_the_budget() {
+        assert_eq!(share_of(3000, 1.0 / 3.0), (1000, "1/3".to_string()));
+        assert_eq!(share_of(3000, 0.5), (1500, "1/2".to_string()));
+        assert_eq!(share_of(3000, 0.6), (1800, "0.60".to_string()));
+    }
+}
