@@ -170,6 +170,15 @@ impl HostAdamW {
         self.half_grads.clone()
     }
 
+    /// What the norm of `params`' gradients is taken from on the host: the GPU's sums of
+    /// squares with f16 gradients, else the gradients.
+    pub fn norm_inputs(&self, params: &[&Param]) -> Vec<TensorId> {
+        match &self.half_grads {
+            Some(h) => vec![h.sums_id()],
+            None => params.iter().map(|p| p.grad.id()).collect(),
+        }
+    }
+
     /// The global norm of the gradients times `grad_scale`: from the GPU's sums of squares with
     /// f16 gradients (f64, in parameter order), else [`HostAdamW::grad_norm`].
     fn norm(&self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
@@ -201,11 +210,7 @@ impl HostAdamW {
     pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
         // The wait for the gradients is the GPU's time, not the host passes'.
-        let waits_for: Vec<_> = match &self.half_grads {
-            Some(h) => vec![h.sums_id()],
-            None => params.iter().map(|p| p.grad.id()).collect(),
-        };
-        ctx.pager.sync_to_host(&waits_for)?;
+        ctx.pager.sync_to_host(&self.norm_inputs(params))?;
         let start = Stopwatch::start();
         self.last_norm = self.norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();

@@ -129,6 +129,12 @@ impl SplitAdamW {
         self.gpu.apply_deferred(ctx, &first)?;
         let c = self.gpu.config;
         self.gpu.clip.compute(ctx, &first, c.max_grad_norm, grad_scale)?;
+        // Both shares' inputs to the norm come down in one round trip, not one after the other
+        // (the GPU is idle meanwhile: the next step waits for the norm).
+        self.host.apply_deferred(ctx, &rest)?;
+        let mut inputs = self.host.norm_inputs(&rest);
+        inputs.push(self.gpu.clip.clip.id());
+        ctx.pager.sync_to_host(&inputs)?;
         let gpu_norm = self.gpu.clip.norm(ctx).await? as f64;
         let host_norm = self.host.note_norm(ctx, &rest, grad_scale)? as f64;
         let norm = (gpu_norm * gpu_norm + host_norm * host_norm).sqrt() as f32;
