@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::checkpoint::Moments;
 use super::config::{format_bytes, OptimizerOn, TrainConfig};
-use super::run_setup::{share_of, split_share};
+use super::run_setup::split_share;
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::dist::Dist;
@@ -64,7 +64,7 @@ impl Optimizer {
             }
             (OptimizerOn::Host, None) => host(reason)?,
             (OptimizerOn::Split, None) => {
-                let (share, share_name) = share_of(ctx.pager.budget(), split_share(cfg.precision));
+                let (share, share_name) = split_share(ctx.pager.budget(), cfg.precision);
                 let on_gpu = gpu_share(&params, share);
                 if on_gpu == 0 || on_gpu == params.len() || cfg.delayed_update.is_some() {
                     *reason += &match cfg.delayed_update {

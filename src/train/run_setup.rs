@@ -16,18 +16,19 @@ use crate::optim::{kept_bytes_of, HostAdamW};
 /// 103.4 / 104.4 with AdamW on the host, BENCHMARKS stop 46; at 0.6 84.6 / 84.7 against 85.8 /
 /// 85.5 at a half, 88.6 at 0.7, 209.7 at 0.8, stop 49: the host's share of the update paces the
 /// forward, and a larger GPU share leaves it less to do until the working set no longer fits).
-/// `PAGETRAIN_SPLIT_SHARE` (a fraction, 0 to 1) overrides.
-pub(super) fn split_share(precision: Precision) -> f64 {
+/// `PAGETRAIN_SPLIT_SHARE` (a fraction, 0 to 1) overrides. In bytes of `budget`, with the
+/// share's name for messages ([`share_of`]).
+pub(super) fn split_share(budget: u64, precision: Precision) -> (u64, String) {
     let default = match precision {
         Precision::F16 => 0.6,
         Precision::F32 => 1.0 / 3.0,
     };
     let asked = std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
-    asked.filter(|&f| f > 0.0 && f <= 1.0).unwrap_or(default)
+    share_of(budget, asked.filter(|&f| f > 0.0 && f <= 1.0).unwrap_or(default))
 }
 
 /// `share` of `budget` bytes, and how a message names it ("1/2", "0.60").
-pub(super) fn share_of(budget: u64, share: f64) -> (u64, String) {
+fn share_of(budget: u64, share: f64) -> (u64, String) {
     let inverse = 1.0 / share;
     let name =
         if (inverse - inverse.round()).abs() < 1e-9 { format!("1/{}", inverse.round()) } else { format!("{share:.2}") };
@@ -94,7 +95,7 @@ pub(super) fn choose_optimizer(ctx: &Context, cfg: &TrainConfig, model: &GptConf
             // need not wait for its gradient to go down, the host to update it and it to go up.
             let embedding_values = (model.vocab_size * model.n_embd) as u64;
             let embedding = kept_bytes_of(embedding_values, cfg.precision == Precision::F16) as f64;
-            let (share, share_name) = share_of(ctx.pager.budget(), split_share(cfg.precision));
+            let (share, share_name) = split_share(ctx.pager.budget(), cfg.precision);
             let splits = cfg.delayed_update.is_none() && embedding <= share as f64;
             if host_s < gpu_s && splits {
                 (OptimizerOn::Split, format!("auto: {figures}; the embedding's state fits {share_name} of the budget"))
