@@ -23,8 +23,13 @@ pub(super) fn split_share(budget: u64, precision: Precision) -> (u64, String) {
         Precision::F16 => 0.6,
         Precision::F32 => 1.0 / 3.0,
     };
-    let asked = std::env::var("PAGETRAIN_SPLIT_SHARE").ok().and_then(|v| v.parse::<f64>().ok());
-    share_of(budget, asked.filter(|&f| f > 0.0 && f <= 1.0).unwrap_or(default))
+    let asked = std::env::var("PAGETRAIN_SPLIT_SHARE").ok();
+    let fraction = asked.as_deref().and_then(|v| v.parse::<f64>().ok()).filter(|&f| f > 0.0 && f <= 1.0);
+    if let (Some(v), None) = (&asked, fraction) {
+        // (it was a divisor until stop 49: "2" meant a half)
+        log::warn!("PAGETRAIN_SPLIT_SHARE={v} is not a fraction of the budget between 0 and 1; using {default:.2}");
+    }
+    share_of(budget, fraction.unwrap_or(default))
 }
 
 /// `share` of `budget` bytes, and how a message names it ("1/2", "0.60").
