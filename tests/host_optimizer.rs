@@ -144,7 +144,7 @@ fn host_adamw_on_scaled_f16_gradients_equals_the_update_on_their_f32_values() {
     let lengths = awkward_lengths();
     // f16 gradients as the GPU sends them: large (scaled up by a power of two), unscaled by
     // 2^-12 here, 2^3 for another tensor.
-    let unscale = |i: usize| if i % 2 == 0 { 2f32.powi(-12) } else { 8.0 };
+    let unscale = |i: usize| if i.is_multiple_of(2) { 2f32.powi(-12) } else { 8.0 };
     let inputs: Vec<_> = lengths
         .iter()
         .map(|&n| {

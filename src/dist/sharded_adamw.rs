@@ -221,9 +221,9 @@ impl ShardedAdamW {
         let mut get = |name: String, want: &[usize]| -> Result<()> {
             match moments.shape(&name) {
                 Some(s) if s == want => {
-                    if !whole.contains_key(&name) {
-                        let data = moments.read_f32(&name)?;
-                        whole.insert(name, data);
+                    if let std::collections::hash_map::Entry::Vacant(e) = whole.entry(name) {
+                        let data = moments.read_f32(e.key())?;
+                        e.insert(data);
                     }
                     Ok(())
                 }

@@ -330,7 +330,7 @@ fn write_back_slots_fit_the_tensors_they_carry() {
     ctx.sync().unwrap();
     let (_, back, _) = ctx.pager.staging_bytes();
     assert!(
-        back >= RING_SLOT && back <= 3 * 4096 + RING_SLOT,
+        (RING_SLOT..=3 * 4096 + RING_SLOT).contains(&back),
         "a small slot made over for the 64000 B chunk: {back} B"
     );
     assert!(ctx.pager.counters().writebacks >= 41, "{:?}", ctx.pager.counters());
@@ -356,7 +356,10 @@ fn upload_slots_fit_the_tensors_they_carry() {
     assert!(up > 0 && up <= 4 * 4096, "40 uploads of 4000 B held {up} B of upload slots");
     uploaded(99, 16_000);
     let (up, _, _) = ctx.pager.staging_bytes();
-    assert!(up >= RING_SLOT && up <= 3 * 4096 + RING_SLOT, "a small slot was made over for the 64000 B chunk: {up} B");
+    assert!(
+        (RING_SLOT..=3 * 4096 + RING_SLOT).contains(&up),
+        "a small slot was made over for the 64000 B chunk: {up} B"
+    );
 }
 
 #[test]
