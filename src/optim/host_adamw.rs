@@ -172,7 +172,7 @@ impl HostAdamW {
 
     /// What the norm of `params`' gradients is taken from on the host: the GPU's sums of
     /// squares with f16 gradients, else the gradients.
-    pub fn norm_inputs(&self, params: &[&Param]) -> Vec<TensorId> {
+    fn norm_inputs(&self, params: &[&Param]) -> Vec<TensorId> {
         match &self.half_grads {
             Some(h) => vec![h.sums_id()],
             None => params.iter().map(|p| p.grad.id()).collect(),
@@ -207,10 +207,14 @@ impl HostAdamW {
     /// [`HostAdamW::grad_norm`] (after any deferred update still pending), kept as `last_norm`
     /// for a step that follows with the same gradients and `grad_scale` (see
     /// [`HostAdamW::defer`]).
-    pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32) -> Result<f32> {
+    /// `also`: tensors the caller reads next, brought down in the same round trip (the split
+    /// optimizer's GPU share's norm: one wait for the GPU at a step's end, not two).
+    pub fn note_norm(&mut self, ctx: &Context, params: &[&Param], grad_scale: f32, also: &[TensorId]) -> Result<f32> {
         self.apply_deferred(ctx, params)?;
         // The wait for the gradients is the GPU's time, not the host passes'.
-        ctx.pager.sync_to_host(&self.norm_inputs(params))?;
+        let mut inputs = self.norm_inputs(params);
+        inputs.extend_from_slice(also);
+        ctx.pager.sync_to_host(&inputs)?;
         let start = Stopwatch::start();
         self.last_norm = self.norm(ctx, params, grad_scale)?;
         self.host_seconds += start.seconds();

@@ -131,12 +131,8 @@ impl SplitAdamW {
         self.gpu.clip.compute(ctx, &first, c.max_grad_norm, grad_scale)?;
         // Both shares' inputs to the norm come down in one round trip, not one after the other
         // (the GPU is idle meanwhile: the next step waits for the norm).
-        self.host.apply_deferred(ctx, &rest)?;
-        let mut inputs = self.host.norm_inputs(&rest);
-        inputs.push(self.gpu.clip.clip.id());
-        ctx.pager.sync_to_host(&inputs)?;
+        let host_norm = self.host.note_norm(ctx, &rest, grad_scale, &[self.gpu.clip.clip.id()])? as f64;
         let gpu_norm = self.gpu.clip.norm(ctx).await? as f64;
-        let host_norm = self.host.note_norm(ctx, &rest, grad_scale)? as f64;
         let norm = (gpu_norm * gpu_norm + host_norm * host_norm).sqrt() as f32;
         // As the clip kernel computes it (shaders/optim.wgsl `clip_scale`) and the host one.
         let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };

@@ -237,7 +237,7 @@ impl Optimizer {
                 o.clip.compute(ctx, &model.params(), o.config.max_grad_norm, grad_scale)?;
                 o.clip.norm(ctx).await
             }
-            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale),
+            Optimizer::Host(o) => o.note_norm(ctx, &model.params(), grad_scale, &[]),
             Optimizer::Split(o) => o.grad_norm(ctx, &model.params(), grad_scale).await,
             Optimizer::Sharded(o) => o.exchange(ctx, &model.params(), grad_scale),
         }
