@@ -2,11 +2,12 @@
 //! replays them in reverse. Every backward kernel accumulates (`+=`) into gradient tensors, so
 //! gradient accumulation over micro-batches and shared (tied) weights need no extra code.
 
-use std::collections::{HashMap, HashSet};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::elementwise;
 use crate::tensor::{Tensor, TensorId};
 
@@ -159,6 +160,26 @@ impl Grads {
         true
     }
 
+    /// Moves `from`'s gradient to `to`, which has none, of the same type and shape; false (and
+    /// nothing moved) otherwise, or where `from`'s is a parameter's.
+    fn hand_over(&mut self, from: &Tensor, to: &Tensor) -> bool {
+        let movable = to.requires_grad()
+            && !self.map.contains_key(&to.id())
+            && !self.persistent.contains(&from.id())
+            && (from.dtype(), from.shape()) == (to.dtype(), to.shape());
+        match self.map.remove(&from.id()) {
+            Some(g) if movable => {
+                self.map.insert(to.id(), g);
+                true
+            }
+            Some(g) => {
+                self.map.insert(from.id(), g);
+                false
+            }
+            None => false,
+        }
+    }
+
     fn release(&mut self, id: TensorId) {
         if self.persistent.contains(&id) {
             return;
@@ -171,36 +192,86 @@ impl Grads {
     }
 }
 
-/// Activation checkpointing: runs `f(x)` keeping none of its intermediate tensors; backward runs
-/// `f(x)` again, this time recording, and backpropagates through that. Memory for one block's
-/// input instead of all its activations, for one more forward of the block.
+/// Activation checkpointing: runs `f(x)` keeping none of its intermediate tensors but those it
+/// asks its [`Replay`] to keep; backward runs `f(x)` again, this time recording, and
+/// backpropagates through that. Memory for one block's input (and what it keeps) instead of all
+/// its activations, for one more forward of the block.
 pub fn checkpoint(
     ctx: &Context,
     x: &Tensor,
-    f: impl Fn(&Context, &Tensor) -> Result<Tensor> + 'static,
+    f: impl Fn(&Context, &Tensor, &Replay) -> Result<Tensor> + 'static,
 ) -> Result<Tensor> {
+    let replay = Replay::default();
     if !ctx.grad_enabled() {
-        return f(ctx, x);
+        return f(ctx, x, &replay);
     }
     let outer = std::mem::take(&mut ctx.tape().nodes);
-    let result = f(ctx, x);
+    let result = f(ctx, x, &replay);
     let held = ctx.pager.live_bytes().0;
     // Putting the outer nodes back drops the ones `f` recorded, and the tensors they saved.
     ctx.tape().nodes = outer;
     ctx.pager.note_recompute(held.saturating_sub(ctx.pager.live_bytes().0));
     let out = result?;
     if out.requires_grad() {
-        ctx.record(&[&out], Recompute { x: x.clone(), out: out.clone(), f: Box::new(f) });
+        ctx.record(&[&out], Recompute { x: x.clone(), out: out.clone(), f: Box::new(f), replay });
     }
     Ok(out)
 }
 
-type Forward = Box<dyn Fn(&Context, &Tensor) -> Result<Tensor>>;
+/// What a checkpointed function's first run keeps for its run again in backward, and which ops
+/// that run may leave out (see [`checkpoint`]). Either way the run again records the same
+/// backward nodes over the same bits.
+#[derive(Default)]
+pub struct Replay {
+    again: Cell<bool>,
+    /// What the first run kept, in the order it kept it; the run again takes it in that order.
+    kept: RefCell<VecDeque<Vec<Tensor>>>,
+}
+
+impl Replay {
+    /// Whether this is the run again in backward.
+    pub fn again(&self) -> bool {
+        self.again.get()
+    }
+
+    /// For an op that costs more to run again than its outputs cost to keep: `make(None)` on
+    /// the first run, its tensors kept; on the run again, `make(Some(kept))`, which records the
+    /// op's backward over the kept tensors instead of computing them.
+    pub fn keep(&self, make: impl FnOnce(Option<Vec<Tensor>>) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+        if !self.again() {
+            let made = make(None)?;
+            self.kept.borrow_mut().push_back(made.clone());
+            return Ok(made);
+        }
+        let kept = self.kept.borrow_mut().pop_front();
+        match kept {
+            Some(kept) => make(Some(kept)),
+            None => Err(Error::invalid(
+                "recompute",
+                "the run again in backward asked for more kept tensors than the first run kept",
+            )),
+        }
+    }
+
+    /// `f()`, whose ops on the run again record their backward but dispatch no kernel: for the
+    /// last ops of the function, whose outputs no backward reads (the run again's output is
+    /// only the root its gradient starts from).
+    pub fn unread<T>(&self, ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if self.again() {
+            ctx.kernels.without_dispatches(f)
+        } else {
+            f()
+        }
+    }
+}
+
+type Forward = Box<dyn Fn(&Context, &Tensor, &Replay) -> Result<Tensor>>;
 
 struct Recompute {
     x: Tensor,
     out: Tensor,
     f: Forward,
+    replay: Replay,
 }
 
 impl Backward for Recompute {
@@ -208,10 +279,13 @@ impl Backward for Recompute {
         "recompute"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
+        if grads.get(&self.out).is_none() {
+            return Ok(());
+        }
         // The outer tape is being replayed and is empty now: `f` records onto a fresh one.
-        let again = (self.f)(ctx, &self.x)?;
-        ctx.backward_from(&again, &dout, grads)
+        self.replay.again.set(true);
+        let again = (self.f)(ctx, &self.x, &self.replay)?;
+        ctx.backward_from(&again, &self.out, grads)
     }
 }
 
@@ -275,14 +349,18 @@ impl Context {
         self.replay(loss, grads, Some(seed))
     }
 
-    /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
-    pub fn backward_from(&self, out: &Tensor, dout: &Tensor, grads: &mut Grads) -> Result<()> {
-        if out.shape() != dout.shape() {
-            return Err(crate::error::Error::shape("backward_from", out.shape(), dout.shape()));
+    /// Backpropagates from `out` (a tensor no op has added to yet), whose gradient becomes
+    /// `from`'s, moved rather than copied where it can be (`from` then has none), then clears
+    /// the tape: a recomputed block's run again takes its first run's output gradient.
+    pub fn backward_from(&self, out: &Tensor, from: &Tensor, grads: &mut Grads) -> Result<()> {
+        if out.shape() != from.shape() {
+            return Err(crate::error::Error::shape("backward_from", out.shape(), from.shape()));
         }
-        if let Some(g) = grads.of(self, out)? {
-            let _op = self.op();
-            elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(dout)?, 1.0, g.len())?;
+        if !grads.hand_over(from, out) {
+            if let (Some(dout), Some(g)) = (grads.get(from), grads.of(self, out)?) {
+                let _op = self.op();
+                elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(&dout)?, 1.0, g.len())?;
+            }
         }
         self.replay(out, grads, None)
     }

@@ -71,6 +71,8 @@ pub struct Kernels {
     /// The file `pagetrain tune` kept that `tuning` came from (`None`: the built-in choices).
     tuned_from: Option<std::path::PathBuf>,
     dispatch_count: std::cell::Cell<u64>,
+    /// Inside [`Kernels::without_dispatches`]: dispatches are left out.
+    leaving_out: std::cell::Cell<bool>,
     /// `PAGETRAIN_PROFILE=1`: GPU time per entry, from timestamps in the pass where the device has them.
     profile: Option<profile::Profile>,
     /// Driver pipelines kept on disk between runs, and whether new ones were compiled since.
@@ -119,6 +121,7 @@ impl Kernels {
             modules: RefCell::new(HashMap::new()),
             pipelines: RefCell::new(HashMap::new()),
             dispatch_count: std::cell::Cell::new(0),
+            leaving_out: std::cell::Cell::new(false),
             profile,
             compiled: std::cell::Cell::new(false),
             creation: Default::default(),
@@ -184,6 +187,16 @@ impl Kernels {
         self.bindings.created()
     }
 
+    /// `f()` with every dispatch it asks for left out (not recorded, not counted): ops in it
+    /// make their outputs' tensors and record their backward, computing nothing
+    /// (`autograd::Replay::unread`).
+    pub fn without_dispatches<T>(&self, f: impl FnOnce() -> T) -> T {
+        let outer = self.leaving_out.replace(true);
+        let out = f();
+        self.leaving_out.set(outer);
+        out
+    }
+
     /// Records one dispatch of `entry`: `buffers` bind to 0..n in order, `params` to binding n.
     /// The variant follows the views' element types.
     pub fn dispatch<P: bytemuck::Pod>(
@@ -237,6 +250,9 @@ impl Kernels {
         groups: [u32; 3],
         detail: impl FnOnce() -> String,
     ) -> Result<()> {
+        if self.leaving_out.get() {
+            return Ok(());
+        }
         let f16_bindings = buffers
             .iter()
             .enumerate()

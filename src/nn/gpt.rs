@@ -109,6 +109,9 @@ pub struct Gpt {
     /// Make LayerNorm outputs and the MLP's hidden values again in backward instead of keeping
     /// them (`Block::forward`).
     remake: Cell<bool>,
+    /// Checkpointed blocks keep their attention's output for backward instead of running it
+    /// again (`Block::forward_checkpointed`). On unless `PAGETRAIN_RECOMPUTE_ATTENTION=1`.
+    keep_attention: Cell<bool>,
     /// Element type of the activations between the embedding and the head (f16 after `to_half`).
     activations: DType,
 }
@@ -136,6 +139,7 @@ impl Gpt {
             ln_f,
             recompute: Cell::new(0),
             remake: Cell::new(false),
+            keep_attention: Cell::new(std::env::var("PAGETRAIN_RECOMPUTE_ATTENTION").map_or(true, |v| v != "1")),
             activations: DType::F32,
         })
     }
@@ -144,7 +148,7 @@ impl Gpt {
     /// `h.0.`) frozen as int8 weights; returns it and how many layers were frozen. Call before
     /// the model is shared (right after building or loading it).
     pub fn freeze_int8(self, ctx: &Context, pattern: &str) -> Result<(Gpt, usize)> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, activations } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, keep_attention, activations } = self;
         let mut frozen = 0;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -154,7 +158,7 @@ impl Gpt {
             frozen += block.frozen();
             out.push(Rc::new(block));
         }
-        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, activations }, frozen))
+        Ok((Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, keep_attention, activations }, frozen))
     }
 
     /// This model in mixed precision: activations (and their gradients) in f16 from the embedding
@@ -162,14 +166,14 @@ impl Gpt {
     /// writes the copies with each update; after changing the masters otherwise, call
     /// `Module::refresh_half`). Needs shader-f16.
     pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
-        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, activations: _ } = self;
+        let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, keep_attention, activations: _ } = self;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
             let block = Rc::try_unwrap(b)
                 .map_err(|_| Error::invalid("to_half", "the model is shared; convert it before use"))?;
             out.push(Rc::new(block.with_half(ctx)?));
         }
-        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, activations: DType::F16 })
+        Ok(Gpt { config, wte, wpe, blocks: out, ln_f, recompute, remake, keep_attention, activations: DType::F16 })
     }
 
     /// Element type of the activations between the embedding and the head.
@@ -203,6 +207,16 @@ impl Gpt {
 
     pub fn remakes(&self) -> bool {
         self.remake.get()
+    }
+
+    /// Whether recomputed blocks keep their attention's output rather than run it again in
+    /// backward (the same bits either way; see `Block::forward_checkpointed`).
+    pub fn set_keep_attention(&self, on: bool) {
+        self.keep_attention.set(on);
+    }
+
+    pub fn keeps_attention(&self) -> bool {
+        self.keep_attention.get()
     }
 
     /// tokens (B,T) u32 → logits (B,T,V), f32.
@@ -266,12 +280,12 @@ impl Gpt {
             prepare(&block.params())?;
             let name = format!("transformer.h.{i}");
             x = if i < self.recompute.get() {
-                let block = block.clone();
+                let (block, keep) = (block.clone(), self.keep_attention.get());
                 // The scope is taken inside too: backward runs the block again, outside this one.
                 let _scope = ctx.name_scope(&name);
-                autograd::checkpoint(ctx, &x, move |ctx, x| {
+                autograd::checkpoint(ctx, &x, move |ctx, x, replay| {
                     let _scope = ctx.name_scope(&name);
-                    block.forward(ctx, x, false)
+                    block.forward_checkpointed(ctx, x, replay, keep)
                 })?
             } else {
                 let _scope = ctx.name_scope(&name);

@@ -1,9 +1,9 @@
 //! Linear, LayerNorm, Mlp, CausalSelfAttention and the transformer Block.
 
 use super::{Module, Param, Stored};
-use crate::autograd::remake_for_backward;
+use crate::autograd::{remake_for_backward, Replay};
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops;
 use crate::ops::QWeight;
 use crate::rng::Rng;
@@ -287,6 +287,30 @@ impl Block {
             self.mlp.forward(ctx, &self.ln_2.forward(ctx, &x)?)?
         };
         ops::add(ctx, &x, &m)
+    }
+
+    /// [`Block::forward`] as a checkpointed block runs it (`autograd::checkpoint`), the same bits
+    /// with less work in backward's run again: where `keep_attention`, the first run keeps the
+    /// attention's output and log-sum-exps for it (C + H values a token); and it leaves out the
+    /// MLP's output product and the residual add after it, whose outputs no backward reads.
+    pub fn forward_checkpointed(
+        &self,
+        ctx: &Context,
+        x: &Tensor,
+        replay: &Replay,
+        keep_attention: bool,
+    ) -> Result<Tensor> {
+        let qkv = self.ln_1.forward(ctx, x).and_then(|n| self.attn.c_attn.forward(ctx, &n))?;
+        let y = if keep_attention {
+            let kept = replay
+                .keep(|kept| Ok(ops::causal_self_attention_keeping(ctx, &qkv, self.attn.n_head, kept)?.into()))?;
+            kept.into_iter().next().ok_or_else(|| Error::invalid("recompute", "no attention output was kept"))?
+        } else {
+            ops::causal_self_attention(ctx, &qkv, self.attn.n_head)?
+        };
+        let x = ops::add(ctx, x, &self.attn.c_proj.forward(ctx, &y)?)?;
+        let a = ops::gelu(ctx, &self.mlp.c_fc.forward(ctx, &self.ln_2.forward(ctx, &x)?)?)?;
+        replay.unread(ctx, || ops::add(ctx, &x, &self.mlp.c_proj.forward(ctx, &a)?))
     }
 }
 

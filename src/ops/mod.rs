@@ -15,7 +15,7 @@ mod quantized;
 mod softmax;
 
 pub use activation::{gelu, gelu_into, relu};
-pub use attention::causal_self_attention;
+pub use attention::{causal_self_attention, causal_self_attention_keeping};
 pub use cross_entropy::cross_entropy;
 pub use decode::{decode_attention, decode_embed, kv_append};
 pub use elementwise::{add, cast, mean, scale, sum};

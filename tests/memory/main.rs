@@ -6,6 +6,7 @@
 mod common;
 mod delayed_update;
 mod host_optimizer;
+mod recompute_keeps;
 mod recompute_trial;
 mod split_optimizer;
 mod upload_trial;
