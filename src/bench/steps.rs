@@ -240,6 +240,16 @@ pub fn time_steps(
     let after = ctx.pager.counters();
     let host_after = ctx.recorder.host_seconds();
     let n = steps.max(1) as u64;
+    let recompute: String = match (cfg.recompute, t.recompute_decision()) {
+        (true, _) if t.model.recompute_blocks() < t.model.blocks.len() => {
+            format!("on for the first {} of {} blocks (asked for)", t.model.recompute_blocks(), t.model.blocks.len())
+        }
+        (true, _) => "on (asked for)".into(),
+        (false, Some(decided)) => decided.to_string(),
+        (false, None) => "off".into(),
+    };
+    let kept = if t.model.recomputes() && t.model.keeps_attention() { "; attention kept" } else { "" };
+    let recompute = recompute + kept;
     Ok(StepTiming {
         ms,
         bytes_up: (after.bytes_uploaded - before.bytes_uploaded) / n,
@@ -263,18 +273,7 @@ pub fn time_steps(
         recording: per_step,
         optimizer: t.opt.name().to_string(),
         optimizer_reason: t.optimizer_reason.clone(),
-        recompute: match (cfg.recompute, t.recompute_decision()) {
-            (true, _) if t.model.recompute_blocks() < t.model.blocks.len() => {
-                format!(
-                    "on for the first {} of {} blocks (asked for)",
-                    t.model.recompute_blocks(),
-                    t.model.blocks.len()
-                )
-            }
-            (true, _) => "on (asked for)".into(),
-            (false, Some(decided)) => decided.to_string(),
-            (false, None) => "off".into(),
-        },
+        recompute,
         host_optimizer_s: t
             .opt
             .host_seconds()

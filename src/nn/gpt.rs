@@ -110,7 +110,8 @@ pub struct Gpt {
     /// them (`Block::forward`).
     remake: Cell<bool>,
     /// Checkpointed blocks keep their attention's output for backward instead of running it
-    /// again (`Block::forward_checkpointed`). On unless `PAGETRAIN_RECOMPUTE_ATTENTION=1`.
+    /// again (`Block::forward_checkpointed`); on by default (a trainer turns it off once the run
+    /// pages).
     keep_attention: Cell<bool>,
     /// Element type of the activations between the embedding and the head (f16 after `to_half`).
     activations: DType,
@@ -139,7 +140,7 @@ impl Gpt {
             ln_f,
             recompute: Cell::new(0),
             remake: Cell::new(false),
-            keep_attention: Cell::new(std::env::var("PAGETRAIN_RECOMPUTE_ATTENTION").map_or(true, |v| v != "1")),
+            keep_attention: Cell::new(true),
             activations: DType::F32,
         })
     }

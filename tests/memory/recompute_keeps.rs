@@ -65,3 +65,15 @@ fn recomputed_blocks_keep_their_attention_and_leave_out_unread_ops_for_the_same_
     assert_eq!(again_dispatches - stored_dispatches, blocks * (forward - tail), "the run again left out its tail");
     assert_eq!(again_dispatches - kept_dispatches, blocks * attention, "kept attention ran again");
 }
+
+#[test]
+fn a_run_that_pages_runs_attention_again_rather_than_page_its_output() {
+    let resident = context(None);
+    let (full, _, t) = run(&resident, true, true, 4);
+    assert!(t.model.keeps_attention(), "a resident run stopped keeping attention");
+    let paged = context(Some(resident.pager.live_bytes().1 / 4));
+    let (l, _, t) = run(&paged, true, true, 4);
+    assert!(paged.pager.counters().evictions > 0, "the run did not page");
+    assert!(!t.model.keeps_attention(), "a paging run still keeps its attention outputs");
+    assert_close("paged, attention run again", &l, &to64(&full), 0.0, 1e-6);
+}
