@@ -131,7 +131,9 @@ impl SplitAdamW {
         self.gpu.clip.compute(ctx, &first, c.max_grad_norm, grad_scale)?;
         // Both shares' inputs to the norm come down in one round trip, not one after the other
         // (the GPU is idle meanwhile: the next step waits for the norm).
+        let reading = crate::clock::Stopwatch::start();
         let host_norm = self.host.note_norm(ctx, &rest, grad_scale, &[self.gpu.clip.clip.id()])? as f64;
+        log::debug!("split AdamW: the norm's inputs read back in {:.2} ms", reading.seconds() * 1e3);
         let gpu_norm = self.gpu.clip.norm(ctx).await? as f64;
         let norm = (gpu_norm * gpu_norm + host_norm * host_norm).sqrt() as f32;
         // As the clip kernel computes it (shaders/optim.wgsl `clip_scale`) and the host one.
