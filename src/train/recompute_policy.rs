@@ -36,6 +36,7 @@ impl Trainer {
             // A kept attention output is paged out and in like any activation: at a quarter of
             // GPT-2 small's footprint, 0.3 GB more a step across the bus cost more than running
             // attention again saves (H100: 96 against 81 ms a step; resident, 61 against 65).
+            // (Only where waits may block: see `keep_attention_at_start`.)
             self.model.set_keep_attention(false);
             self.step_changed = true;
         }
@@ -72,6 +73,14 @@ pub(super) fn blocks_recomputed(on: bool, blocks: usize) -> usize {
     }
     let asked = std::env::var("PAGETRAIN_RECOMPUTE_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok());
     asked.filter(|&n| n > 0).map_or(blocks, |n| n.min(blocks))
+}
+
+/// Whether recomputed blocks keep their attention's output from a run's start: as
+/// [`attention_asked`], else where waits may block — not in the browser, whose pager cannot take
+/// a step unlike the last (as with remaking, [`Trainer::remake_if_paging`]): the web demo's
+/// third step failed to fit its budget after the second stopped keeping attention.
+pub(super) fn keep_attention_at_start(ctx: &Context) -> bool {
+    attention_asked().unwrap_or_else(|| ctx.pager.waits_may_block())
 }
 
 /// Whether recomputed blocks keep their attention's output (`Gpt::set_keep_attention`) as

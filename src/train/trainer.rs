@@ -175,9 +175,7 @@ impl Trainer {
             Precision::F32 => (Precision::F32, "f32".to_string()),
         };
         model.set_recompute_blocks(super::recompute_policy::blocks_recomputed(cfg.recompute, model.blocks.len()));
-        if let Some(keep) = super::recompute_policy::attention_asked() {
-            model.set_keep_attention(keep);
-        }
+        model.set_keep_attention(super::recompute_policy::keep_attention_at_start(ctx));
         if cfg.remake.is_none() {
             cfg.remake = match std::env::var("PAGETRAIN_REMAKE").as_deref() {
                 Ok("0") => Some(false),
