@@ -279,13 +279,17 @@ impl Backward for Recompute {
         "recompute"
     }
     fn backward(&self, ctx: &Context, grads: &mut Grads) -> Result<()> {
-        if grads.get(&self.out).is_none() {
-            return Ok(());
-        }
+        let Some(dout) = grads.get(&self.out) else { return Ok(()) };
         // The outer tape is being replayed and is empty now: `f` records onto a fresh one.
         self.replay.again.set(true);
         let again = (self.f)(ctx, &self.x, &self.replay)?;
-        ctx.backward_from(&again, &self.out, grads)
+        // The output's gradient becomes the run again's, moved rather than copied: nothing
+        // else reads it.
+        if grads.hand_over(&self.out, &again) {
+            ctx.replay(&again, grads, None)
+        } else {
+            ctx.backward_from(&again, &dout, grads)
+        }
     }
 }
 
@@ -349,18 +353,14 @@ impl Context {
         self.replay(loss, grads, Some(seed))
     }
 
-    /// Backpropagates from `out` (a tensor no op has added to yet), whose gradient becomes
-    /// `from`'s, moved rather than copied where it can be (`from` then has none), then clears
-    /// the tape: a recomputed block's run again takes its first run's output gradient.
-    pub fn backward_from(&self, out: &Tensor, from: &Tensor, grads: &mut Grads) -> Result<()> {
-        if out.shape() != from.shape() {
-            return Err(crate::error::Error::shape("backward_from", out.shape(), from.shape()));
+    /// Backpropagates from `out` whose gradient is `dout` (same shape), then clears the tape.
+    pub fn backward_from(&self, out: &Tensor, dout: &Tensor, grads: &mut Grads) -> Result<()> {
+        if out.shape() != dout.shape() {
+            return Err(crate::error::Error::shape("backward_from", out.shape(), dout.shape()));
         }
-        if !grads.hand_over(from, out) {
-            if let (Some(dout), Some(g)) = (grads.get(from), grads.of(self, out)?) {
-                let _op = self.op();
-                elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(&dout)?, 1.0, g.len())?;
-            }
+        if let Some(g) = grads.of(self, out)? {
+            let _op = self.op();
+            elementwise::axpy(&self.kernels, &self.modify(&g)?, &self.read(dout)?, 1.0, g.len())?;
         }
         self.replay(out, grads, None)
     }
