@@ -235,20 +235,23 @@ impl Replay {
     }
 
     /// For an op that costs more to run again than its outputs cost to keep: `make(None)` on
-    /// the first run, its tensors kept; on the run again, `make(Some(kept))`, which records the
-    /// op's backward over the kept tensors instead of computing them.
-    pub fn keep(&self, make: impl FnOnce(Option<Vec<Tensor>>) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+    /// the first run, its `N` tensors kept; on the run again, `make(Some(kept))`, which records
+    /// the op's backward over the kept tensors instead of computing them.
+    pub fn keep<const N: usize>(
+        &self,
+        make: impl FnOnce(Option<[Tensor; N]>) -> Result<[Tensor; N]>,
+    ) -> Result<[Tensor; N]> {
         if !self.again() {
             let made = make(None)?;
-            self.kept.borrow_mut().push_back(made.clone());
+            self.kept.borrow_mut().push_back(made.to_vec());
             return Ok(made);
         }
-        let kept = self.kept.borrow_mut().pop_front();
+        let kept = self.kept.borrow_mut().pop_front().and_then(|k| <[Tensor; N]>::try_from(k).ok());
         match kept {
             Some(kept) => make(Some(kept)),
             None => Err(Error::invalid(
                 "recompute",
-                "the run again in backward asked for more kept tensors than the first run kept",
+                "the run again in backward asked for other kept tensors than the first run kept",
             )),
         }
     }

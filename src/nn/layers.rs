@@ -3,7 +3,7 @@
 use super::{Module, Param, Stored};
 use crate::autograd::{remake_for_backward, Replay};
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops;
 use crate::ops::QWeight;
 use crate::rng::Rng;
@@ -302,9 +302,9 @@ impl Block {
     ) -> Result<Tensor> {
         let qkv = self.ln_1.forward(ctx, x).and_then(|n| self.attn.c_attn.forward(ctx, &n))?;
         let y = if keep_attention {
-            let kept = replay
-                .keep(|kept| Ok(ops::causal_self_attention_keeping(ctx, &qkv, self.attn.n_head, kept)?.into()))?;
-            kept.into_iter().next().ok_or_else(|| Error::invalid("recompute", "no attention output was kept"))?
+            let [y, _lse] =
+                replay.keep(|kept| ops::causal_self_attention_keeping(ctx, &qkv, self.attn.n_head, kept))?;
+            y
         } else {
             ops::causal_self_attention(ctx, &qkv, self.attn.n_head)?
         };

@@ -24,7 +24,7 @@ pub fn causal_self_attention_keeping(
     ctx: &Context,
     qkv: &Tensor,
     n_head: usize,
-    kept: Option<Vec<Tensor>>,
+    kept: Option<[Tensor; 2]>,
 ) -> Result<[Tensor; 2]> {
     let s = qkv.shape();
     if s.len() != 3 || !s[2].is_multiple_of(3) || n_head == 0 || !(s[2] / 3).is_multiple_of(n_head) {
@@ -34,13 +34,7 @@ pub fn causal_self_attention_keeping(
     let d = c / n_head;
     let dims = Dims { b, t, h: n_head, d, scale: 1.0 / (d as f32).sqrt() };
     let [out, lse] = match kept {
-        Some(kept) => {
-            let [out, lse]: [Tensor; 2] = kept.try_into().map_err(|k: Vec<Tensor>| {
-                Error::invalid(
-                    "causal_self_attention",
-                    format!("kept {} tensors, not its output and log-sum-exps", k.len()),
-                )
-            })?;
+        Some([out, lse]) => {
             if out.shape() != [b, t, c] || out.dtype() != qkv.dtype() || lse.shape() != [b, n_head, t] {
                 let expected = format!("output [{b}, {t}, {c}] {:?}, lse [{b}, {n_head}, {t}]", qkv.dtype());
                 let got = format!("output {:?} {:?}, lse {:?}", out.shape(), out.dtype(), lse.shape());
