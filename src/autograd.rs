@@ -167,14 +167,13 @@ impl Grads {
             && !self.map.contains_key(&to.id())
             && !self.persistent.contains(&from.id())
             && (from.dtype(), from.shape()) == (to.dtype(), to.shape());
+        if !movable {
+            return false;
+        }
         match self.map.remove(&from.id()) {
-            Some(g) if movable => {
+            Some(g) => {
                 self.map.insert(to.id(), g);
                 true
-            }
-            Some(g) => {
-                self.map.insert(from.id(), g);
-                false
             }
             None => false,
         }

@@ -187,9 +187,9 @@ impl Kernels {
         self.bindings.created()
     }
 
-    /// `f()` with every dispatch it asks for left out (not recorded, not counted): ops in it
-    /// make their outputs' tensors and record their backward, computing nothing
-    /// (`autograd::Replay::unread`).
+    /// `f()` with every kernel dispatch it asks for left out (not recorded, not counted): ops in
+    /// it make their outputs' tensors and record their backward, computing nothing
+    /// (`autograd::Replay::unread`). The pager's zero fills (the recorder's clearer) still run.
     pub fn without_dispatches<T>(&self, f: impl FnOnce() -> T) -> T {
         let outer = self.leaving_out.replace(true);
         let out = f();
