@@ -145,7 +145,7 @@ impl ShardedAdamW {
         };
         let norm = self.last_norm;
         let c = self.config;
-        let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        let clip = c.clip_factor(norm);
         let scale = clip * grad_scale / self.dist.size() as f32;
         self.t += 1;
         let t = self.t;

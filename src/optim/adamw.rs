@@ -21,6 +21,18 @@ pub struct AdamWConfig {
     pub max_grad_norm: f32,
 }
 
+impl AdamWConfig {
+    /// What the gradients are multiplied by for a global norm of `norm`: at most 1, as the clip
+    /// kernel computes it (shaders/optim.wgsl `clip_scale`).
+    pub fn clip_factor(&self, norm: f32) -> f32 {
+        if self.max_grad_norm > 0.0 {
+            (self.max_grad_norm / (norm + 1e-6)).min(1.0)
+        } else {
+            1.0
+        }
+    }
+}
+
 impl Default for AdamWConfig {
     fn default() -> Self {
         AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0 }

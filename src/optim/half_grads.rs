@@ -17,7 +17,7 @@ use std::hash::{Hash, Hasher};
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::elementwise;
+use crate::kernels::{elementwise, reduce};
 use crate::nn::Param;
 use crate::tensor::{DType, Tensor, TensorId};
 
@@ -35,8 +35,9 @@ pub fn grad_half_scale(ss: f32) -> f32 {
 pub struct HalfGrads {
     /// Per parameter: its gradient in f16, times its scale.
     pub halves: Vec<Tensor>,
-    /// Per parameter: the sum of squares of its f32 gradient, as of its cast.
-    sums: Tensor,
+    /// Per parameter: the sum of squares of its f32 gradient, as of its cast (one f32 each, so
+    /// each comes down beside its gradient: `super::speculative_update` reads it early).
+    sums: Vec<Tensor>,
     /// The f32 gradients, and the slot of each by its id.
     grads: Vec<Tensor>,
     slots: HashMap<TensorId, usize>,
@@ -60,6 +61,7 @@ struct Watch {
 impl HalfGrads {
     pub fn new(ctx: &Context, params: &[&Param]) -> Result<Self> {
         let mut halves = Vec::with_capacity(params.len());
+        let mut sums = Vec::with_capacity(params.len());
         for p in params {
             if p.grad.dtype() != DType::F32 {
                 return Err(Error::invalid(
@@ -68,11 +70,12 @@ impl HalfGrads {
                 ));
             }
             halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), p.grad.shape(), DType::F16, false)?);
+            sums.push(ctx.empty(&format!("{}.grad sumsq", p.name), &[1], DType::F32, false)?);
         }
         let n = params.len();
         Ok(HalfGrads {
             halves,
-            sums: ctx.empty("grad sumsq (f16 gradients)", &[n.max(1)], DType::F32, false)?,
+            sums,
             grads: params.iter().map(|p| p.grad.clone()).collect(),
             slots: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
             watch: RefCell::new(Watch { added: vec![0; n], cast: vec![false; n], ..Default::default() }),
@@ -114,30 +117,46 @@ impl HalfGrads {
     /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it forgotten.
     fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
         self.watch.borrow_mut().cast[slot] = true;
-        let grad = &self.grads[slot];
-        super::clip::sum_of_squares(ctx, &self.sums, slot, grad)?;
+        let (grad, sum) = (&self.grads[slot], &self.sums[slot]);
         {
             let _op = ctx.op();
-            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(&self.sums)?);
-            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len())?;
+            let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: 0, accumulate: false };
+            let (out, x, partials) = (ctx.write(sum)?, ctx.read(grad)?, ctx.partials()?);
+            reduce::sum(&ctx.kernels, &out, &x, &partials, grad.len(), spec)?;
+        }
+        {
+            let _op = ctx.op();
+            let (half, x, sum) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(sum)?);
+            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sum, 0, grad.len())?;
         }
         ctx.pager.forget(grad.id())?;
-        // On its way down while backward goes on (the update reads it early in the next step),
-        // and out of the GPU budget: only the host reads it.
-        ctx.pager.hand_to_host(self.halves[slot].id())
+        // On their way down while backward goes on (the update reads them early in the next
+        // step, or during this backward), and out of the GPU budget: only the host reads them.
+        ctx.pager.hand_to_host(self.halves[slot].id())?;
+        ctx.pager.hand_to_host(sum.id())
     }
 
-    /// The tensor of the sums of squares (one f32 a parameter).
-    pub fn sums_id(&self) -> TensorId {
-        self.sums.id()
+    /// Whether the gradient in `slot` has been cast in the backward under way.
+    pub fn is_cast(&self, slot: usize) -> bool {
+        self.watch.borrow().cast.get(slot).copied().unwrap_or(false)
+    }
+
+    /// The tensors of the sums of squares (one f32 a parameter).
+    pub fn sum_ids(&self) -> Vec<TensorId> {
+        self.sums.iter().map(|s| s.id()).collect()
+    }
+
+    /// Parameter `slot`'s sum of squares tensor (one f32).
+    pub fn sum_id(&self, slot: usize) -> TensorId {
+        self.sums[slot].id()
     }
 
     /// Per parameter, the sum of squares of its gradient (waits for the GPU): the gradients are
     /// their f16 copies times the reciprocal of [`grad_half_scale`] of it.
     pub fn sums(&self, ctx: &Context) -> Result<Vec<f32>> {
-        ctx.pager.sync_to_host(&[self.sums.id()])?;
-        let n = self.grads.len();
-        ctx.pager.update_host(&[self.sums.id()], &[], |s| bytemuck::pod_collect_to_vec::<u8, f32>(&s[0][..4 * n]))
+        let ids = self.sum_ids();
+        ctx.pager.sync_to_host(&ids)?;
+        ctx.pager.update_host(&ids, &[], |s| s.iter().map(|b| bytemuck::pod_read_unaligned::<f32>(&b[..4])).collect())
     }
 }
 

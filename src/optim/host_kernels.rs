@@ -216,6 +216,56 @@ pub(super) fn update_values(
 
 /// The AdamW update of every tensor in `tensors`, in [`CHUNK`]s on up to `threads` threads.
 pub fn adamw_update(tensors: Vec<AdamWSlices>, step: &AdamWStep, threads: usize) -> Result<()> {
+    check_lengths(&tensors)?;
+    let jobs: Vec<AdamWSlices> = tensors.into_iter().flat_map(chunked).collect();
+    run_jobs(jobs, threads, |job| update_chunk(job, step));
+    Ok(())
+}
+
+/// [`adamw_update`] out of place: each tensor's values and moments are read from `from` (value,
+/// first and second moment) and its update is written over `into`'s, which are not read. Each
+/// chunk is copied just before its update, while it is in cache, so the bits are those of
+/// updating `from` in place (`super::speculative_update`'s twins).
+pub fn adamw_update_from(
+    from: Vec<[&[f32]; 3]>,
+    into: Vec<AdamWSlices>,
+    step: &AdamWStep,
+    threads: usize,
+) -> Result<()> {
+    check_lengths(&into)?;
+    if from.len() != into.len() || from.iter().zip(&into).any(|(f, t)| f.iter().any(|x| x.len() != t.p.len())) {
+        return Err(Error::invalid(
+            "host AdamW",
+            "the tensors updated from differ in count or length from their twins",
+        ));
+    }
+    let mut jobs = Vec::new();
+    for ([p, m, v], t) in from.into_iter().zip(into) {
+        let sources = p.chunks(CHUNK).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK)).map(|((p, m), v)| [p, m, v]);
+        jobs.extend(chunked(t).zip(sources));
+    }
+    run_jobs(jobs, threads, |(job, [p, m, v])| {
+        job.p.copy_from_slice(p);
+        job.m.copy_from_slice(m);
+        job.v.copy_from_slice(v);
+        update_chunk(job, step)
+    });
+    Ok(())
+}
+
+/// One tensor's slices cut into [`CHUNK`]s.
+fn chunked(t: AdamWSlices) -> impl Iterator<Item = AdamWSlices> {
+    let decay = t.decay;
+    let parts = t.p.chunks_mut(CHUNK).zip(t.m.chunks_mut(CHUNK)).zip(t.v.chunks_mut(CHUNK)).zip(t.g.chunks(CHUNK));
+    let mut halves = t.half.map(|h| h.chunks_mut(CHUNK));
+    parts.map(move |(((p, m), v), g)| {
+        let half = halves.as_mut().and_then(|h| h.next());
+        AdamWSlices { p, m, v, g, decay, half }
+    })
+}
+
+/// An error naming the lengths where a tensor's slices differ.
+fn check_lengths(tensors: &[AdamWSlices]) -> Result<()> {
     let differs = |t: &AdamWSlices| {
         let n = t.p.len();
         t.m.len() != n || t.v.len() != n || t.g.len() != n || t.half.as_ref().is_some_and(|h| h.len() != n)
@@ -227,16 +277,5 @@ pub fn adamw_update(tensors: Vec<AdamWSlices>, step: &AdamWStep, threads: usize)
         }
         return Err(Error::invalid("host AdamW", format!("a tensor's slices differ in length: {lens}")));
     }
-    let mut jobs = Vec::new();
-    for t in tensors {
-        let decay = t.decay;
-        let parts = t.p.chunks_mut(CHUNK).zip(t.m.chunks_mut(CHUNK)).zip(t.v.chunks_mut(CHUNK)).zip(t.g.chunks(CHUNK));
-        let mut halves = t.half.map(|h| h.chunks_mut(CHUNK));
-        jobs.extend(parts.map(|(((p, m), v), g)| {
-            let half = halves.as_mut().and_then(|h| h.next());
-            AdamWSlices { p, m, v, g, decay, half }
-        }));
-    }
-    run_jobs(jobs, threads, |job| update_chunk(job, step));
     Ok(())
 }

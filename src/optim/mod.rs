@@ -11,6 +11,7 @@ mod host_adamw;
 mod host_kernels;
 mod host_values;
 mod sgd;
+mod speculative_update;
 mod split_adamw;
 mod update_ahead;
 

@@ -16,7 +16,7 @@
 
 use std::rc::Rc;
 
-use super::{AdamW, AdamWConfig, EarlyNorms, HalfGrads, HostAdamW};
+use super::{AdamW, AdamWConfig, EarlyNorms, HostAdamW};
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -137,8 +137,9 @@ impl SplitAdamW {
         let gpu_norm = self.gpu.clip.norm(ctx).await? as f64;
         let norm = (gpu_norm * gpu_norm + host_norm * host_norm).sqrt() as f32;
         // As the clip kernel computes it (shaders/optim.wgsl `clip_scale`) and the host one.
-        let clip = if c.max_grad_norm > 0.0 { (c.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        let clip = c.clip_factor(norm);
         ctx.write_f32(&self.gpu.clip.clip, &[clip, norm])?;
+        log::debug!("split AdamW: global norm {norm:.4}, clip factor {clip:.4}");
         self.last_norm = norm;
         Ok(norm)
     }
@@ -183,28 +184,32 @@ impl SplitAdamW {
     }
 
     /// What the last micro-batch's backward reports each gradient addition to, readied: the GPU
-    /// share's sums of squares, and the host share's f16 casts where its gradients come down so.
-    pub fn gradient_watcher(&self, ctx: &Context) -> Rc<dyn GradientAdded> {
+    /// share's sums of squares, and the host share's watcher where its gradients come down in
+    /// f16 ([`HostAdamW::gradient_watcher`], which may bet on `next`).
+    pub fn gradient_watcher(
+        &mut self,
+        ctx: &Context,
+        params: &[&Param],
+        next: Option<(f32, f32)>,
+    ) -> Result<Rc<dyn GradientAdded>> {
         let norms = self.gpu.clip.early_norms();
         norms.begin();
-        let halves = self.host.half_grads();
-        if let Some(h) = &halves {
-            h.begin(ctx);
-        }
-        Rc::new(BothShares { norms, halves })
+        let (_, rest) = self.shares(params);
+        let host = self.host.gradient_watcher(ctx, &rest, next)?;
+        Ok(Rc::new(BothShares { norms, host }))
     }
 }
 
 /// Each share's watcher of gradient additions (each ignores the other share's gradients).
 struct BothShares {
     norms: Rc<EarlyNorms>,
-    halves: Option<Rc<HalfGrads>>,
+    host: Option<Rc<dyn GradientAdded>>,
 }
 
 impl GradientAdded for BothShares {
     fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
         self.norms.added(ctx, grad)?;
-        match &self.halves {
+        match &self.host {
             Some(h) => h.added(ctx, grad),
             None => Ok(()),
         }

@@ -156,6 +156,17 @@ impl Pager {
         Ok(st.store.bytes(&e.host)?[..e.bytes as usize].to_vec())
     }
 
+    /// Whether the host store holds the newest bytes of every one of `ids` with no copy of them
+    /// in flight (write-backs delivered by the last [`Pager::poll`]): the host may read them now
+    /// without waiting. False for a tensor lent or released.
+    pub fn landed(&self, ids: &[TensorId]) -> bool {
+        let st = self.state();
+        ids.iter().all(|id| {
+            let settled = st.entries.get(id).is_some_and(|e| !(e.dirty && e.gpu.is_some()) && !e.lent);
+            settled && !st.readback.has_jobs_for(*id) && !st.dma.busy(*id, None)
+        })
+    }
+
     /// Records the write-back of every listed tensor whose newest copy is on the GPU and waits
     /// once for all of them, so reading many tensors costs one GPU round trip, not one each.
     pub fn sync_to_host(&self, ids: &[TensorId]) -> Result<()> {

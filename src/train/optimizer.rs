@@ -169,21 +169,25 @@ impl Optimizer {
     /// What the last micro-batch's backward reports each gradient addition to, readied for it:
     /// GPU AdamW takes the gradients' sums of squares for the norm then (resident runs too: a
     /// paged run then computes exactly what a resident one does); host AdamW with f16
-    /// gradients casts each one after its last addition ([`crate::optim::HalfGrads`]).
-    pub(super) fn gradient_watcher(&self, ctx: &Context) -> Option<Rc<dyn GradientAdded>> {
-        match self {
+    /// gradients casts each one after its last addition ([`crate::optim::HalfGrads`]) and,
+    /// given `next` (the step's learning rate and gradient factor), may bet that the step is
+    /// not clipped ([`HostAdamW::gradient_watcher`]).
+    pub(super) fn gradient_watcher(
+        &mut self,
+        ctx: &Context,
+        model: &Gpt,
+        next: Option<(f32, f32)>,
+    ) -> Result<Option<Rc<dyn GradientAdded>>> {
+        Ok(match self {
             Optimizer::Gpu(o) => {
                 let norms = o.clip.early_norms();
                 norms.begin();
                 Some(norms)
             }
-            Optimizer::Host(o) => o.half_grads().map(|h| {
-                h.begin(ctx);
-                h as Rc<dyn GradientAdded>
-            }),
-            Optimizer::Split(o) => Some(o.gradient_watcher(ctx)),
+            Optimizer::Host(o) => o.gradient_watcher(ctx, &model.params(), next)?,
+            Optimizer::Split(o) => Some(o.gradient_watcher(ctx, &model.params(), next)?),
             Optimizer::Sharded(_) => None,
-        }
+        })
     }
 
     /// After the last micro-batch's backward: f16 gradients not cast during it are cast now.

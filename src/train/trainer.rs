@@ -300,8 +300,12 @@ impl Trainer {
             self.start_pending_update(ctx).await?;
             let mut grads = self.model.grads();
             let last = i + 1 == n_micro;
-            if let Some(watcher) = self.opt.gradient_watcher(ctx).filter(|_| last) {
-                grads.watch(watcher);
+            if last {
+                // (a delayed update is not the next step's: nothing to bet on)
+                let next = (!self.opt.delays_next_update()).then(|| (self.cfg.lr_at(self.step), 1.0 / self.loss_scale));
+                if let Some(watcher) = self.opt.gradient_watcher(ctx, &self.model, next)? {
+                    grads.watch(watcher);
+                }
             }
             ctx.backward(&loss, &mut grads, seed)?;
             if last {

@@ -8,6 +8,7 @@ mod delayed_update;
 mod host_optimizer;
 mod recompute_keeps;
 mod recompute_trial;
+mod speculative_update;
 mod split_optimizer;
 mod upload_trial;
 

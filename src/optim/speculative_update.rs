@@ -1,0 +1,359 @@
+//! The host AdamW's update run during backward, on the bet that the step will not be clipped.
+//!
+//! Why: exact AdamW cannot start a step's update before the global norm is known, at backward's
+//! end, and the next forward then waits for the host's pass layer by layer (GPT-2 small in f16
+//! at a quarter of its footprint: ~10 ms a step on an H100, BENCHMARKS stop 49). But the clip
+//! factor is 1 whenever the norm is within `max_grad_norm`, as it is for most steps of a run
+//! past its first hundred; then each parameter's update needs only its own gradient, and the
+//! host share's f16 gradients come down early in backward (the last layers' first). So while
+//! backward runs, a thread updates each parameter whose f16 gradient has landed into twins of
+//! its value, moments and f16 copy. At the step's end, with a finite norm and a clip factor of
+//! exactly 1 the twins are swapped in ([`Pager::swap_host`]: no byte moves); otherwise they are
+//! dropped and the step takes the usual way. The arithmetic is the usual update's, chunk for
+//! chunk (`adamw_update_from`): the values are the same bits either way.
+//!
+//! The host optimizer bets only after a step that was not clipped, so a run whose steps clip
+//! loses one bet and then none. Parameters without an f16 copy (biases and gains, whose f32
+//! value the GPU reads) are updated at the step's end as before: they are a few thousand
+//! values a layer. The twins cost 14 bytes of host store a parameter with an f16 copy.
+//! `PAGETRAIN_SPECULATE=0` turns the bets off.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use super::half_grads::{grad_half_scale, HalfGrads};
+use super::host_kernels::{adamw_update_from, AdamWSlices, AdamWStep, GradSlice};
+use super::host_values::{pods, F32sMut, PodsMut};
+use crate::autograd::GradientAdded;
+use crate::clock::Stopwatch;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::nn::Param;
+use crate::pager::{HostLoan, Pager};
+use crate::tensor::{Tensor, TensorId};
+
+/// The longest the step's end waits for the gradients of a bet to land before giving it up
+/// (they are on their way: only a GPU that stopped makes this wait end so).
+const LANDING_TIMEOUT_S: f64 = 30.0;
+
+/// What one parameter's bet reads and writes in the host store.
+struct Plan {
+    /// Its value, first and second moment and f16 gradient (read).
+    reads: [TensorId; 4],
+    /// Twins of its value, moments and f16 weight copy (written).
+    twins: [Tensor; 4],
+    /// Its f16 weight copy, which the last twin replaces.
+    half: TensorId,
+    /// Its gradient's sum of squares (one f32): the f16 gradient's scale comes from it.
+    sum: TensorId,
+    /// Its weight decay.
+    decay: f32,
+}
+
+/// One parameter's update for the thread: its index, what multiplies its f16 gradient, its
+/// weight decay, and its bytes (reads, then twins).
+type Work = (usize, f32, f32, HostLoan);
+
+/// A bet under way: the step it updates for, and the thread updating into the twins.
+struct Bet {
+    step: AdamWStep,
+    /// Per parameter: handed to the thread.
+    sent: Vec<bool>,
+    /// Handed to the thread and not back yet.
+    outstanding: usize,
+    work: Option<mpsc::Sender<Work>>,
+    done: mpsc::Receiver<(usize, HostLoan, Result<()>)>,
+    thread: Option<JoinHandle<()>>,
+    /// Loans back from the thread (returned to the pager when the bet ends).
+    back: Vec<HostLoan>,
+}
+
+pub(super) struct Speculation {
+    pager: Rc<Pager>,
+    halves: Rc<HalfGrads>,
+    /// Per parameter of the host optimizer: its plan, or `None` where it has no f16 copy.
+    plans: Vec<Option<Plan>>,
+    bet: RefCell<Option<Bet>>,
+    threads: usize,
+    /// Steps whose bet was kept, and lost (clipped, overflowed, or not taken up).
+    pub won: Cell<u64>,
+    pub lost: Cell<u64>,
+}
+
+impl Speculation {
+    /// Twins for every one of `params` with an f16 copy; `m`, `v` their moments, `decays` their
+    /// weight decays, `halves` where their f16 gradients come down.
+    pub fn new(
+        ctx: &Context,
+        params: &[&Param],
+        m: &[Tensor],
+        v: &[Tensor],
+        decays: &[f32],
+        halves: Rc<HalfGrads>,
+        threads: usize,
+    ) -> Result<Self> {
+        if m.len() != params.len() || v.len() != params.len() || decays.len() != params.len() {
+            return Err(Error::shape("speculative update", params.len(), m.len().min(v.len()).min(decays.len())));
+        }
+        let mut plans = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            let Some(half) = &p.half else {
+                plans.push(None);
+                continue;
+            };
+            let twin = |t: &Tensor| ctx.empty(&format!("{} (bet)", t.name()), t.shape(), t.dtype(), false);
+            plans.push(Some(Plan {
+                reads: [p.value.id(), m[i].id(), v[i].id(), halves.halves[i].id()],
+                twins: [twin(&p.value)?, twin(&m[i])?, twin(&v[i])?, twin(half)?],
+                half: half.id(),
+                sum: halves.sum_id(i),
+                decay: decays[i],
+            }));
+        }
+        Ok(Speculation {
+            pager: ctx.pager.clone(),
+            halves,
+            plans,
+            bet: RefCell::new(None),
+            threads,
+            won: Cell::new(0),
+            lost: Cell::new(0),
+        })
+    }
+
+    /// Bets on `step` (its `scale` the gradients' factor with no clip): from now on each
+    /// parameter whose f16 gradient has landed is updated into its twins. A bet still open is
+    /// given up first.
+    pub fn begin(&self, step: AdamWStep) -> Result<()> {
+        self.give_up()?;
+        let (work, jobs) = mpsc::channel::<Work>();
+        let (send, done) = mpsc::channel();
+        let threads = self.threads;
+        let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
+            for (i, unscale, decay, mut loan) in jobs.iter() {
+                let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
+                if send.send((i, loan, result)).is_err() {
+                    return;
+                }
+            }
+        });
+        let thread =
+            spawned.map_err(|e| Error::invalid("host AdamW", format!("cannot start its bet's thread: {e}")))?;
+        *self.bet.borrow_mut() = Some(Bet {
+            step,
+            sent: vec![false; self.plans.len()],
+            outstanding: 0,
+            work: Some(work),
+            done,
+            thread: Some(thread),
+            back: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Whether a bet is open.
+    pub fn is_open(&self) -> bool {
+        self.bet.borrow().is_some()
+    }
+
+    /// Hands the thread every parameter of the open bet whose f16 gradient and its sum of
+    /// squares have landed in the host store (after delivering the write-backs done so far).
+    fn send_landed(&self) -> Result<()> {
+        let mut bet = self.bet.borrow_mut();
+        let Some(bet) = bet.as_mut() else { return Ok(()) };
+        let due: Vec<usize> = (0..self.plans.len())
+            .filter(|&i| self.plans[i].is_some() && !bet.sent[i] && self.halves.is_cast(i))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.pager.poll()?;
+        for i in due {
+            let plan = self.plans[i].as_ref().expect("filtered");
+            if !self.pager.landed(&[plan.reads[3], plan.sum]) {
+                continue;
+            }
+            let sum = self.pager.update_host(&[plan.sum], &[], |s| bytemuck::pod_read_unaligned::<f32>(&s[0][..4]))?;
+            let twins: Vec<TensorId> = plan.twins.iter().map(|t| t.id()).collect();
+            let ids: Vec<TensorId> = plan.reads.iter().copied().chain(twins.iter().copied()).collect();
+            let loan = self.pager.lend_host(&ids, &twins)?;
+            match &bet.work {
+                Some(work) => {
+                    let unscale = 1.0 / grad_half_scale(sum);
+                    if let Err(mpsc::SendError((_, _, _, loan))) = work.send((i, unscale, plan.decay, loan)) {
+                        self.pager.return_host(loan)?;
+                        return Err(Error::invalid("host AdamW", "the bet's thread stopped"));
+                    }
+                }
+                None => {
+                    self.pager.return_host(loan)?;
+                    continue;
+                }
+            }
+            bet.sent[i] = true;
+            bet.outstanding += 1;
+        }
+        Ok(())
+    }
+
+    /// At backward's end, before the norm is read: hands the thread every parameter of the open
+    /// bet as its gradient lands, polling until all are handed over (the GPU may still be
+    /// running backward: the host updates the landed ones meanwhile).
+    pub fn pump(&self, ctx: &Context) -> Result<()> {
+        if self.bet.borrow().is_none() {
+            return Ok(());
+        }
+        ctx.recorder.flush();
+        let start = Stopwatch::start();
+        loop {
+            self.send_landed()?;
+            // (every gradient is cast once backward is done: `HalfGrads::finish`)
+            let all_sent = self.bet.borrow().as_ref().is_none_or(|b| {
+                (0..self.plans.len()).all(|i| self.plans[i].is_none() || b.sent[i] || !self.halves.is_cast(i))
+            });
+            if all_sent {
+                return Ok(());
+            }
+            if start.seconds() > LANDING_TIMEOUT_S {
+                log::warn!("host AdamW: the bet's gradients did not land in {LANDING_TIMEOUT_S} s; the step's update runs as usual");
+                return self.give_up();
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
+    /// The step's end, once its norm is known: if the open bet was on `step` (the update the
+    /// step takes, clip factor included), waits for its updates and swaps the twins in, and
+    /// returns the parameters it updated; otherwise gives the bet up and returns `None`.
+    pub fn collect(&self, ctx: &Context, step: &AdamWStep) -> Result<Option<Vec<usize>>> {
+        let matches = self.bet.borrow().as_ref().is_some_and(|b| same_step(&b.step, step));
+        if !matches {
+            self.give_up()?;
+            return Ok(None);
+        }
+        // Every gradient is on the host by now (the norm was read after them): the rest go.
+        let rest: Vec<TensorId> = self.plans.iter().flatten().flat_map(|p| [p.reads[3], p.sum]).collect();
+        ctx.pager.sync_to_host(&rest)?;
+        self.send_landed()?;
+        let mut bet = self.bet.borrow_mut().take().expect("checked");
+        let updated: Vec<usize> = (0..self.plans.len()).filter(|&i| bet.sent[i]).collect();
+        let missing = self.plans.iter().zip(&bet.sent).any(|(p, &s)| p.is_some() && !s);
+        let outcome = finish(&self.pager, &mut bet);
+        if missing || outcome.is_err() {
+            self.lost.set(self.lost.get() + 1);
+            outcome?;
+            return Ok(None);
+        }
+        // The f16 copies are clean on the GPU (they were made there only before the first step).
+        let halves: Vec<TensorId> = updated.iter().map(|&i| self.plans[i].as_ref().expect("sent").half).collect();
+        ctx.pager.sync_to_host(&halves)?;
+        for &i in &updated {
+            let plan = self.plans[i].as_ref().expect("sent");
+            let targets = [plan.reads[0], plan.reads[1], plan.reads[2], plan.half];
+            for (target, twin) in targets.iter().zip(&plan.twins) {
+                ctx.pager.swap_host(*target, twin.id())?;
+            }
+        }
+        self.won.set(self.won.get() + 1);
+        Ok(Some(updated))
+    }
+
+    /// Ends an open bet without keeping it: its thread finishes what it has and the bytes go
+    /// back to the pager.
+    pub fn give_up(&self) -> Result<()> {
+        let Some(mut bet) = self.bet.borrow_mut().take() else { return Ok(()) };
+        self.lost.set(self.lost.get() + 1);
+        finish(&self.pager, &mut bet)
+    }
+}
+
+impl Drop for Speculation {
+    fn drop(&mut self) {
+        if let Some(mut bet) = self.bet.borrow_mut().take() {
+            let _ = finish(&self.pager, &mut bet);
+        }
+    }
+}
+
+/// Stops handing out work, waits for what the thread has, and gives every loan back; the
+/// first error found, after all loans are back.
+fn finish(pager: &Pager, bet: &mut Bet) -> Result<()> {
+    bet.work = None;
+    let mut first = Ok(());
+    while bet.outstanding > 0 {
+        match bet.done.recv() {
+            Ok((_, loan, result)) => {
+                bet.outstanding -= 1;
+                bet.back.push(loan);
+                if first.is_ok() {
+                    first = result;
+                }
+            }
+            Err(_) => {
+                if first.is_ok() {
+                    first = Err(Error::invalid("host AdamW", "the bet's thread stopped before its last update"));
+                }
+                break;
+            }
+        }
+    }
+    if let Some(thread) = bet.thread.take() {
+        let _ = thread.join();
+    }
+    for loan in bet.back.drain(..) {
+        pager.return_host(loan)?;
+    }
+    first
+}
+
+/// Whether two steps update with the same bits.
+fn same_step(a: &AdamWStep, b: &AdamWStep) -> bool {
+    a.lr.to_bits() == b.lr.to_bits() && a.scale.to_bits() == b.scale.to_bits() && a.t == b.t
+}
+
+/// One parameter's update from its value, moments and f16 gradient (times `unscale`) into the
+/// twins of its value, moments and f16 copy: `slices` in the loan's order.
+fn update_into(slices: &mut [&mut [u8]], unscale: f32, decay: f32, step: AdamWStep, threads: usize) -> Result<()> {
+    let [p, m, v, g, p2, m2, v2, h2] = slices else {
+        return Err(Error::invalid("host AdamW", format!("a bet's update takes 8 host slices, not {}", slices.len())));
+    };
+    let (p, m, v) = (pods::<f32>(p), pods::<f32>(m), pods::<f32>(v));
+    let g = pods::<half::f16>(g);
+    let (mut p2, mut m2, mut v2, mut h2) = (F32sMut::new(p2), F32sMut::new(m2), F32sMut::new(v2), PodsMut::new(h2));
+    let into = AdamWSlices {
+        p: p2.values(),
+        m: m2.values(),
+        v: v2.values(),
+        g: GradSlice::F16 { values: &g, unscale },
+        decay,
+        half: Some(h2.values()),
+    };
+    adamw_update_from(vec![[&p, &m, &v]], vec![into], &step, threads)?;
+    p2.finish();
+    m2.finish();
+    v2.finish();
+    h2.finish();
+    Ok(())
+}
+
+/// What the last micro-batch's backward reports to while a bet is open: the f16 casts, then
+/// the bet's thread is handed what has landed.
+pub(super) struct Betting {
+    pub halves: Rc<HalfGrads>,
+    pub speculation: Rc<Speculation>,
+}
+
+impl GradientAdded for Betting {
+    fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
+        self.halves.added(ctx, grad)?;
+        self.speculation.send_landed()
+    }
+}
+
+/// Whether the host optimizer bets on unclipped steps: where its updates run ahead on a thread
+/// (`super::update_ahead::enabled`), unless `PAGETRAIN_SPECULATE=0`.
+pub(super) fn enabled(threads: usize) -> bool {
+    super::update_ahead::enabled(threads) && std::env::var("PAGETRAIN_SPECULATE").map_or(true, |v| v != "0")
+}
