@@ -6,6 +6,7 @@ use std::time::Instant;
 #[cfg(target_arch = "wasm32")]
 use web_time::Instant;
 
+#[derive(Clone, Copy)]
 pub(crate) struct Stopwatch(Instant);
 
 /// When the process started, as `mark_process_start` (the first line of `main`) saw it.

@@ -99,6 +99,8 @@ pub struct AtBudget {
     pub compared: Option<String>,
     /// Per step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
     pub host_optimizer_ms_per_step: Option<f64>,
+    /// The timed steps' bets on being unclipped (`optim::speculative_update`): kept, lost.
+    pub bets_kept_lost: Option<[u64; 2]>,
     /// Per step: host milliseconds in the pager's accesses (placing, evicting, recording the
     /// copies, waiting), and of those, waiting for transfers.
     pub pager_ms_per_step: Option<f64>,
@@ -166,6 +168,8 @@ pub struct StepTiming {
     pub optimizer: String,
     pub optimizer_reason: String,
     pub host_optimizer_s: Option<f64>,
+    /// The timed steps' bets on being unclipped, kept and lost (None without host AdamW).
+    pub bets: Option<[u64; 2]>,
     /// Whether the blocks were recomputed, and why (`Trainer::recompute_decision`).
     pub recompute: String,
 }
@@ -207,6 +211,7 @@ pub fn time_steps(
     };
     let recorded_before = recording();
     let host_optimizer_before = t.opt.host_seconds();
+    let bets_before = t.opt.bets();
     let start = Instant::now();
     // As the training loop runs: a step's loss is read once the next step is recorded.
     let mut pending = None;
@@ -274,6 +279,7 @@ pub fn time_steps(
         optimizer: t.opt.name().to_string(),
         optimizer_reason: t.optimizer_reason.clone(),
         recompute,
+        bets: t.opt.bets().zip(bets_before).map(|(a, b)| [a.0 - b.0, a.1 - b.1]),
         host_optimizer_s: t
             .opt
             .host_seconds()
@@ -387,6 +393,7 @@ pub fn step_times(
                 )
             }),
             host_optimizer_ms_per_step: t.as_ref().and_then(&host_ms),
+            bets_kept_lost: t.as_ref().and_then(|t| t.bets),
             pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
             stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
             fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),

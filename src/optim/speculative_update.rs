@@ -38,6 +38,10 @@ use crate::tensor::{Tensor, TensorId};
 /// (they are on their way: only a GPU that stopped makes this wait end so).
 const LANDING_TIMEOUT_S: f64 = 30.0;
 
+/// Backward hands landed gradients over at most this often: each look polls the device, and
+/// backward reports a few hundred gradient additions a step.
+const POLL_EVERY_S: f64 = 250e-6;
+
 /// What one parameter's bet reads and writes in the host store.
 struct Plan {
     /// Its value, first and second moment and f16 gradient (read).
@@ -77,6 +81,8 @@ pub(super) struct Speculation {
     plans: Vec<Option<Plan>>,
     bet: RefCell<Option<Bet>>,
     threads: usize,
+    /// When backward last polled for landed gradients (see [`POLL_EVERY_S`]).
+    polled: Cell<Option<Stopwatch>>,
     /// Steps whose bet was kept, and lost (clipped, overflowed, or not taken up).
     pub won: Cell<u64>,
     pub lost: Cell<u64>,
@@ -118,6 +124,7 @@ impl Speculation {
             plans,
             bet: RefCell::new(None),
             threads,
+            polled: Cell::new(None),
             won: Cell::new(0),
             lost: Cell::new(0),
         })
@@ -348,7 +355,12 @@ pub(super) struct Betting {
 impl GradientAdded for Betting {
     fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
         self.halves.added(ctx, grad)?;
-        self.speculation.send_landed()
+        let s = &self.speculation;
+        if s.polled.get().is_some_and(|at| at.seconds() < POLL_EVERY_S) {
+            return Ok(());
+        }
+        s.polled.set(Some(Stopwatch::start()));
+        s.send_landed()
     }
 }
 

@@ -132,6 +132,16 @@ impl Optimizer {
         }
     }
 
+    /// Bets on unclipped steps kept and lost so far (`HostAdamW::bets`); None where no host
+    /// AdamW runs.
+    pub fn bets(&self) -> Option<(u64, u64)> {
+        match self {
+            Optimizer::Host(o) => Some(o.bets()),
+            Optimizer::Split(o) => Some(o.host.bets()),
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Gpu(_) => "gpu",

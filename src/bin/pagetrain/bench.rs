@@ -58,6 +58,11 @@ pub(crate) struct BenchArgs {
     /// Delay host AdamW's updates by one step after STEPS steps (`train --delayed-update`).
     #[arg(long, value_name = "STEPS")]
     pub(crate) delayed_update: Option<u64>,
+    /// Global gradient-norm clip of the timed steps (`grad_clip` in a train config; ≤ 0: none). The
+    /// first steps of a run from scratch clip at 1.0, later ones mostly do not: the host
+    /// optimizer's bets on unclipped steps (`optim::speculative_update`) pay only on those.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) grad_clip: f32,
     /// Precision of the timed steps.
     #[arg(long, default_value = "f32")]
     pub(crate) precision: Precision,
@@ -191,6 +196,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Error> {
                 optimizer_on: args.optimizer_on,
                 delayed_update: args.delayed_update,
                 precision: args.precision,
+                grad_clip: args.grad_clip,
                 ..TrainConfig::default()
             };
             let make = |budget: Option<u64>| {
