@@ -35,9 +35,12 @@ pub fn grad_half_scale(ss: f32) -> f32 {
 pub struct HalfGrads {
     /// Per parameter: its gradient in f16, times its scale.
     pub halves: Vec<Tensor>,
-    /// Per parameter: the sum of squares of its f32 gradient, as of its cast (one f32 each, so
-    /// each comes down beside its gradient: `super::speculative_update` reads it early).
-    sums: Vec<Tensor>,
+    /// Per parameter: the sum of squares of its f32 gradient, as of its cast.
+    sums: Tensor,
+    /// The same, one f32 a tensor, while [`HalfGrads::send_each_sum`] asks: each then comes down
+    /// beside its f16 gradient (`super::speculative_update` reads them during backward).
+    own_sums: Vec<Tensor>,
+    each_sum_down: std::cell::Cell<bool>,
     /// The f32 gradients, and the slot of each by its id.
     grads: Vec<Tensor>,
     slots: HashMap<TensorId, usize>,
@@ -61,7 +64,7 @@ struct Watch {
 impl HalfGrads {
     pub fn new(ctx: &Context, params: &[&Param]) -> Result<Self> {
         let mut halves = Vec::with_capacity(params.len());
-        let mut sums = Vec::with_capacity(params.len());
+        let mut own_sums = Vec::with_capacity(params.len());
         for p in params {
             if p.grad.dtype() != DType::F32 {
                 return Err(Error::invalid(
@@ -70,12 +73,14 @@ impl HalfGrads {
                 ));
             }
             halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), p.grad.shape(), DType::F16, false)?);
-            sums.push(ctx.empty(&format!("{}.grad sumsq", p.name), &[1], DType::F32, false)?);
+            own_sums.push(ctx.empty(&format!("{}.grad sumsq", p.name), &[1], DType::F32, false)?);
         }
         let n = params.len();
         Ok(HalfGrads {
             halves,
-            sums,
+            sums: ctx.empty("grad sumsq (f16 gradients)", &[n.max(1)], DType::F32, false)?,
+            own_sums,
+            each_sum_down: std::cell::Cell::new(false),
             grads: params.iter().map(|p| p.grad.clone()).collect(),
             slots: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
             watch: RefCell::new(Watch { added: vec![0; n], cast: vec![false; n], ..Default::default() }),
@@ -117,23 +122,36 @@ impl HalfGrads {
     /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it forgotten.
     fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
         self.watch.borrow_mut().cast[slot] = true;
-        let (grad, sum) = (&self.grads[slot], &self.sums[slot]);
+        let grad = &self.grads[slot];
+        let own = self.each_sum_down.get().then(|| &self.own_sums[slot]);
+        // (the sum goes to its own tensor first where it comes down alone, then to its slot)
+        let (sums, at) = own.map_or((&self.sums, slot), |own| (own, 0));
+        super::clip::sum_of_squares(ctx, sums, at, grad)?;
         {
             let _op = ctx.op();
-            let spec = reduce::SumSpec { squares: true, scale: 1.0, slot: 0, accumulate: false };
-            let (out, x, partials) = (ctx.write(sum)?, ctx.read(grad)?, ctx.partials()?);
-            reduce::sum(&ctx.kernels, &out, &x, &partials, grad.len(), spec)?;
+            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(sums)?);
+            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, at, grad.len())?;
         }
-        {
+        if let Some(own) = own {
             let _op = ctx.op();
-            let (half, x, sum) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(sum)?);
-            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sum, 0, grad.len())?;
+            let spec = reduce::SumSpec { squares: false, scale: 1.0, slot, accumulate: false };
+            let (out, x, partials) = (ctx.modify(&self.sums)?, ctx.read(own)?, ctx.partials()?);
+            reduce::sum(&ctx.kernels, &out, &x, &partials, 1, spec)?;
         }
         ctx.pager.forget(grad.id())?;
-        // On their way down while backward goes on (the update reads them early in the next
-        // step, or during this backward), and out of the GPU budget: only the host reads them.
+        // On its way down while backward goes on (the update reads it early in the next step,
+        // or during this backward), and out of the GPU budget: only the host reads it.
         ctx.pager.hand_to_host(self.halves[slot].id())?;
-        ctx.pager.hand_to_host(sum.id())
+        match own {
+            Some(own) => ctx.pager.hand_to_host(own.id()),
+            None => Ok(()),
+        }
+    }
+
+    /// From the next cast on, whether each gradient's sum of squares also comes down on its own,
+    /// beside the gradient, instead of only with the others when the norm is read.
+    pub fn send_each_sum(&self, on: bool) {
+        self.each_sum_down.set(on);
     }
 
     /// Whether the gradient in `slot` has been cast in the backward under way.
@@ -141,22 +159,22 @@ impl HalfGrads {
         self.watch.borrow().cast.get(slot).copied().unwrap_or(false)
     }
 
-    /// The tensors of the sums of squares (one f32 a parameter).
-    pub fn sum_ids(&self) -> Vec<TensorId> {
-        self.sums.iter().map(|s| s.id()).collect()
+    /// The tensor of the sums of squares (one f32 a parameter).
+    pub fn sums_id(&self) -> TensorId {
+        self.sums.id()
     }
 
-    /// Parameter `slot`'s sum of squares tensor (one f32).
-    pub fn sum_id(&self, slot: usize) -> TensorId {
-        self.sums[slot].id()
+    /// Parameter `slot`'s own sum of squares tensor (one f32; see [`HalfGrads::send_each_sum`]).
+    pub fn own_sum_id(&self, slot: usize) -> TensorId {
+        self.own_sums[slot].id()
     }
 
     /// Per parameter, the sum of squares of its gradient (waits for the GPU): the gradients are
     /// their f16 copies times the reciprocal of [`grad_half_scale`] of it.
     pub fn sums(&self, ctx: &Context) -> Result<Vec<f32>> {
-        let ids = self.sum_ids();
-        ctx.pager.sync_to_host(&ids)?;
-        ctx.pager.update_host(&ids, &[], |s| s.iter().map(|b| bytemuck::pod_read_unaligned::<f32>(&b[..4])).collect())
+        ctx.pager.sync_to_host(&[self.sums.id()])?;
+        let n = self.grads.len();
+        ctx.pager.update_host(&[self.sums.id()], &[], |s| bytemuck::pod_collect_to_vec::<u8, f32>(&s[0][..4 * n]))
     }
 }
 

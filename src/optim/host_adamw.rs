@@ -194,6 +194,7 @@ impl HostAdamW {
     ) -> Result<Option<Rc<dyn GradientAdded>>> {
         let Some(halves) = self.half_grads.clone() else { return Ok(None) };
         halves.begin(ctx);
+        halves.send_each_sum(false);
         if let Some(s) = &self.speculation {
             s.give_up()?;
         }
@@ -213,6 +214,7 @@ impl HostAdamW {
             }
         };
         speculation.begin(AdamWStep { config: self.config, lr, scale: grad_scale, t: self.t + 1 })?;
+        halves.send_each_sum(true);
         Ok(Some(Rc::new(Betting { halves, speculation })))
     }
 
@@ -225,7 +227,7 @@ impl HostAdamW {
     /// squares with f16 gradients, else the gradients.
     fn norm_inputs(&self, params: &[&Param]) -> Vec<TensorId> {
         match &self.half_grads {
-            Some(h) => h.sum_ids(),
+            Some(h) => vec![h.sums_id()],
             None => params.iter().map(|p| p.grad.id()).collect(),
         }
     }

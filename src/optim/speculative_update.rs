@@ -114,7 +114,7 @@ impl Speculation {
                 reads: [p.value.id(), m[i].id(), v[i].id(), halves.halves[i].id()],
                 twins: [twin(&p.value)?, twin(&m[i])?, twin(&v[i])?, twin(half)?],
                 half: half.id(),
-                sum: halves.sum_id(i),
+                sum: halves.own_sum_id(i),
                 decay: decays[i],
             }));
         }
