@@ -209,7 +209,8 @@ impl HostAdamW {
             None => {
                 let decays: Vec<f32> =
                     params.iter().enumerate().map(|(i, p)| self.param_update(i, p, None).decay).collect();
-                let s = Speculation::new(ctx, params, &self.m, &self.v, &decays, halves.clone(), worker_threads())?;
+                let threads = speculative_update::threads(worker_threads());
+                let s = Speculation::new(ctx, params, &self.m, &self.v, &decays, halves.clone(), threads)?;
                 self.speculation.insert(Rc::new(s)).clone()
             }
         };

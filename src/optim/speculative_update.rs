@@ -199,6 +199,9 @@ impl Speculation {
                     continue;
                 }
             }
+            // Its backward is done and its f16 copy is about to be replaced: uploading it ahead
+            // for the next forward would be wasted (and the swap would wait for that upload).
+            self.pager.expect_host_update(&[plan.half]);
             bet.sent[i] = true;
             bet.outstanding += 1;
         }
@@ -368,4 +371,10 @@ impl GradientAdded for Betting {
 /// (`super::update_ahead::enabled`), unless `PAGETRAIN_SPECULATE=0`.
 pub(super) fn enabled(threads: usize) -> bool {
     super::update_ahead::enabled(threads) && std::env::var("PAGETRAIN_SPECULATE").map_or(true, |v| v != "0")
+}
+
+/// Threads a bet's updates run on, of the host's `all`: `PAGETRAIN_BET_THREADS`, else all.
+pub(super) fn threads(all: usize) -> usize {
+    let asked = std::env::var("PAGETRAIN_BET_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    asked.unwrap_or(all).clamp(1, all.max(1))
 }
