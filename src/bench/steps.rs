@@ -99,8 +99,10 @@ pub struct AtBudget {
     pub compared: Option<String>,
     /// Per step: host milliseconds in the host optimizer's passes (None: it ran on the GPU).
     pub host_optimizer_ms_per_step: Option<f64>,
-    /// The timed steps' bets on being unclipped (`optim::speculative_update`): kept, lost.
+    /// The timed steps' bets on being unclipped (`optim::speculative_update`): kept, lost; and
+    /// what the bet trial measured, where it ran.
     pub bets_kept_lost: Option<[u64; 2]>,
+    pub bet_trial: Option<String>,
     /// Per step: host milliseconds in the pager's accesses (placing, evicting, recording the
     /// copies, waiting), and of those, waiting for transfers.
     pub pager_ms_per_step: Option<f64>,
@@ -168,8 +170,10 @@ pub struct StepTiming {
     pub optimizer: String,
     pub optimizer_reason: String,
     pub host_optimizer_s: Option<f64>,
-    /// The timed steps' bets on being unclipped, kept and lost (None without host AdamW).
+    /// The timed steps' bets on being unclipped, kept and lost (None without host AdamW), and
+    /// the bet trial's decision.
     pub bets: Option<[u64; 2]>,
+    pub bet_trial: Option<String>,
     /// Whether the blocks were recomputed, and why (`Trainer::recompute_decision`).
     pub recompute: String,
 }
@@ -280,6 +284,7 @@ pub fn time_steps(
         optimizer_reason: t.optimizer_reason.clone(),
         recompute,
         bets: t.opt.bets().zip(bets_before).map(|(a, b)| [a.0 - b.0, a.1 - b.1]),
+        bet_trial: t.bet_decision().map(|d| d.to_string()),
         host_optimizer_s: t
             .opt
             .host_seconds()
@@ -394,6 +399,7 @@ pub fn step_times(
             }),
             host_optimizer_ms_per_step: t.as_ref().and_then(&host_ms),
             bets_kept_lost: t.as_ref().and_then(|t| t.bets),
+            bet_trial: t.as_ref().and_then(|t| t.bet_trial.clone()),
             pager_ms_per_step: t.as_ref().map(|t| t.access_s * 1e3),
             stall_ms_per_step: t.as_ref().map(|t| t.exposed_s * 1e3),
             fill_wait_ms_per_step: t.as_ref().map(|t| t.fill_wait_s * 1e3),

@@ -1,5 +1,6 @@
 //! Training: data, configuration, the step loop, checkpoints.
 
+mod bet_trial;
 pub mod checkpoint;
 pub mod config;
 pub mod corpus;
@@ -26,6 +27,7 @@ mod trials;
 mod update;
 mod upload_trial;
 
+pub use bet_trial::BetDecision;
 pub use config::{format_bytes, parse_bytes, OptimizerOn, Precision, TrainConfig};
 pub use data::{Dataset, Split, Vocab};
 pub use generate::Sampling;

@@ -142,6 +142,25 @@ impl Optimizer {
         }
     }
 
+    /// Turns the host optimizer's bets on unclipped steps on or off (`HostAdamW::speculate`).
+    pub(super) fn set_bets(&mut self, on: bool) {
+        match self {
+            Optimizer::Host(o) => o.speculate = on,
+            Optimizer::Split(o) => o.host.speculate = on,
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => {}
+        }
+    }
+
+    /// Whether the host optimizer may bet on unclipped steps now: it bets, and its gradients
+    /// come down in f16.
+    pub(super) fn may_bet(&self) -> bool {
+        match self {
+            Optimizer::Host(o) => o.speculate && o.half_grads().is_some(),
+            Optimizer::Split(o) => o.host.speculate && o.host.half_grads().is_some(),
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => false,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Gpu(_) => "gpu",

@@ -65,6 +65,8 @@ pub struct Trainer {
     pub(super) recompute_trial: StepTrial,
     /// How this paged run's uploads cross the bus, measured where the GPU offers a choice.
     pub(super) upload_trial: StepTrial,
+    /// Whether this paged run's host optimizer bets on unclipped steps, measured.
+    pub(super) bet_trial: StepTrial,
     /// The upload path the upload trial began on (its usual way).
     pub(super) upload_usual: crate::pager::UploadPath,
     /// A step has evicted tensors to stay in the GPU budget.
@@ -245,6 +247,7 @@ impl Trainer {
             pending_update: None,
             recompute_trial: StepTrial::default(),
             upload_trial: StepTrial::default(),
+            bet_trial: StepTrial::default(),
             upload_usual: crate::pager::UploadPath::Ring,
             paged: false,
             step_changed: false,

@@ -1,9 +1,11 @@
 //! The trainer's side of its step trials (`super::step_trial`): timing the steps a trial asks
 //! for from an idle GPU to an idle GPU, and applying what it switches. Once a step has evicted,
 //! the upload trial runs where the GPU offers a choice of upload paths
-//! (`Pager::upload_trial_offered`), then the recompute trial. Neither runs in the browser
-//! (waits cannot block there) nor in data-parallel runs (ranks would have to agree).
+//! (`Pager::upload_trial_offered`), then the recompute trial, then the bet trial where the host
+//! optimizer may bet on unclipped steps. None runs in the browser (waits cannot block there) nor
+//! in data-parallel runs (ranks would have to agree).
 
+use super::bet_trial::BetDecision;
 use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
 use super::step_trial::SETTLE;
 use super::trainer::Trainer;
@@ -16,7 +18,8 @@ impl Trainer {
     /// Before a step: a step a trial times runs from an idle GPU (and, in
     /// [`Trainer::trial_step_ends`], to one), so work between steps does not count.
     pub(super) fn trial_step_begins(&self, ctx: &Context) -> Result<Option<Stopwatch>> {
-        if !self.recompute_trial.times_next_step() && !self.upload_trial.times_next_step() {
+        let trials = [&self.recompute_trial, &self.upload_trial, &self.bet_trial];
+        if !trials.iter().any(|t| t.times_next_step()) {
             return Ok(None);
         }
         ctx.sync()?;
@@ -50,6 +53,13 @@ impl Trainer {
             if let Some(decided) = self.recompute_decision() {
                 log::info!("step {}: {decided}", self.step);
             }
+        } else if self.bet_trial.running() {
+            if let Some(other) = self.bet_trial.after_step(seconds) {
+                self.opt.set_bets(!other);
+            }
+            if let Some(decided) = self.bet_decision() {
+                log::info!("step {}: {decided}", self.step);
+            }
         }
         if !self.trials_running() {
             // (a run's first paged steps are slow: the first trial waits them out)
@@ -58,6 +68,9 @@ impl Trainer {
                 self.upload_trial.start(FIRST_SETTLE);
             } else if self.wants_recompute_trial(ctx) {
                 self.recompute_trial.start(if self.upload_trial.started() { SETTLE } else { FIRST_SETTLE });
+            } else if self.wants_bet_trial(ctx) {
+                let first = !self.upload_trial.started() && !self.recompute_trial.started();
+                self.bet_trial.start(if first { FIRST_SETTLE } else { SETTLE });
             }
         }
         Ok(())
@@ -73,9 +86,24 @@ impl Trainer {
             && ctx.pager.waits_may_block()
     }
 
+    /// Whether this run times its steps with and without bets on unclipped steps now: it pages
+    /// and its host optimizer may bet (`Optimizer::may_bet`), one process, waits may block.
+    fn wants_bet_trial(&self, ctx: &Context) -> bool {
+        self.paged
+            && !self.bet_trial.started()
+            && self.opt.may_bet()
+            && self.dist.is_none()
+            && ctx.pager.waits_may_block()
+    }
+
     /// Whether a trial is still measuring (the bench warms up until none is).
     pub fn trials_running(&self) -> bool {
-        self.recompute_trial.running() || self.upload_trial.running()
+        self.recompute_trial.running() || self.upload_trial.running() || self.bet_trial.running()
+    }
+
+    /// What the bet trial measured and kept, once it has decided.
+    pub fn bet_decision(&self) -> Option<BetDecision> {
+        self.bet_trial.outcome().map(BetDecision::from)
     }
 
     /// What the upload trial measured and kept, once it has decided.

@@ -78,3 +78,37 @@ fn bets_on_unclipped_steps_give_the_same_bits_kept_or_lost() {
         }
     }
 }
+
+#[test]
+fn a_paged_run_times_steps_with_and_without_bets_and_keeps_the_faster_with_the_same_bits() {
+    let out = tmpdir("bet-trial");
+    if !common::has_f16(&context(None)) {
+        return;
+    }
+    let run = |bets: bool| {
+        let ctx = context(Some(256 << 10));
+        let config = TrainConfig {
+            optimizer_on: OptimizerOn::Host,
+            precision: Precision::F16,
+            grad_clip: 1e6,
+            auto_recompute: false,
+            steps: 30,
+            ..cfg(&out)
+        };
+        let mut t = Trainer::new(&ctx, config, None).unwrap();
+        let Optimizer::Host(host) = &mut t.opt else { panic!("host AdamW") };
+        host.speculate = bets;
+        let losses: Vec<f32> = (0..30).map(|_| pollster::block_on(t.train_step(&ctx)).unwrap()).collect();
+        (losses, t.bet_decision(), t.trials_running())
+    };
+    let (with, decided, running) = run(true);
+    let (without, none, _) = run(false);
+    if pagetrain::optim::worker_threads() > 1 {
+        let decided = decided.expect("the bet trial decided within 30 steps");
+        assert!(!running, "no trial runs after it");
+        assert!(decided.with_ms > 0.0 && decided.without_ms > 0.0, "{decided}");
+        assert!(decided.to_string().contains("ms a step with bets"), "{decided}");
+    }
+    assert_eq!(none, None, "no trial where the optimizer does not bet");
+    assert_eq!(with, without, "losses with bets (and the trial's switches) and without");
+}
