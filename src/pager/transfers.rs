@@ -162,7 +162,8 @@ impl Pager {
     pub fn landed(&self, ids: &[TensorId]) -> bool {
         let st = self.state();
         ids.iter().all(|id| {
-            let settled = st.entries.get(id).is_some_and(|e| !(e.dirty && e.gpu.is_some()) && !e.lent);
+            let newer_on_gpu = |e: &Entry| e.dirty && e.gpu.is_some();
+            let settled = st.entries.get(id).is_some_and(|e| !e.lent && !newer_on_gpu(e));
             settled && !st.readback.has_jobs_for(*id) && !st.dma.busy(*id, None)
         })
     }
