@@ -32,6 +32,12 @@ pub fn grad_half_scale(ss: f32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
 }
 
+/// What an f16 gradient whose f32 gradient's squares summed to `ss` is multiplied by on the
+/// host: the reciprocal of its [`grad_half_scale`] (a power of two, so exact).
+pub fn unscale_of(ss: f32) -> f32 {
+    1.0 / grad_half_scale(ss)
+}
+
 pub struct HalfGrads {
     /// Per parameter: its gradient in f16, times its scale.
     pub halves: Vec<Tensor>,
@@ -169,8 +175,14 @@ impl HalfGrads {
         self.own_sums[slot].id()
     }
 
+    /// Per parameter, what its f16 gradient is multiplied by (waits for the GPU): [`unscale_of`]
+    /// its sum of squares.
+    pub fn unscales(&self, ctx: &Context) -> Result<Vec<f32>> {
+        Ok(self.sums(ctx)?.into_iter().map(unscale_of).collect())
+    }
+
     /// Per parameter, the sum of squares of its gradient (waits for the GPU): the gradients are
-    /// their f16 copies times the reciprocal of [`grad_half_scale`] of it.
+    /// their f16 copies times [`unscale_of`] it.
     pub fn sums(&self, ctx: &Context) -> Result<Vec<f32>> {
         ctx.pager.sync_to_host(&[self.sums.id()])?;
         let n = self.grads.len();

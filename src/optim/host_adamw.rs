@@ -8,18 +8,21 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::delayed_update::DelayedUpdate;
-use super::half_grads::{grad_half_scale, HalfGrads};
+use super::half_grads::HalfGrads;
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
 use super::host_values::pods;
-use super::speculative_update::{self, Betting, Speculation};
+use super::speculative_update::{self, Speculation};
 use super::update_ahead::{self, update_in_place, Group, ParamUpdate, UpdateAhead};
 use super::AdamWConfig;
-use crate::autograd::GradientAdded;
 use crate::clock::Stopwatch;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Param};
 use crate::tensor::{Tensor, TensorId};
+
+mod bets;
+
+use bets::BetClosed;
 
 pub struct HostAdamW {
     /// The twins and thread of the bets on unclipped steps (`super::speculative_update`), made
@@ -181,49 +184,6 @@ impl HostAdamW {
         self.half_grads.clone()
     }
 
-    /// Readies what the last micro-batch's backward reports each gradient addition to (`None`
-    /// unless the gradients come down in f16). Where `next` gives the update this backward's
-    /// step will take (learning rate, factor of the gradients before the clip) and the last
-    /// step was not clipped, bets that this one is not either: its parameters are updated into
-    /// twins as their gradients land (`super::speculative_update`).
-    pub fn gradient_watcher(
-        &mut self,
-        ctx: &Context,
-        params: &[&Param],
-        next: Option<(f32, f32)>,
-    ) -> Result<Option<Rc<dyn GradientAdded>>> {
-        let Some(halves) = self.half_grads.clone() else { return Ok(None) };
-        halves.begin(ctx);
-        halves.send_each_sum(false);
-        if let Some(s) = &self.speculation {
-            s.give_up()?;
-        }
-        let last_unclipped = self.last_norm.is_finite() && self.config.clip_factor(self.last_norm) == 1.0;
-        let bet = self.speculate && self.delay_after.is_none() && self.t >= 1 && last_unclipped;
-        let Some((lr, grad_scale)) = next.filter(|_| bet) else { return Ok(Some(halves)) };
-        if params.len() != self.m.len() {
-            return Err(Error::shape("host AdamW bet", self.m.len(), params.len()));
-        }
-        let speculation = match &self.speculation {
-            Some(s) => s.clone(),
-            None => {
-                let decays: Vec<f32> =
-                    params.iter().enumerate().map(|(i, p)| self.param_update(i, p, None).decay).collect();
-                let threads = speculative_update::threads(worker_threads());
-                let s = Speculation::new(ctx, params, &self.m, &self.v, &decays, halves.clone(), threads)?;
-                self.speculation.insert(Rc::new(s)).clone()
-            }
-        };
-        speculation.begin(AdamWStep { config: self.config, lr, scale: grad_scale, t: self.t + 1 })?;
-        halves.send_each_sum(true);
-        Ok(Some(Rc::new(Betting { halves, speculation })))
-    }
-
-    /// Steps whose bet on an unclipped step was kept, and lost.
-    pub fn bets(&self) -> (u64, u64) {
-        self.speculation.as_ref().map_or((0, 0), |s| (s.won.get(), s.lost.get()))
-    }
-
     /// What the norm of `params`' gradients is taken from on the host: the GPU's sums of
     /// squares with f16 gradients, else the gradients.
     fn norm_inputs(&self, params: &[&Param]) -> Vec<TensorId> {
@@ -309,20 +269,10 @@ impl HostAdamW {
         }
         self.apply_deferred(ctx, params)?;
         self.land_delayed()?;
-        let mut norm = norm;
-        if let Some(s) = self.speculation.clone().filter(|s| s.is_open()) {
-            let n = match norm {
-                Some(n) => n,
-                None => self.norm(ctx, params, grad_scale)?,
-            };
-            let step =
-                AdamWStep { config: self.config, lr, scale: self.config.clip_factor(n) * grad_scale, t: self.t + 1 };
-            let kept = if n.is_finite() { s.collect(ctx, &step)? } else { s.give_up().map(|()| None)? };
-            if let Some(updated) = kept {
-                return self.keep_bet(ctx, params, &updated, step, n);
-            }
-            norm = Some(n);
-        }
+        let norm = match self.close_bet(ctx, params, lr, grad_scale, norm)? {
+            BetClosed::Kept => return Ok(()),
+            BetClosed::Lost { norm } => norm,
+        };
         let halves = params.iter().filter_map(|p| p.half.as_ref().map(|h| h.id()));
         let values: Vec<_> = params.iter().map(|p| p.value.id()).chain(halves).collect();
         // (An f16 copy is dirty on the GPU only where the GPU made it: before the first step.)
@@ -340,7 +290,7 @@ impl HostAdamW {
             }
         };
         let unscales = match &self.half_grads {
-            Some(h) => Some(h.sums(ctx)?.iter().map(|&s| 1.0 / grad_half_scale(s)).collect()),
+            Some(h) => Some(h.unscales(ctx)?),
             None => None,
         };
         self.last_norm = norm;
@@ -408,43 +358,6 @@ impl HostAdamW {
         let start = Stopwatch::start();
         delayed.land()?;
         self.host_seconds += start.seconds();
-        Ok(())
-    }
-
-    /// The step's end where its bet was kept: the parameters in `updated` hold their new values
-    /// (swapped in); the rest, which have no f16 copy, are updated now, and every gradient is
-    /// zeroed.
-    fn keep_bet(
-        &mut self,
-        ctx: &Context,
-        params: &[&Param],
-        updated: &[usize],
-        step: AdamWStep,
-        norm: f32,
-    ) -> Result<()> {
-        let halves =
-            self.half_grads.clone().ok_or_else(|| Error::invalid("host AdamW", "a bet without f16 gradients"))?;
-        self.last_norm = norm;
-        self.t = step.t;
-        let mut rest: Vec<(usize, &Param)> = params.iter().copied().enumerate().collect();
-        rest.retain(|(i, _)| !updated.contains(i));
-        if !rest.is_empty() {
-            let unscales = halves.sums(ctx)?.iter().map(|&s| 1.0 / grad_half_scale(s)).collect();
-            let reads: Vec<TensorId> = rest.iter().flat_map(|&(i, p)| [p.value.id(), halves.halves[i].id()]).collect();
-            ctx.pager.sync_to_host(&reads)?;
-            let d =
-                Deferred { lr: step.lr, scale: step.scale, t: step.t, pending: Vec::new(), unscales: Some(unscales) };
-            let start = Stopwatch::start();
-            self.update(ctx, &rest, &d)?;
-            self.host_seconds += start.seconds();
-        }
-        for (i, p) in params.iter().enumerate() {
-            ctx.pager.zero(p.grad.id())?;
-            if let Some(h) = self.half_grad(i) {
-                ctx.pager.forget(h)?;
-            }
-        }
-        ctx.pager.end_step();
         Ok(())
     }
 

@@ -23,7 +23,7 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::half_grads::{grad_half_scale, HalfGrads};
+use super::half_grads::{unscale_of, HalfGrads};
 use super::host_kernels::{adamw_update_from, AdamWSlices, AdamWStep, GradSlice};
 use super::host_values::{pods, F32sMut, PodsMut};
 use crate::autograd::GradientAdded;
@@ -56,9 +56,9 @@ struct Plan {
     decay: f32,
 }
 
-/// One parameter's update for the thread: its index, what multiplies its f16 gradient, its
-/// weight decay, and its bytes (reads, then twins).
-type Work = (usize, f32, f32, HostLoan);
+/// One parameter's update for the thread: what multiplies its f16 gradient, its weight decay,
+/// and its bytes (reads, then twins).
+type Work = (f32, f32, HostLoan);
 
 /// A bet under way: the step it updates for, and the thread updating into the twins.
 struct Bet {
@@ -67,11 +67,9 @@ struct Bet {
     sent: Vec<bool>,
     /// Handed to the thread and not back yet.
     outstanding: usize,
-    work: Option<mpsc::Sender<Work>>,
-    done: mpsc::Receiver<(usize, HostLoan, Result<()>)>,
-    thread: Option<JoinHandle<()>>,
-    /// Loans back from the thread (returned to the pager when the bet ends).
-    back: Vec<HostLoan>,
+    work: mpsc::Sender<Work>,
+    done: mpsc::Receiver<(HostLoan, Result<()>)>,
+    thread: JoinHandle<()>,
 }
 
 pub(super) struct Speculation {
@@ -139,24 +137,17 @@ impl Speculation {
         let (send, done) = mpsc::channel();
         let threads = self.threads;
         let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
-            for (i, unscale, decay, mut loan) in jobs.iter() {
+            for (unscale, decay, mut loan) in jobs.iter() {
                 let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
-                if send.send((i, loan, result)).is_err() {
+                if send.send((loan, result)).is_err() {
                     return;
                 }
             }
         });
         let thread =
             spawned.map_err(|e| Error::invalid("host AdamW", format!("cannot start its bet's thread: {e}")))?;
-        *self.bet.borrow_mut() = Some(Bet {
-            step,
-            sent: vec![false; self.plans.len()],
-            outstanding: 0,
-            work: Some(work),
-            done,
-            thread: Some(thread),
-            back: Vec::new(),
-        });
+        *self.bet.borrow_mut() =
+            Some(Bet { step, sent: vec![false; self.plans.len()], outstanding: 0, work, done, thread });
         Ok(())
     }
 
@@ -165,14 +156,17 @@ impl Speculation {
         self.bet.borrow().is_some()
     }
 
+    /// The parameters of `bet` whose gradients are cast and not yet handed to its thread.
+    fn due(&self, bet: &Bet) -> Vec<usize> {
+        (0..self.plans.len()).filter(|&i| self.plans[i].is_some() && !bet.sent[i] && self.halves.is_cast(i)).collect()
+    }
+
     /// Hands the thread every parameter of the open bet whose f16 gradient and its sum of
     /// squares have landed in the host store (after delivering the write-backs done so far).
     fn send_landed(&self) -> Result<()> {
         let mut bet = self.bet.borrow_mut();
         let Some(bet) = bet.as_mut() else { return Ok(()) };
-        let due: Vec<usize> = (0..self.plans.len())
-            .filter(|&i| self.plans[i].is_some() && !bet.sent[i] && self.halves.is_cast(i))
-            .collect();
+        let due = self.due(bet);
         if due.is_empty() {
             return Ok(());
         }
@@ -186,18 +180,10 @@ impl Speculation {
             let twins: Vec<TensorId> = plan.twins.iter().map(|t| t.id()).collect();
             let ids: Vec<TensorId> = plan.reads.iter().copied().chain(twins.iter().copied()).collect();
             let loan = self.pager.lend_host(&ids, &twins)?;
-            match &bet.work {
-                Some(work) => {
-                    let unscale = 1.0 / grad_half_scale(sum);
-                    if let Err(mpsc::SendError((_, _, _, loan))) = work.send((i, unscale, plan.decay, loan)) {
-                        self.pager.return_host(loan)?;
-                        return Err(Error::invalid("host AdamW", "the bet's thread stopped"));
-                    }
-                }
-                None => {
-                    self.pager.return_host(loan)?;
-                    continue;
-                }
+            let unscale = unscale_of(sum);
+            if let Err(mpsc::SendError((_, _, loan))) = bet.work.send((unscale, plan.decay, loan)) {
+                self.pager.return_host(loan)?;
+                return Err(Error::invalid("host AdamW", "the bet's thread stopped"));
             }
             // Its backward is done and its f16 copy is about to be replaced: uploading it ahead
             // for the next forward would be wasted (and the swap would wait for that upload).
@@ -220,9 +206,7 @@ impl Speculation {
         loop {
             self.send_landed()?;
             // (every gradient is cast once backward is done: `HalfGrads::finish`)
-            let all_sent = self.bet.borrow().as_ref().is_none_or(|b| {
-                (0..self.plans.len()).all(|i| self.plans[i].is_none() || b.sent[i] || !self.halves.is_cast(i))
-            });
+            let all_sent = self.bet.borrow().as_ref().is_none_or(|b| self.due(b).is_empty());
             if all_sent {
                 return Ok(());
             }
@@ -247,10 +231,10 @@ impl Speculation {
         let rest: Vec<TensorId> = self.plans.iter().flatten().flat_map(|p| [p.reads[3], p.sum]).collect();
         ctx.pager.sync_to_host(&rest)?;
         self.send_landed()?;
-        let mut bet = self.bet.borrow_mut().take().expect("checked");
+        let bet = self.bet.borrow_mut().take().expect("checked");
         let updated: Vec<usize> = (0..self.plans.len()).filter(|&i| bet.sent[i]).collect();
         let missing = self.plans.iter().zip(&bet.sent).any(|(p, &s)| p.is_some() && !s);
-        let outcome = finish(&self.pager, &mut bet);
+        let outcome = finish(&self.pager, bet);
         if missing || outcome.is_err() {
             self.lost.set(self.lost.get() + 1);
             outcome?;
@@ -273,30 +257,32 @@ impl Speculation {
     /// Ends an open bet without keeping it: its thread finishes what it has and the bytes go
     /// back to the pager.
     pub fn give_up(&self) -> Result<()> {
-        let Some(mut bet) = self.bet.borrow_mut().take() else { return Ok(()) };
+        let Some(bet) = self.bet.borrow_mut().take() else { return Ok(()) };
         self.lost.set(self.lost.get() + 1);
-        finish(&self.pager, &mut bet)
+        finish(&self.pager, bet)
     }
 }
 
 impl Drop for Speculation {
     fn drop(&mut self) {
-        if let Some(mut bet) = self.bet.borrow_mut().take() {
-            let _ = finish(&self.pager, &mut bet);
+        if let Some(bet) = self.bet.borrow_mut().take() {
+            let _ = finish(&self.pager, bet);
         }
     }
 }
 
 /// Stops handing out work, waits for what the thread has, and gives every loan back; the
 /// first error found, after all loans are back.
-fn finish(pager: &Pager, bet: &mut Bet) -> Result<()> {
-    bet.work = None;
+fn finish(pager: &Pager, bet: Bet) -> Result<()> {
+    let Bet { work, done, thread, mut outstanding, .. } = bet;
+    drop(work);
+    let mut back = Vec::with_capacity(outstanding);
     let mut first = Ok(());
-    while bet.outstanding > 0 {
-        match bet.done.recv() {
-            Ok((_, loan, result)) => {
-                bet.outstanding -= 1;
-                bet.back.push(loan);
+    while outstanding > 0 {
+        match done.recv() {
+            Ok((loan, result)) => {
+                outstanding -= 1;
+                back.push(loan);
                 if first.is_ok() {
                     first = result;
                 }
@@ -309,10 +295,8 @@ fn finish(pager: &Pager, bet: &mut Bet) -> Result<()> {
             }
         }
     }
-    if let Some(thread) = bet.thread.take() {
-        let _ = thread.join();
-    }
-    for loan in bet.back.drain(..) {
+    let _ = thread.join();
+    for loan in back {
         pager.return_host(loan)?;
     }
     first

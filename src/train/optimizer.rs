@@ -122,43 +122,47 @@ impl Optimizer {
         }
     }
 
+    /// The AdamW running on the host: all of it, or the split optimizer's host share; None on
+    /// the GPU or sharded.
+    fn on_host(&self) -> Option<&HostAdamW> {
+        match self {
+            Optimizer::Host(o) => Some(o),
+            Optimizer::Split(o) => Some(&o.host),
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
+        }
+    }
+
+    fn on_host_mut(&mut self) -> Option<&mut HostAdamW> {
+        match self {
+            Optimizer::Host(o) => Some(o),
+            Optimizer::Split(o) => Some(&mut o.host),
+            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
+        }
+    }
+
     /// Host seconds the main thread has spent in host AdamW's passes (`HostAdamW::host_seconds`)
     /// so far; None where no host AdamW runs (on the GPU, or sharded).
     pub fn host_seconds(&self) -> Option<f64> {
-        match self {
-            Optimizer::Host(o) => Some(o.host_seconds),
-            Optimizer::Split(o) => Some(o.host.host_seconds),
-            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
-        }
+        self.on_host().map(|o| o.host_seconds)
     }
 
     /// Bets on unclipped steps kept and lost so far (`HostAdamW::bets`); None where no host
     /// AdamW runs.
     pub fn bets(&self) -> Option<(u64, u64)> {
-        match self {
-            Optimizer::Host(o) => Some(o.bets()),
-            Optimizer::Split(o) => Some(o.host.bets()),
-            Optimizer::Gpu(_) | Optimizer::Sharded(_) => None,
-        }
+        self.on_host().map(|o| o.bets())
     }
 
     /// Turns the host optimizer's bets on unclipped steps on or off (`HostAdamW::speculate`).
     pub(super) fn set_bets(&mut self, on: bool) {
-        match self {
-            Optimizer::Host(o) => o.speculate = on,
-            Optimizer::Split(o) => o.host.speculate = on,
-            Optimizer::Gpu(_) | Optimizer::Sharded(_) => {}
+        if let Some(o) = self.on_host_mut() {
+            o.speculate = on;
         }
     }
 
     /// Whether the host optimizer may bet on unclipped steps now: it bets, and its gradients
     /// come down in f16.
     pub(super) fn may_bet(&self) -> bool {
-        match self {
-            Optimizer::Host(o) => o.speculate && o.half_grads().is_some(),
-            Optimizer::Split(o) => o.host.speculate && o.host.half_grads().is_some(),
-            Optimizer::Gpu(_) | Optimizer::Sharded(_) => false,
-        }
+        self.on_host().is_some_and(|o| o.speculate && o.half_grads().is_some())
     }
 
     pub fn name(&self) -> &'static str {
@@ -221,10 +225,9 @@ impl Optimizer {
 
     /// After the last micro-batch's backward: f16 gradients not cast during it are cast now.
     pub(super) fn backward_done(&self, ctx: &Context) -> Result<()> {
-        match self {
-            Optimizer::Host(o) => o.half_grads().map_or(Ok(()), |h| h.finish(ctx)),
-            Optimizer::Split(o) => o.host.half_grads().map_or(Ok(()), |h| h.finish(ctx)),
-            _ => Ok(()),
+        match self.on_host().and_then(|o| o.half_grads()) {
+            Some(h) => h.finish(ctx),
+            None => Ok(()),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use super::bet_trial::BetDecision;
 use super::recompute_trial::{RecomputeDecision, FIRST_SETTLE};
-use super::step_trial::SETTLE;
+use super::step_trial::{StepTrial, SETTLE};
 use super::trainer::Trainer;
 use super::upload_trial::{other_than, UploadDecision};
 use crate::clock::Stopwatch;
@@ -18,8 +18,7 @@ impl Trainer {
     /// Before a step: a step a trial times runs from an idle GPU (and, in
     /// [`Trainer::trial_step_ends`], to one), so work between steps does not count.
     pub(super) fn trial_step_begins(&self, ctx: &Context) -> Result<Option<Stopwatch>> {
-        let trials = [&self.recompute_trial, &self.upload_trial, &self.bet_trial];
-        if !trials.iter().any(|t| t.times_next_step()) {
+        if !self.trials().iter().any(|t| t.times_next_step()) {
             return Ok(None);
         }
         ctx.sync()?;
@@ -96,9 +95,14 @@ impl Trainer {
             && ctx.pager.waits_may_block()
     }
 
+    /// Every step trial a run may hold.
+    fn trials(&self) -> [&StepTrial; 3] {
+        [&self.upload_trial, &self.recompute_trial, &self.bet_trial]
+    }
+
     /// Whether a trial is still measuring (the bench warms up until none is).
     pub fn trials_running(&self) -> bool {
-        self.recompute_trial.running() || self.upload_trial.running() || self.bet_trial.running()
+        self.trials().iter().any(|t| t.running())
     }
 
     /// What the bet trial measured and kept, once it has decided.
