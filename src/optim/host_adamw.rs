@@ -365,7 +365,7 @@ impl HostAdamW {
     /// or the moments (evaluation, sampling, saving).
     pub fn land(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
         if let Some(s) = &self.speculation {
-            s.give_up()?;
+            s.end()?;
         }
         self.land_delayed()?;
         self.apply_deferred(ctx, params)
@@ -411,16 +411,14 @@ impl HostAdamW {
     /// them on all cores, which also rewrites their f16 copies) and zeroes their gradients; a
     /// no-op without a deferred step.
     pub fn apply_deferred(&mut self, ctx: &Context, params: &[&Param]) -> Result<()> {
-        let Some(d) = self.deferred.as_ref() else { return Ok(()) };
-        let mut due = Vec::new();
-        for p in params {
-            let i = *self.index.get(&p.value.id()).ok_or_else(|| {
-                Error::invalid("host AdamW", format!("`{}` is not a parameter of this optimizer", p.name))
-            })?;
-            if d.pending[i] {
-                due.push((i, *p));
-            }
+        if let Some(s) = self.speculation.as_ref().filter(|s| s.is_settling()) {
+            let start = Stopwatch::start();
+            s.settle(&self.indices(params)?)?;
+            self.host_seconds += start.seconds();
         }
+        let Some(d) = self.deferred.as_ref() else { return Ok(()) };
+        let due: Vec<(usize, &Param)> =
+            self.indices(params)?.into_iter().zip(params.iter().copied()).filter(|&(i, _)| d.pending[i]).collect();
         if due.is_empty() {
             return Ok(());
         }
@@ -462,9 +460,22 @@ impl HostAdamW {
         Ok(())
     }
 
-    /// Whether a deferred step still has updates to apply, or a delayed one is running.
+    /// Each of `params`' index in `m`/`v`.
+    fn indices(&self, params: &[&Param]) -> Result<Vec<usize>> {
+        let index = |p: &&Param| {
+            self.index.get(&p.value.id()).copied().ok_or_else(|| {
+                Error::invalid("host AdamW", format!("`{}` is not a parameter of this optimizer", p.name))
+            })
+        };
+        params.iter().map(index).collect()
+    }
+
+    /// Whether a deferred step still has updates to apply, a delayed one is running, or a kept
+    /// bet has twins to swap in.
     pub fn has_deferred(&self) -> bool {
-        self.deferred.is_some() || self.delayed.as_ref().is_some_and(|d| d.is_running())
+        self.deferred.is_some()
+            || self.delayed.as_ref().is_some_and(|d| d.is_running())
+            || self.speculation.as_ref().is_some_and(|s| s.is_settling())
     }
 
     /// One AdamW update of the parameters `due` (index in `m`/`v`, parameter), gradients times

@@ -8,8 +8,10 @@
 //! host share's f16 gradients come down early in backward (the last layers' first). So while
 //! backward runs, a thread updates each parameter whose f16 gradient has landed into twins of
 //! its value, moments and f16 copy. At the step's end, with a finite norm and a clip factor of
-//! exactly 1 the twins are swapped in ([`Pager::swap_host`]: no byte moves); otherwise they are
-//! dropped and the step takes the usual way. The arithmetic is the usual update's, chunk for
+//! exactly 1 the bet is kept: each parameter's twins are swapped in ([`Pager::swap_host`]: no
+//! byte moves) just before the next forward reads it, so the step's end does not wait for the
+//! thread's last updates (those of the first layers, whose gradients land last); otherwise the
+//! twins are dropped and the step takes the usual way. The arithmetic is the usual update's, chunk for
 //! chunk (`adamw_update_from`): the values are the same bits either way.
 //!
 //! The host optimizer bets only after a step that was not clipped, so a run whose steps clip
@@ -56,20 +58,31 @@ struct Plan {
     decay: f32,
 }
 
-/// One parameter's update for the thread: what multiplies its f16 gradient, its weight decay,
-/// and its bytes (reads, then twins).
-type Work = (f32, f32, HostLoan);
+/// One parameter's update for the thread: its index, what multiplies its f16 gradient, its
+/// weight decay, and its bytes (reads, then twins).
+type Work = (usize, f32, f32, HostLoan);
+
+/// A parameter's update done by the thread: its index, its bytes back, and how it went.
+type Done = (usize, HostLoan, Result<()>);
 
 /// A bet under way: the step it updates for, and the thread updating into the twins.
 struct Bet {
     step: AdamWStep,
     /// Per parameter: handed to the thread.
     sent: Vec<bool>,
-    /// Handed to the thread and not back yet.
-    outstanding: usize,
-    work: mpsc::Sender<Work>,
-    done: mpsc::Receiver<(HostLoan, Result<()>)>,
+    /// Per parameter: handed to the thread and not back yet.
+    with_thread: Vec<bool>,
+    /// `None` once the bet is kept: the thread ends when it has done what it was handed.
+    work: Option<mpsc::Sender<Work>>,
+    done: mpsc::Receiver<Done>,
     thread: JoinHandle<()>,
+}
+
+impl Bet {
+    /// Whether the bet is kept and still has twins to swap in ([`Speculation::settle`]).
+    fn kept(&self) -> bool {
+        self.work.is_none()
+    }
 }
 
 pub(super) struct Speculation {
@@ -132,28 +145,34 @@ impl Speculation {
     /// parameter whose f16 gradient has landed is updated into its twins. A bet still open is
     /// given up first.
     pub fn begin(&self, step: AdamWStep) -> Result<()> {
-        self.give_up()?;
+        self.end()?;
         let (work, jobs) = mpsc::channel::<Work>();
         let (send, done) = mpsc::channel();
         let threads = self.threads;
         let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
-            for (unscale, decay, mut loan) in jobs.iter() {
+            for (i, unscale, decay, mut loan) in jobs.iter() {
                 let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
-                if send.send((loan, result)).is_err() {
+                if send.send((i, loan, result)).is_err() {
                     return;
                 }
             }
         });
         let thread =
             spawned.map_err(|e| Error::invalid("host AdamW", format!("cannot start its bet's thread: {e}")))?;
+        let n = self.plans.len();
         *self.bet.borrow_mut() =
-            Some(Bet { step, sent: vec![false; self.plans.len()], outstanding: 0, work, done, thread });
+            Some(Bet { step, sent: vec![false; n], with_thread: vec![false; n], work: Some(work), done, thread });
         Ok(())
     }
 
-    /// Whether a bet is open.
+    /// Whether a bet is open (placed, and neither kept nor lost yet).
     pub fn is_open(&self) -> bool {
-        self.bet.borrow().is_some()
+        self.bet.borrow().as_ref().is_some_and(|b| !b.kept())
+    }
+
+    /// Whether a kept bet still has twins to swap in.
+    pub fn is_settling(&self) -> bool {
+        self.bet.borrow().as_ref().is_some_and(|b| b.kept())
     }
 
     /// The parameters of `bet` whose gradients are cast and not yet handed to its thread.
@@ -166,6 +185,7 @@ impl Speculation {
     fn send_landed(&self) -> Result<()> {
         let mut bet = self.bet.borrow_mut();
         let Some(bet) = bet.as_mut() else { return Ok(()) };
+        let Some(work) = &bet.work else { return Ok(()) };
         let due = self.due(bet);
         if due.is_empty() {
             return Ok(());
@@ -181,7 +201,7 @@ impl Speculation {
             let ids: Vec<TensorId> = plan.reads.iter().copied().chain(twins.iter().copied()).collect();
             let loan = self.pager.lend_host(&ids, &twins)?;
             let unscale = unscale_of(sum);
-            if let Err(mpsc::SendError((_, _, loan))) = bet.work.send((unscale, plan.decay, loan)) {
+            if let Err(mpsc::SendError((_, _, _, loan))) = work.send((i, unscale, plan.decay, loan)) {
                 self.pager.return_host(loan)?;
                 return Err(Error::invalid("host AdamW", "the bet's thread stopped"));
             }
@@ -189,7 +209,7 @@ impl Speculation {
             // for the next forward would be wasted (and the swap would wait for that upload).
             self.pager.expect_host_update(&[plan.half]);
             bet.sent[i] = true;
-            bet.outstanding += 1;
+            bet.with_thread[i] = true;
         }
         Ok(())
     }
@@ -198,7 +218,7 @@ impl Speculation {
     /// bet as its gradient lands, polling until all are handed over (the GPU may still be
     /// running backward: the host updates the landed ones meanwhile).
     pub fn pump(&self, ctx: &Context) -> Result<()> {
-        if self.bet.borrow().is_none() {
+        if !self.is_open() {
             return Ok(());
         }
         ctx.recorder.flush();
@@ -212,51 +232,107 @@ impl Speculation {
             }
             if start.seconds() > LANDING_TIMEOUT_S {
                 log::warn!("host AdamW: the bet's gradients did not land in {LANDING_TIMEOUT_S} s; the step's update runs as usual");
-                return self.give_up();
+                return self.end();
             }
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
     }
 
     /// The step's end, once its norm is known: if the open bet was on `step` (the update the
-    /// step takes, clip factor included), waits for its updates and swaps the twins in, and
-    /// returns the parameters it updated; otherwise gives the bet up and returns `None`.
+    /// step takes, clip factor included), keeps it and returns the parameters it updates: each
+    /// one's twins are swapped in by [`Speculation::settle`] before its next use (the thread
+    /// may still be updating the last to land, the first the next forward reads after the
+    /// GPU's share). Otherwise gives the bet up and returns `None`.
     pub fn collect(&self, ctx: &Context, step: &AdamWStep) -> Result<Option<Vec<usize>>> {
-        let matches = self.bet.borrow().as_ref().is_some_and(|b| same_step(&b.step, step));
+        let matches = self.bet.borrow().as_ref().is_some_and(|b| !b.kept() && same_step(&b.step, step));
         if !matches {
-            self.give_up()?;
+            self.end()?;
             return Ok(None);
         }
         // Every gradient is on the host by now (the norm was read after them): the rest go.
         let rest: Vec<TensorId> = self.plans.iter().flatten().flat_map(|p| [p.reads[3], p.sum]).collect();
         ctx.pager.sync_to_host(&rest)?;
         self.send_landed()?;
-        let bet = self.bet.borrow_mut().take().expect("checked");
-        let updated: Vec<usize> = (0..self.plans.len()).filter(|&i| bet.sent[i]).collect();
-        let missing = self.plans.iter().zip(&bet.sent).any(|(p, &s)| p.is_some() && !s);
-        let outcome = finish(&self.pager, bet);
-        if missing || outcome.is_err() {
-            self.lost.set(self.lost.get() + 1);
-            outcome?;
+        let missing = {
+            let bet = self.bet.borrow();
+            let sent = &bet.as_ref().expect("checked").sent;
+            self.plans.iter().zip(sent).any(|(p, &s)| p.is_some() && !s)
+        };
+        if missing {
+            self.end()?;
             return Ok(None);
         }
         // The f16 copies are clean on the GPU (they were made there only before the first step).
-        let halves: Vec<TensorId> = updated.iter().map(|&i| self.plans[i].as_ref().expect("sent").half).collect();
+        let halves: Vec<TensorId> = self.plans.iter().flatten().map(|p| p.half).collect();
         ctx.pager.sync_to_host(&halves)?;
-        for &i in &updated {
-            let plan = self.plans[i].as_ref().expect("sent");
-            let targets = [plan.reads[0], plan.reads[1], plan.reads[2], plan.half];
-            for (target, twin) in targets.iter().zip(&plan.twins) {
-                ctx.pager.swap_host(*target, twin.id())?;
-            }
-        }
+        let updated = {
+            let mut bet = self.bet.borrow_mut();
+            let bet = bet.as_mut().expect("checked");
+            bet.work = None;
+            (0..self.plans.len()).filter(|&i| bet.sent[i]).collect()
+        };
         self.won.set(self.won.get() + 1);
+        // (what the thread has done already is swapped in now)
+        self.settle(&[])?;
         Ok(Some(updated))
     }
 
-    /// Ends an open bet without keeping it: its thread finishes what it has and the bytes go
-    /// back to the pager.
-    pub fn give_up(&self) -> Result<()> {
+    /// Swaps in the twins of those of `params` (indices) a kept bet still holds, waiting for
+    /// the thread's updates of them, and of any others it has finished; then forgets their f16
+    /// gradients. A no-op without a kept bet.
+    pub fn settle(&self, params: &[usize]) -> Result<()> {
+        let mut slot = self.bet.borrow_mut();
+        let Some(bet) = slot.as_mut().filter(|b| b.kept()) else { return Ok(()) };
+        let waited_for = |bet: &Bet| params.iter().any(|&i| bet.with_thread.get(i).copied().unwrap_or(false));
+        let mut arrived: Vec<Done> = bet.done.try_iter().collect();
+        let mut first = Ok(());
+        loop {
+            for (i, loan, result) in arrived.drain(..) {
+                bet.with_thread[i] = false;
+                let back = self.pager.return_host(loan);
+                if first.is_ok() {
+                    first = back.and(result).and_then(|()| self.swap_in(i));
+                }
+            }
+            if !waited_for(bet) {
+                break;
+            }
+            match bet.done.recv() {
+                Ok(d) => arrived.push(d),
+                Err(_) => break,
+            }
+        }
+        if waited_for(bet) && first.is_ok() {
+            first = Err(Error::invalid("host AdamW", "the bet's thread stopped before its last update"));
+        }
+        if !bet.with_thread.contains(&true) {
+            let bet = slot.take().expect("checked");
+            let _ = bet.thread.join();
+        }
+        first
+    }
+
+    /// Parameter `i`'s twins in place of its value, moments and f16 copy; its f16 gradient is
+    /// used up.
+    fn swap_in(&self, i: usize) -> Result<()> {
+        let plan = self.plans[i]
+            .as_ref()
+            .ok_or_else(|| Error::invalid("host AdamW", "a bet on a parameter without an f16 copy"))?;
+        let targets = [plan.reads[0], plan.reads[1], plan.reads[2], plan.half];
+        for (target, twin) in targets.iter().zip(&plan.twins) {
+            self.pager.swap_host(*target, twin.id())?;
+        }
+        self.pager.forget(plan.reads[3])?;
+        Ok(())
+    }
+
+    /// Ends a bet: a kept one's last twins are swapped in; an open one is given up, its thread
+    /// finishing what it has and the bytes going back to the pager.
+    pub fn end(&self) -> Result<()> {
+        if self.is_settling() {
+            let all: Vec<usize> = (0..self.plans.len()).collect();
+            return self.settle(&all);
+        }
         let Some(bet) = self.bet.borrow_mut().take() else { return Ok(()) };
         self.lost.set(self.lost.get() + 1);
         finish(&self.pager, bet)
@@ -274,13 +350,14 @@ impl Drop for Speculation {
 /// Stops handing out work, waits for what the thread has, and gives every loan back; the
 /// first error found, after all loans are back.
 fn finish(pager: &Pager, bet: Bet) -> Result<()> {
-    let Bet { work, done, thread, mut outstanding, .. } = bet;
+    let Bet { work, done, thread, with_thread, .. } = bet;
     drop(work);
+    let mut outstanding = with_thread.iter().filter(|&&w| w).count();
     let mut back = Vec::with_capacity(outstanding);
     let mut first = Ok(());
     while outstanding > 0 {
         match done.recv() {
-            Ok((loan, result)) => {
+            Ok((_, loan, result)) => {
                 outstanding -= 1;
                 back.push(loan);
                 if first.is_ok() {

@@ -38,7 +38,7 @@ impl HostAdamW {
         halves.begin(ctx);
         halves.send_each_sum(false);
         if let Some(s) = &self.speculation {
-            s.give_up()?;
+            s.end()?;
         }
         let last_unclipped = self.last_norm.is_finite() && self.config.clip_factor(self.last_norm) == 1.0;
         let bet = self.speculate && self.delay_after.is_none() && self.t >= 1 && last_unclipped;
@@ -82,16 +82,16 @@ impl HostAdamW {
             None => self.norm(ctx, params, grad_scale)?,
         };
         let step = AdamWStep { config: self.config, lr, scale: self.config.clip_factor(n) * grad_scale, t: self.t + 1 };
-        let kept = if n.is_finite() { s.collect(ctx, &step)? } else { s.give_up().map(|()| None)? };
+        let kept = if n.is_finite() { s.collect(ctx, &step)? } else { s.end().map(|()| None)? };
         match kept {
             Some(updated) => self.keep_bet(ctx, params, &updated, step, n).map(|()| BetClosed::Kept),
             None => Ok(BetClosed::Lost { norm: Some(n) }),
         }
     }
 
-    /// The step's end where its bet was kept: the parameters in `updated` hold their new values
-    /// (swapped in); the rest, which have no f16 copy, are updated now, and every gradient is
-    /// zeroed.
+    /// The step's end where its bet was kept: the parameters in `updated` get their new values
+    /// as their twins are swapped in (`Speculation::settle`, from `apply_deferred`); the rest,
+    /// which have no f16 copy, are updated now, and every gradient is zeroed.
     fn keep_bet(
         &mut self,
         ctx: &Context,
@@ -118,7 +118,8 @@ impl HostAdamW {
         }
         for (i, p) in params.iter().enumerate() {
             ctx.pager.zero(p.grad.id())?;
-            if let Some(h) = self.half_grad(i) {
+            // (the bet forgets its own parameters' f16 gradients as it swaps their twins in)
+            if let Some(h) = self.half_grad(i).filter(|_| !updated.contains(&i)) {
                 ctx.pager.forget(h)?;
             }
         }
