@@ -150,7 +150,8 @@ impl Speculation {
         let (send, done) = mpsc::channel();
         let threads = self.threads;
         let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
-            for (i, unscale, decay, mut loan) in jobs.iter() {
+            let mut waiting = Vec::new();
+            while let Some((i, unscale, decay, mut loan)) = next_first_in_forward(&jobs, &mut waiting) {
                 let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
                 if send.send((i, loan, result)).is_err() {
                     return;
@@ -377,6 +378,21 @@ fn finish(pager: &Pager, bet: Bet) -> Result<()> {
         pager.return_host(loan)?;
     }
     first
+}
+
+/// Of the work handed over and not yet done (`waiting`, topped up from `jobs`), the parameter
+/// the next forward reads first (the lowest index), blocking while there is none; `None` once
+/// `jobs` is closed and all is done. Gradients land in backward's order, the reverse of the
+/// forward's: in the order handed over, the last to land — the first the next forward reads
+/// after the GPU's share — would be updated last, and that forward would wait for all of the
+/// thread's backlog.
+fn next_first_in_forward(jobs: &mpsc::Receiver<Work>, waiting: &mut Vec<Work>) -> Option<Work> {
+    if waiting.is_empty() {
+        waiting.push(jobs.recv().ok()?);
+    }
+    waiting.extend(jobs.try_iter());
+    let first = (0..waiting.len()).min_by_key(|&k| waiting[k].0)?;
+    Some(waiting.swap_remove(first))
 }
 
 /// Whether two steps update with the same bits.
