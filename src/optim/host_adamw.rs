@@ -415,6 +415,7 @@ impl HostAdamW {
             let start = Stopwatch::start();
             s.settle(&self.indices(params)?)?;
             self.host_seconds += start.seconds();
+            log::debug!("host AdamW: waited {:.2} ms for the kept bet's updates", start.seconds() * 1e3);
         }
         let Some(d) = self.deferred.as_ref() else { return Ok(()) };
         let due: Vec<(usize, &Param)> =
