@@ -11,8 +11,8 @@
 //! exactly 1 the bet is kept: each parameter's twins are swapped in ([`Pager::swap_host`]: no
 //! byte moves) just before the next forward reads it, so the step's end does not wait for the
 //! thread's last updates (those of the first layers, whose gradients land last); otherwise the
-//! twins are dropped and the step takes the usual way. The arithmetic is the usual update's, chunk for
-//! chunk (`adamw_update_from`): the values are the same bits either way.
+//! twins are dropped and the step takes the usual way. The arithmetic is the usual update's,
+//! chunk for chunk (`adamw_update_from`): the values are the same bits either way.
 //!
 //! The host optimizer bets only after a step that was not clipped, so a run whose steps clip
 //! loses one bet and then none. Parameters without an f16 copy (biases and gains, whose f32
