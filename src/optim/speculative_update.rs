@@ -151,7 +151,7 @@ impl Speculation {
         let threads = self.threads;
         let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
             let mut waiting = Vec::new();
-            while let Some((i, unscale, decay, mut loan)) = next_first_in_forward(&jobs, &mut waiting) {
+            while let Some((i, unscale, decay, mut loan)) = next_first_in_forward(&jobs, &mut waiting, |w| w.0) {
                 let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
                 if send.send((i, loan, result)).is_err() {
                     return;
@@ -386,12 +386,12 @@ fn finish(pager: &Pager, bet: Bet) -> Result<()> {
 /// forward's: in the order handed over, the last to land — the first the next forward reads
 /// after the GPU's share — would be updated last, and that forward would wait for all of the
 /// thread's backlog.
-fn next_first_in_forward(jobs: &mpsc::Receiver<Work>, waiting: &mut Vec<Work>) -> Option<Work> {
+fn next_first_in_forward<W>(jobs: &mpsc::Receiver<W>, waiting: &mut Vec<W>, index: impl Fn(&W) -> usize) -> Option<W> {
     if waiting.is_empty() {
         waiting.push(jobs.recv().ok()?);
     }
     waiting.extend(jobs.try_iter());
-    let first = (0..waiting.len()).min_by_key(|&k| waiting[k].0)?;
+    let first = (0..waiting.len()).min_by_key(|&k| index(&waiting[k]))?;
     Some(waiting.swap_remove(first))
 }
 
@@ -454,4 +454,28 @@ pub(super) fn enabled(threads: usize) -> bool {
 pub(super) fn threads(all: usize) -> usize {
     let asked = std::env::var("PAGETRAIN_BET_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
     asked.unwrap_or(all).clamp(1, all.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_first_in_forward;
+    use std::sync::mpsc;
+
+    #[test]
+    fn the_thread_takes_the_parameter_the_forward_reads_first_of_what_is_waiting() {
+        let (give, jobs) = mpsc::channel();
+        let mut waiting = Vec::new();
+        let mut next = |waiting: &mut Vec<usize>| next_first_in_forward(&jobs, waiting, |&i| i);
+        for i in [7, 3, 9] {
+            give.send(i).unwrap();
+        }
+        assert_eq!(next(&mut waiting), Some(3));
+        // handed over later but read earlier by the forward: it goes before those waiting
+        give.send(1).unwrap();
+        assert_eq!(next(&mut waiting), Some(1));
+        assert_eq!(next(&mut waiting), Some(7));
+        drop(give);
+        assert_eq!(next(&mut waiting), Some(9), "what waits is done after the sender closes");
+        assert_eq!(next(&mut waiting), None);
+    }
 }
