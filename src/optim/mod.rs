@@ -24,6 +24,7 @@ pub use host_adamw::HostAdamW;
 pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};
 pub(crate) use host_values::F32sMut;
 pub use sgd::{Sgd, SgdConfig};
+pub use speculative_update::forced as bets_forced;
 pub use split_adamw::{gpu_share, kept_bytes, kept_bytes_of, SplitAdamW};
 
 use crate::context::Context;

@@ -15,10 +15,13 @@
 //! chunk for chunk (`adamw_update_from`): the values are the same bits either way.
 //!
 //! The host optimizer bets only after a step that was not clipped, so a run whose steps clip
-//! loses one bet and then none. Parameters without an f16 copy (biases and gains, whose f32
-//! value the GPU reads) are updated at the step's end as before: they are a few thousand
-//! values a layer. The twins cost 14 bytes of host store a parameter with an f16 copy.
-//! `PAGETRAIN_SPECULATE=0` turns the bets off.
+//! loses one bet and then none. Parameters without an f16 copy, whose f32 value the GPU reads,
+//! are updated at the step's end as before: biases and gains, a few thousand values a layer,
+//! but also the token embedding where the host updates it (38.6 M values in GPT-2 small: at a
+//! tenth of its footprint, 9 ms a step on the main thread). The twins cost 14 bytes of host
+//! store a parameter with an f16 copy.
+//! `PAGETRAIN_SPECULATE=0` turns the bets off; `=1` keeps them where a paged run would otherwise
+//! time them first (`train::bet_trial`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -448,6 +451,12 @@ impl GradientAdded for Betting {
 /// (`super::update_ahead::enabled`), unless `PAGETRAIN_SPECULATE=0`.
 pub(super) fn enabled(threads: usize) -> bool {
     super::update_ahead::enabled(threads) && std::env::var("PAGETRAIN_SPECULATE").map_or(true, |v| v != "0")
+}
+
+/// Whether `PAGETRAIN_SPECULATE=1` asks for bets whatever a trial would measure (for
+/// measuring them: a paged run's bet trial, `train::bet_trial`, is then skipped).
+pub fn forced() -> bool {
+    std::env::var("PAGETRAIN_SPECULATE").is_ok_and(|v| v == "1")
 }
 
 /// Threads a bet's updates run on, of the host's `all`: `PAGETRAIN_BET_THREADS`, else all.

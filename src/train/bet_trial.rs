@@ -1,10 +1,13 @@
 //! Whether the host optimizer bets on unclipped steps (`optim::speculative_update`), decided by a
 //! step trial (`super::step_trial`) once a run pages. A bet's thread updates the host share
-//! during backward, beside the pager's copy threads and the main thread: on an H100 (2026-12-06,
-//! GPT-2 small in f16, unclipped steps) bets took a tenth of the footprint from 122.5 to 117.2 ms
-//! a step by DMA, and a quarter from 79.4–80.3 to 84.6–85.9 through the staging ring. So after
-//! the upload and recompute trials, steps with bets (the usual way) are timed against as many
-//! without. Only steps that bet differ: where every step clips, both ways time the same.
+//! during backward, beside the pager's copy threads and the main thread, and the casts send each
+//! gradient's sum down on its own. On an H100 (GPT-2 small in f16, unclipped steps) bets took a
+//! tenth of the footprint from 122.5 to 117.2 ms a step by DMA on 2026-12-06, but a quarter from
+//! 79.4–80.3 to 84.6–85.9 through the staging ring; on 2026-12-07 they lost in all four trials
+//! (a quarter: 82.6–86.1 ms against 77.2–79.5; a tenth: 115.5–119.8 against 112.4–115.3). So
+//! after the upload and recompute trials, steps without bets (the usual way) are timed against as
+//! many with, and bets stay only where they are 5 % faster (`PAGETRAIN_SPECULATE=1` keeps them
+//! without a trial). Only steps that bet differ: where every step clips, both ways time the same.
 
 use super::step_trial::{Outcome, TIMED};
 
@@ -19,9 +22,9 @@ pub struct BetDecision {
 }
 
 impl From<Outcome> for BetDecision {
-    /// The usual way bets; the other does not.
+    /// The usual way does not bet; the other does.
     fn from(o: Outcome) -> Self {
-        BetDecision { on: !o.other, with_ms: o.usual_ms, without_ms: o.other_ms }
+        BetDecision { on: o.other, with_ms: o.other_ms, without_ms: o.usual_ms }
     }
 }
 
@@ -43,11 +46,12 @@ mod tests {
 
     #[test]
     fn says_what_was_measured_and_kept() {
-        let kept = BetDecision::from(Outcome { other: false, other_ms: 122.5, usual_ms: 117.2 });
+        let kept = BetDecision::from(Outcome { other: true, other_ms: 110.2, usual_ms: 122.5 });
         assert!(kept.on);
         let said = kept.to_string();
-        assert!(said.contains("steps on (") && said.contains("117.2 ms a step with bets, 122.5 ms without"), "{said}");
-        let dropped = BetDecision::from(Outcome { other: true, other_ms: 79.4, usual_ms: 84.9 });
-        assert!(!dropped.on && dropped.to_string().contains("steps off ("), "{dropped}");
+        assert!(said.contains("steps on (") && said.contains("110.2 ms a step with bets, 122.5 ms without"), "{said}");
+        let dropped = BetDecision::from(Outcome { other: false, other_ms: 84.9, usual_ms: 79.4 });
+        let said = dropped.to_string();
+        assert!(!dropped.on && said.contains("steps off (") && said.contains("84.9 ms a step with bets"), "{said}");
     }
 }

@@ -54,7 +54,7 @@ impl Trainer {
             }
         } else if self.bet_trial.running() {
             if let Some(other) = self.bet_trial.after_step(seconds) {
-                self.opt.set_bets(!other);
+                self.opt.set_bets(other);
             }
             if let Some(decided) = self.bet_decision() {
                 log::info!("step {}: {decided}", self.step);
@@ -69,6 +69,8 @@ impl Trainer {
                 self.recompute_trial.start(if self.upload_trial.started() { SETTLE } else { FIRST_SETTLE });
             } else if self.wants_bet_trial(ctx) {
                 let first = !self.upload_trial.started() && !self.recompute_trial.started();
+                // (the usual way does not bet: bets stay only where they are measured faster)
+                self.opt.set_bets(false);
                 self.bet_trial.start(if first { FIRST_SETTLE } else { SETTLE });
             }
         }
@@ -91,6 +93,7 @@ impl Trainer {
         self.paged
             && !self.bet_trial.started()
             && self.opt.may_bet()
+            && !crate::optim::bets_forced()
             && self.dist.is_none()
             && ctx.pager.waits_may_block()
     }
