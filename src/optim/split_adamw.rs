@@ -144,9 +144,9 @@ impl SplitAdamW {
         Ok(norm)
     }
 
-    /// Begins a step: the GPU share's updates are recorded at once, the host share's parameters
-    /// get theirs just before their next use ([`HostAdamW::defer`]). `clipped`: `grad_norm` has
-    /// just run with this `grad_scale`.
+    /// Begins a step (see [`AdamW::defer`], [`HostAdamW::defer`]): each share's parameters get
+    /// their update just before their next use. `clipped`: `grad_norm` has just run with this
+    /// `grad_scale`.
     pub async fn defer(
         &mut self,
         ctx: &Context,
@@ -160,12 +160,9 @@ impl SplitAdamW {
         }
         let (first, rest) = self.shares(params);
         self.gpu.defer_within_step(ctx, &first, lr, grad_scale, true)?;
-        // The GPU share's updates go to the GPU now rather than as the forward reaches each
-        // layer: its state never leaves the GPU, so nothing is gained by waiting, and the GPU,
-        // idle since backward's end, runs them while the host share's step end below is busy
-        // with the pager (its bets kept, its updates lent out).
-        self.gpu.apply_deferred(ctx, &first)?;
-        ctx.recorder.flush();
+        // (`RUST_LOG=pagetrain::optim=debug`: on an H100, GPT-2 small in f16 at a quarter,
+        // 0.3–0.4 ms, against ~1.1 ms of the GPU share's update kernels: recording those before
+        // it, so that the GPU runs them meanwhile, measured no faster, BENCHMARKS stop 52)
         let host_end = crate::clock::Stopwatch::start();
         // (the host share ends the pager's step, after its gradients are on their way down)
         self.host.defer(ctx, &rest, lr, grad_scale, Some(self.last_norm))?;
