@@ -474,7 +474,7 @@ mod tests {
     fn the_thread_takes_the_parameter_the_forward_reads_first_of_what_is_waiting() {
         let (give, jobs) = mpsc::channel();
         let mut waiting = Vec::new();
-        let mut next = |waiting: &mut Vec<usize>| next_first_in_forward(&jobs, waiting, |&i| i);
+        let next = |waiting: &mut Vec<usize>| next_first_in_forward(&jobs, waiting, |&i| i);
         for i in [7, 3, 9] {
             give.send(i).unwrap();
         }
