@@ -7,7 +7,9 @@
 //   fill_normal:  out = alpha * N(0, 1)            out (n)        (initial weights, drawn on the GPU)
 //   convert:      out = a in out's element type    out (n)  a (n)        (f16 copies, mixed precision)
 //   convert_scaled: out = a * grad_half_scale(b[slot]) in out's type   out (n)  a (n)  b (> slot)
-//                 (a gradient on its way to the host optimizer in f16, b its sum of squares)
+//                 (a gradient on its way to the host optimizer in f16, b its sum of squares);
+//                 with tail = 1, out (n + 2) also carries the scale's exponent after the values
+//                 (out[n]; out[n + 1] = 0), so the gradient lands on the host with its scale
 // Every binding may be f16 (B0 out, B1 a, B2 b); arithmetic is f32.
 // One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256);
 // add_forward, axpy and scale_forward take PER_THREAD elements a thread (kernels::grid_strided).
@@ -109,20 +111,30 @@ fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 // exponent bits alone, so the host finds the same power (`optim::grad_half_scale`); 1 for
 // a sum that is zero, subnormal, infinite or NaN (an overflow then stays one).
 fn grad_half_scale(ss: f32) -> f32 {
+    return bitcast<f32>(u32(grad_half_exponent(ss) + 127) << 23u);
+}
+
+// The exponent k of grad_half_scale(ss) = 2^k: -49 to 77, 0 for the sums the scale is 1 for.
+fn grad_half_exponent(ss: f32) -> i32 {
     let e = i32((bitcast<u32>(ss) >> 23u) & 0xffu);
     if (e == 0 || e == 255) {
-        return 1.0;
+        return 0;
     }
     // ss < 2^(E + 1) with E = e - 127, so its root is under 2^ceil((E + 1) / 2)
-    let k = 15 - ((e - 127 + 2) >> 1u);
-    return bitcast<f32>(u32(k + 127) << 23u);
+    return 15 - ((e - 127 + 2) >> 1u);
 }
 
 @compute @workgroup_size(256)
 fn convert_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat(gid, nwg);
+    let ss = f32(b[p.slot]);
     if (i < p.n) {
-        out[i] = B0(f32(a[i]) * grad_half_scale(f32(b[p.slot])));
+        out[i] = B0(f32(a[i]) * grad_half_scale(ss));
+    }
+    // (a small integer: exact in f16)
+    if (p.tail == 1u && i == 0u) {
+        out[p.n] = B0(f32(grad_half_exponent(ss)));
+        out[p.n + 1u] = B0(0.0);
     }
 }
 

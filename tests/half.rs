@@ -297,7 +297,7 @@ fn f16_ulp(x: f64) -> f64 {
 
 #[test]
 fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
-    use pagetrain::optim::grad_half_scale;
+    use pagetrain::optim::{grad_half_scale, split_tail, unscale_of, EXPONENT_TAIL};
     // The root of the sum lands in [2^14, 2^15): no element (at most the root) reaches f16's
     // 65504, and the largest keep all of f16's bits.
     let mut rng = Rng::new(41);
@@ -324,14 +324,28 @@ fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
             // the sum in slot 2, the other slots values that would pick other scales
             let slots = [7.0, 1e30, ss, 1e-20];
             let (ga, gs) = (Guarded::new(&ctx, n, Some(&a)), Guarded::new(&ctx, 4, Some(&slots)));
-            let out = Guarded::new_f16(&ctx, n, None);
-            kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 2, n).unwrap();
-            let s = grad_half_scale(ss) as f64;
-            for (i, (&got, &x)) in out.read(&ctx).iter().zip(&a).enumerate() {
-                let exact = x as f64 * s;
-                assert!(got.is_finite(), "n {n} std {std} element {i}: {x} · {s} gave {got}");
-                let off = (got as f64 - exact).abs();
-                assert!(off <= f16_ulp(exact), "n {n} std {std} element {i}: {x} · {s} = {exact}, got {got}");
+            // Without the tail, n values (the guards catch a write past them); with it, n + 2:
+            // the same values, then the scale's exponent and 0.
+            for tail in [false, true] {
+                let len = n + if tail { EXPONENT_TAIL } else { 0 };
+                let out = Guarded::new_f16(&ctx, len, None);
+                kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 2, n, tail)
+                    .unwrap();
+                let s = grad_half_scale(ss) as f64;
+                let got = out.read(&ctx);
+                for (i, (&got, &x)) in got.iter().zip(&a).enumerate() {
+                    let exact = x as f64 * s;
+                    assert!(got.is_finite(), "n {n} std {std} element {i}: {x} · {s} gave {got}");
+                    let off = (got as f64 - exact).abs();
+                    assert!(off <= f16_ulp(exact), "n {n} std {std} element {i}: {x} · {s} = {exact}, got {got}");
+                }
+                if tail {
+                    assert_eq!(got[n], s.log2() as f32, "n {n} std {std}: the exponent after the values");
+                    assert_eq!(got[n + 1], 0.0, "n {n} std {std}: the value after the exponent");
+                    let bytes: Vec<u8> = got.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+                    let (values, unscale) = split_tail(&bytes, n).unwrap();
+                    assert_eq!((values.len(), unscale.to_bits()), (2 * n, unscale_of(ss).to_bits()), "n {n} std {std}");
+                }
             }
         }
     }
@@ -339,7 +353,7 @@ fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
     let a = vec![1e5f32, -2.0, f32::INFINITY];
     let (ga, gs) = (Guarded::new(&ctx, 3, Some(&a)), Guarded::new(&ctx, 1, Some(&[f32::INFINITY])));
     let out = Guarded::new_f16(&ctx, 3, None);
-    kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 0, 3).unwrap();
+    kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 0, 3, false).unwrap();
     let got = out.read(&ctx);
     assert!(got[0].is_infinite() && got[1] == -2.0 && got[2].is_infinite(), "{got:?}");
 }

@@ -14,7 +14,8 @@ gpu_params! {
         seed1: u32,
         /// convert_scaled's element of b
         slot: u32,
-        _pad0: u32,
+        /// convert_scaled: 1 to write the scale's exponent after the values
+        tail: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -64,8 +65,17 @@ pub fn cast(k: &Kernels, out: &View, a: &View, n: usize) -> Result<()> {
 
 /// `out = a · s` rounded to `out`'s element type, with `s` the power of two that
 /// [`crate::optim::grad_half_scale`] picks for `sums[slot]`, the sum of squares of `a`: a
-/// gradient going down to the host optimizer in f16 (`optim::half_grads`). out, a (n).
-pub fn convert_scaled(k: &Kernels, out: &View, a: &View, sums: &View, slot: usize, n: usize) -> Result<()> {
-    let p = Params { n: n as u32, slot: slot as u32, ..Default::default() };
+/// gradient going down to the host optimizer in f16 (`optim::half_grads`). out, a (n); with
+/// `exponent_after`, out (n + 2) carries `s`'s exponent after the values (`optim::unscale_of_tail`).
+pub fn convert_scaled(
+    k: &Kernels,
+    out: &View,
+    a: &View,
+    sums: &View,
+    slot: usize,
+    n: usize,
+    exponent_after: bool,
+) -> Result<()> {
+    let p = Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() };
     k.dispatch(ELEMENTWISE, "convert_scaled", &[out, a, sums], &p, grid_1d(n as u64))
 }

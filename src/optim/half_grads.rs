@@ -1,7 +1,8 @@
 //! Gradients that go down to the host optimizer in f16 (mixed precision, AdamW on the host):
 //! once backward has added to a parameter's f32 gradient for the last time, the GPU takes its sum
 //! of squares, rounds it to an f16 copy times a power of two that sum picks (no element can
-//! overflow, small ones keep their bits), and drops the f32 gradient without writing it back.
+//! overflow, small ones keep their bits; the power's exponent rides after the values), and drops
+//! the f32 gradient without writing it back.
 //! The bus then carries 2 bytes a parameter down instead of 4, and the host takes the global
 //! norm from the sums instead of a pass over every gradient. The f32 gradient accumulates on the
 //! GPU as before, so micro-batches and tied weights add in f32.
@@ -17,19 +18,24 @@ use std::hash::{Hash, Hasher};
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::{elementwise, reduce};
+use crate::kernels::elementwise;
 use crate::nn::Param;
 use crate::tensor::{DType, Tensor, TensorId};
 
 /// The power of two a gradient whose squares sum to `ss` is multiplied by before it is rounded
 /// to f16: `grad_half_scale` in shaders/elementwise.wgsl, bit for bit (exponent bits only).
 pub fn grad_half_scale(ss: f32) -> f32 {
+    f32::from_bits(((grad_half_exponent(ss) + 127) as u32) << 23)
+}
+
+/// The exponent k of [`grad_half_scale`]`(ss)` = 2^k (`grad_half_exponent` in the WGSL): -49 to
+/// 77, 0 for a sum that is zero, subnormal, infinite or NaN.
+fn grad_half_exponent(ss: f32) -> i32 {
     let e = ((ss.to_bits() >> 23) & 0xff) as i32;
     if e == 0 || e == 255 {
-        return 1.0;
+        return 0;
     }
-    let k = 15 - ((e - 127 + 2) >> 1);
-    f32::from_bits(((k + 127) as u32) << 23)
+    15 - ((e - 127 + 2) >> 1)
 }
 
 /// What an f16 gradient whose f32 gradient's squares summed to `ss` is multiplied by on the
@@ -38,15 +44,34 @@ pub fn unscale_of(ss: f32) -> f32 {
     1.0 / grad_half_scale(ss)
 }
 
+/// Values an f16 gradient tensor holds after its gradient's: its scale's exponent, then 0 (two
+/// halves keep the tensor's bytes a multiple of 4). The gradient then lands on the host with
+/// what multiplies it, in its own transfer (`super::speculative_update` reads it during backward).
+pub const EXPONENT_TAIL: usize = 2;
+
+/// The host bytes of an f16 gradient of `len` values ([`EXPONENT_TAIL`] after them) split into
+/// its values' bytes and what they are multiplied by: the reciprocal of the scale whose exponent
+/// the tail holds, the same bits as [`unscale_of`] its sum of squares.
+pub fn split_tail(bytes: &[u8], len: usize) -> Result<(&[u8], f32)> {
+    let size = std::mem::size_of::<half::f16>();
+    let bad = |what: String| Error::invalid("f16 gradient", what);
+    if bytes.len() < (len + EXPONENT_TAIL) * size {
+        return Err(bad(format!("{} bytes hold no {len} values and their scale", bytes.len())));
+    }
+    let (values, tail) = bytes.split_at(len * size);
+    let k = half::f16::from_le_bytes([tail[0], tail[1]]).to_f32();
+    if k.fract() != 0.0 || !(-64.0..=96.0).contains(&k) {
+        return Err(bad(format!("its scale's exponent is {k}, not one the GPU writes")));
+    }
+    Ok((values, f32::from_bits(((127 - k as i32) as u32) << 23)))
+}
+
 pub struct HalfGrads {
-    /// Per parameter: its gradient in f16, times its scale.
+    /// Per parameter: its gradient in f16, times its scale, with the scale's exponent after it
+    /// ([`EXPONENT_TAIL`]).
     pub halves: Vec<Tensor>,
     /// Per parameter: the sum of squares of its f32 gradient, as of its cast.
     sums: Tensor,
-    /// The same, one f32 a tensor, while [`HalfGrads::send_each_sum`] asks: each then comes down
-    /// beside its f16 gradient (`super::speculative_update` reads them during backward).
-    own_sums: Vec<Tensor>,
-    each_sum_down: std::cell::Cell<bool>,
     /// The f32 gradients, and the slot of each by its id.
     grads: Vec<Tensor>,
     slots: HashMap<TensorId, usize>,
@@ -70,7 +95,6 @@ struct Watch {
 impl HalfGrads {
     pub fn new(ctx: &Context, params: &[&Param]) -> Result<Self> {
         let mut halves = Vec::with_capacity(params.len());
-        let mut own_sums = Vec::with_capacity(params.len());
         for p in params {
             if p.grad.dtype() != DType::F32 {
                 return Err(Error::invalid(
@@ -78,15 +102,13 @@ impl HalfGrads {
                     format!("`{}` has a {:?} gradient, not f32", p.name, p.grad.dtype()),
                 ));
             }
-            halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), p.grad.shape(), DType::F16, false)?);
-            own_sums.push(ctx.empty(&format!("{}.grad sumsq", p.name), &[1], DType::F32, false)?);
+            let len = p.grad.len() + EXPONENT_TAIL;
+            halves.push(ctx.empty(&format!("{}.grad (f16)", p.name), &[len], DType::F16, false)?);
         }
         let n = params.len();
         Ok(HalfGrads {
             halves,
             sums: ctx.empty("grad sumsq (f16 gradients)", &[n.max(1)], DType::F32, false)?,
-            own_sums,
-            each_sum_down: std::cell::Cell::new(false),
             grads: params.iter().map(|p| p.grad.clone()).collect(),
             slots: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
             watch: RefCell::new(Watch { added: vec![0; n], cast: vec![false; n], ..Default::default() }),
@@ -129,35 +151,16 @@ impl HalfGrads {
     fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
         self.watch.borrow_mut().cast[slot] = true;
         let grad = &self.grads[slot];
-        let own = self.each_sum_down.get().then(|| &self.own_sums[slot]);
-        // (the sum goes to its own tensor first where it comes down alone, then to its slot)
-        let (sums, at) = own.map_or((&self.sums, slot), |own| (own, 0));
-        super::clip::sum_of_squares(ctx, sums, at, grad)?;
+        super::clip::sum_of_squares(ctx, &self.sums, slot, grad)?;
         {
             let _op = ctx.op();
-            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(sums)?);
-            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, at, grad.len())?;
-        }
-        if let Some(own) = own {
-            let _op = ctx.op();
-            let spec = reduce::SumSpec { squares: false, scale: 1.0, slot, accumulate: false };
-            let (out, x, partials) = (ctx.modify(&self.sums)?, ctx.read(own)?, ctx.partials()?);
-            reduce::sum(&ctx.kernels, &out, &x, &partials, 1, spec)?;
+            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(&self.sums)?);
+            elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len(), true)?;
         }
         ctx.pager.forget(grad.id())?;
         // On its way down while backward goes on (the update reads it early in the next step,
         // or during this backward), and out of the GPU budget: only the host reads it.
-        ctx.pager.hand_to_host(self.halves[slot].id())?;
-        match own {
-            Some(own) => ctx.pager.hand_to_host(own.id()),
-            None => Ok(()),
-        }
-    }
-
-    /// From the next cast on, whether each gradient's sum of squares also comes down on its own,
-    /// beside the gradient, instead of only with the others when the norm is read.
-    pub fn send_each_sum(&self, on: bool) {
-        self.each_sum_down.set(on);
+        ctx.pager.hand_to_host(self.halves[slot].id())
     }
 
     /// Whether the gradient in `slot` has been cast in the backward under way.
@@ -168,11 +171,6 @@ impl HalfGrads {
     /// The tensor of the sums of squares (one f32 a parameter).
     pub fn sums_id(&self) -> TensorId {
         self.sums.id()
-    }
-
-    /// Parameter `slot`'s own sum of squares tensor (one f32; see [`HalfGrads::send_each_sum`]).
-    pub fn own_sum_id(&self, slot: usize) -> TensorId {
-        self.own_sums[slot].id()
     }
 
     /// Per parameter, what its f16 gradient is multiplied by (waits for the GPU): [`unscale_of`]
@@ -206,5 +204,35 @@ impl GradientAdded for HalfGrads {
             self.cast(ctx, slot)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_tail(values: &[f32], k: f32) -> Vec<u8> {
+        values.iter().chain(&[k, 0.0]).flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn the_tail_carries_the_same_unscale_as_the_sum_for_every_exponent() {
+        for e in 0..=255u32 {
+            let ss = f32::from_bits(e << 23 | 0x2a_5a5a);
+            let bytes = with_tail(&[1.5, -2.0, 0.25], grad_half_exponent(ss) as f32);
+            let (values, unscale) = split_tail(&bytes, 3).unwrap();
+            assert_eq!(values, &bytes[..6], "exponent bits {e}");
+            assert_eq!(unscale.to_bits(), unscale_of(ss).to_bits(), "exponent bits {e}");
+        }
+    }
+
+    #[test]
+    fn a_tail_the_gpu_would_not_write_is_an_error() {
+        let bytes = with_tail(&[1.0, 2.0], 3.0);
+        assert!(split_tail(&bytes, 3).is_err(), "too short for three values and the tail");
+        for k in [0.5, 200.0, f32::NAN, f32::INFINITY] {
+            let e = split_tail(&with_tail(&[1.0], k), 1).unwrap_err();
+            assert!(e.to_string().contains("f16 gradient"), "{k}: {e}");
+        }
     }
 }

@@ -18,7 +18,7 @@ mod update_ahead;
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::GradClip;
 pub use early_norms::EarlyNorms;
-pub use half_grads::{grad_half_scale, HalfGrads};
+pub use half_grads::{grad_half_scale, split_tail, unscale_of, HalfGrads, EXPONENT_TAIL};
 pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
 pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};

@@ -28,7 +28,7 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::half_grads::{unscale_of, HalfGrads};
+use super::half_grads::{split_tail, HalfGrads};
 use super::host_kernels::{adamw_update_from, AdamWSlices, AdamWStep, GradSlice};
 use super::host_values::{pods, F32sMut, PodsMut};
 use crate::autograd::GradientAdded;
@@ -49,21 +49,20 @@ const POLL_EVERY_S: f64 = 250e-6;
 
 /// What one parameter's bet reads and writes in the host store.
 struct Plan {
-    /// Its value, first and second moment and f16 gradient (read).
+    /// Its value, first and second moment and f16 gradient (read; the gradient's scale comes
+    /// down after its values: `half_grads::EXPONENT_TAIL`).
     reads: [TensorId; 4],
     /// Twins of its value, moments and f16 weight copy (written).
     twins: [Tensor; 4],
     /// Its f16 weight copy, which the last twin replaces.
     half: TensorId,
-    /// Its gradient's sum of squares (one f32): the f16 gradient's scale comes from it.
-    sum: TensorId,
     /// Its weight decay.
     decay: f32,
 }
 
-/// One parameter's update for the thread: its index, what multiplies its f16 gradient, its
-/// weight decay, and its bytes (reads, then twins).
-type Work = (usize, f32, f32, HostLoan);
+/// One parameter's update for the thread: its index, its weight decay, and its bytes (reads,
+/// then twins).
+type Work = (usize, f32, HostLoan);
 
 /// A parameter's update done by the thread: its index, its bytes back, and how it went.
 type Done = (usize, HostLoan, Result<()>);
@@ -128,7 +127,6 @@ impl Speculation {
                 reads: [p.value.id(), m[i].id(), v[i].id(), halves.halves[i].id()],
                 twins: [twin(&p.value)?, twin(&m[i])?, twin(&v[i])?, twin(half)?],
                 half: half.id(),
-                sum: halves.own_sum_id(i),
                 decay: decays[i],
             }));
         }
@@ -154,8 +152,8 @@ impl Speculation {
         let threads = self.threads;
         let spawned = std::thread::Builder::new().name("host AdamW bet".into()).spawn(move || {
             let mut waiting = Vec::new();
-            while let Some((i, unscale, decay, mut loan)) = next_first_in_forward(&jobs, &mut waiting, |w| w.0) {
-                let result = update_into(&mut loan.slices(), unscale, decay, step, threads);
+            while let Some((i, decay, mut loan)) = next_first_in_forward(&jobs, &mut waiting, |w| w.0) {
+                let result = update_into(&mut loan.slices(), decay, step, threads);
                 if send.send((i, loan, result)).is_err() {
                     return;
                 }
@@ -184,8 +182,8 @@ impl Speculation {
         (0..self.plans.len()).filter(|&i| self.plans[i].is_some() && !bet.sent[i] && self.halves.is_cast(i)).collect()
     }
 
-    /// Hands the thread every parameter of the open bet whose f16 gradient and its sum of
-    /// squares have landed in the host store (after delivering the write-backs done so far).
+    /// Hands the thread every parameter of the open bet whose f16 gradient has landed in the
+    /// host store (after delivering the write-backs done so far).
     fn send_landed(&self) -> Result<()> {
         let mut bet = self.bet.borrow_mut();
         let Some(bet) = bet.as_mut() else { return Ok(()) };
@@ -197,15 +195,13 @@ impl Speculation {
         self.pager.poll()?;
         for i in due {
             let plan = self.plans[i].as_ref().expect("filtered");
-            if !self.pager.landed(&[plan.reads[3], plan.sum]) {
+            if !self.pager.landed(&[plan.reads[3]]) {
                 continue;
             }
-            let sum = self.pager.update_host(&[plan.sum], &[], |s| bytemuck::pod_read_unaligned::<f32>(&s[0][..4]))?;
             let twins: Vec<TensorId> = plan.twins.iter().map(|t| t.id()).collect();
             let ids: Vec<TensorId> = plan.reads.iter().copied().chain(twins.iter().copied()).collect();
             let loan = self.pager.lend_host(&ids, &twins)?;
-            let unscale = unscale_of(sum);
-            if let Err(mpsc::SendError((_, _, _, loan))) = work.send((i, unscale, plan.decay, loan)) {
+            if let Err(mpsc::SendError((_, _, loan))) = work.send((i, plan.decay, loan)) {
                 self.pager.return_host(loan)?;
                 return Err(Error::invalid("host AdamW", "the bet's thread stopped"));
             }
@@ -254,7 +250,7 @@ impl Speculation {
             return Ok(None);
         }
         // Every gradient is on the host by now (the norm was read after them): the rest go.
-        let rest: Vec<TensorId> = self.plans.iter().flatten().flat_map(|p| [p.reads[3], p.sum]).collect();
+        let rest: Vec<TensorId> = self.plans.iter().flatten().map(|p| p.reads[3]).collect();
         ctx.pager.sync_to_host(&rest)?;
         self.send_landed()?;
         let missing = {
@@ -405,11 +401,12 @@ fn same_step(a: &AdamWStep, b: &AdamWStep) -> bool {
 
 /// One parameter's update from its value, moments and f16 gradient (times `unscale`) into the
 /// twins of its value, moments and f16 copy: `slices` in the loan's order.
-fn update_into(slices: &mut [&mut [u8]], unscale: f32, decay: f32, step: AdamWStep, threads: usize) -> Result<()> {
+fn update_into(slices: &mut [&mut [u8]], decay: f32, step: AdamWStep, threads: usize) -> Result<()> {
     let [p, m, v, g, p2, m2, v2, h2] = slices else {
         return Err(Error::invalid("host AdamW", format!("a bet's update takes 8 host slices, not {}", slices.len())));
     };
     let (p, m, v) = (pods::<f32>(p), pods::<f32>(m), pods::<f32>(v));
+    let (g, unscale) = split_tail(g, p.len())?;
     let g = pods::<half::f16>(g);
     let (mut p2, mut m2, mut v2, mut h2) = (F32sMut::new(p2), F32sMut::new(m2), F32sMut::new(v2), PodsMut::new(h2));
     let into = AdamWSlices {

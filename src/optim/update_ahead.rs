@@ -54,7 +54,16 @@ pub(super) fn update_in_place(
         let [p, m, v, g, half @ ..] = mine else { return Err(fewer()) };
         let half = half.first_mut().map(|h| PodsMut::<half::f16>::new(h));
         let g = match u.unscale {
-            Some(unscale) => GradBytes::F16(pods(g), unscale),
+            Some(unscale) => {
+                let (values, carried) = super::half_grads::split_tail(g, p.len() / std::mem::size_of::<f32>())?;
+                if carried != unscale {
+                    return Err(Error::invalid(
+                        "host AdamW",
+                        format!("an f16 gradient came down scaled by 1/{carried}, its sum of squares says 1/{unscale}"),
+                    ));
+                }
+                GradBytes::F16(pods(values), unscale)
+            }
             None => GradBytes::F32(pods(g)),
         };
         views.push((F32sMut::new(p), F32sMut::new(m), F32sMut::new(v), g, half));

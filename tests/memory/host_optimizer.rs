@@ -140,13 +140,15 @@ fn f16_gradients_go_down_in_half_the_bytes_and_train_like_f32_ones() {
     assert_close("f16 gradients vs f32 ones", &f16_grads, &to64(&f32_grads), 0.0, 1e-3);
     assert_ne!(f16_grads, f32_grads, "the f16 gradients changed nothing: were they used?");
     // Resident, what goes down each step is the gradients (and, now, their sums of squares):
-    // 4 bytes a parameter before, 2 now, each on its way as soon as it is cast.
+    // 4 bytes a parameter before, 2 now, each on its way as soon as it is cast, with its
+    // scale's exponent after it (a tail of 2 halves).
     use pagetrain::nn::Module;
     let params = t.model.params();
     let values: u64 = params.iter().map(|p| p.value.len() as u64).sum();
     let saved = plain.pager.counters().bytes_written_back - resident.pager.counters().bytes_written_back;
-    let (steps, sums) = (steps as u64, 4 * params.len() as u64);
-    assert_eq!(saved, steps * (2 * values - sums), "bytes written back: f32 gradients less f16 ones and sums");
+    let tail = 2 * pagetrain::optim::EXPONENT_TAIL as u64;
+    let (steps, sums) = (steps as u64, (4 + tail) * params.len() as u64);
+    assert_eq!(saved, steps * (2 * values - sums), "bytes written back: f32 gradients less f16 ones, tails and sums");
     // From the second step on, each gradient is cast as soon as backward is done with it.
     assert!(t.optimizer_reason.contains("gradients come down in f16"), "{}", t.optimizer_reason);
     let pagetrain::train::trainer::Optimizer::Host(host) = &t.opt else { panic!("host AdamW") };

@@ -36,7 +36,6 @@ impl HostAdamW {
     ) -> Result<Option<Rc<dyn GradientAdded>>> {
         let Some(halves) = self.half_grads.clone() else { return Ok(None) };
         halves.begin(ctx);
-        halves.send_each_sum(false);
         if let Some(s) = &self.speculation {
             s.end()?;
         }
@@ -57,7 +56,6 @@ impl HostAdamW {
             }
         };
         speculation.begin(AdamWStep { config: self.config, lr, scale: grad_scale, t: self.t + 1 })?;
-        halves.send_each_sum(true);
         Ok(Some(Rc::new(Betting { halves, speculation })))
     }
 
