@@ -66,7 +66,7 @@ pub fn cast(k: &Kernels, out: &View, a: &View, n: usize) -> Result<()> {
 /// `out = a · s` rounded to `out`'s element type, with `s` the power of two that
 /// [`crate::optim::grad_half_scale`] picks for `sums[slot]`, the sum of squares of `a`: a
 /// gradient going down to the host optimizer in f16 (`optim::half_grads`). out, a (n); with
-/// `exponent_after`, out (n + 2) carries `s`'s exponent after the values (`optim::unscale_of_tail`).
+/// `exponent_after`, out (n + 2) carries `s`'s exponent after the values (`optim::split_tail`).
 pub fn convert_scaled(
     k: &Kernels,
     out: &View,
