@@ -399,8 +399,9 @@ fn same_step(a: &AdamWStep, b: &AdamWStep) -> bool {
     a.lr.to_bits() == b.lr.to_bits() && a.scale.to_bits() == b.scale.to_bits() && a.t == b.t
 }
 
-/// One parameter's update from its value, moments and f16 gradient (times `unscale`) into the
-/// twins of its value, moments and f16 copy: `slices` in the loan's order.
+/// One parameter's update from its value, moments and f16 gradient (times the unscale its tail
+/// carries, `split_tail`) into the twins of its value, moments and f16 copy: `slices` in the
+/// loan's order.
 fn update_into(slices: &mut [&mut [u8]], decay: f32, step: AdamWStep, threads: usize) -> Result<()> {
     let [p, m, v, g, p2, m2, v2, h2] = slices else {
         return Err(Error::invalid("host AdamW", format!("a bet's update takes 8 host slices, not {}", slices.len())));

@@ -1,13 +1,13 @@
 //! Whether the host optimizer bets on unclipped steps (`optim::speculative_update`), decided by a
 //! step trial (`super::step_trial`) once a run pages. A bet's thread updates the host share
-//! during backward, beside the pager's copy threads and the main thread, and the casts send each
-//! gradient's sum down on its own. On an H100 (GPT-2 small in f16, unclipped steps) bets took a
-//! tenth of the footprint from 122.5 to 117.2 ms a step by DMA on 2026-12-06, but a quarter from
-//! 79.4–80.3 to 84.6–85.9 through the staging ring; on 2026-12-07 they lost in all four trials
-//! (a quarter: 82.6–86.1 ms against 77.2–79.5; a tenth: 115.5–119.8 against 112.4–115.3). So
-//! after the upload and recompute trials, steps without bets (the usual way) are timed against as
-//! many with, and bets stay only where they are 5 % faster (`PAGETRAIN_SPECULATE=1` keeps them
-//! without a trial). Only steps that bet differ: where every step clips, both ways time the same.
+//! during backward, beside the pager's copy threads and the main thread. On an H100 (GPT-2 small
+//! in f16, unclipped steps) bets took a tenth of the footprint from 122.5 to 117.2 ms a step by
+//! DMA on 2026-12-06, but a quarter from 79.4–80.3 to 84.6–85.9 through the staging ring; on
+//! 2026-12-07 they lost in all four trials (a quarter: 82.6–86.1 ms against 77.2–79.5; a tenth:
+//! 115.5–119.8 against 112.4–115.3). So after the upload and recompute trials, steps without
+//! bets (the usual way) are timed against as many with, and bets stay only where they are 5 %
+//! faster (`PAGETRAIN_SPECULATE=1` keeps them without a trial). Only steps that bet differ:
+//! where every step clips, both ways time the same.
 
 use super::step_trial::{Outcome, TIMED};
 
