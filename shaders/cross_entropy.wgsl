@@ -1,7 +1,9 @@
 // cross_entropy: softmax cross-entropy over logits rows, fused; rows whose target is `ignore`
 // contribute neither loss nor gradient. The mean over valid rows is taken by the reduce kernels.
 //   cross_entropy_forward:  losses (N) = lse - logits[target],  lse (N) = log sum exp logits
-//                           logits (N,V)  targets (N) u32         one workgroup per row (2-D folded)
+//                           logits (N,V) f32 or f16 (mixed precision: half the bytes of the
+//                           step's largest tensor), summed in f32
+//                           targets (N) u32         one workgroup per row (2-D folded)
 //   cross_entropy_backward: dlogits (N,V) += dloss[0] * inv_count * (softmax - onehot(target)),
 //                           dlogits f32 or f16; with accumulate = 0, dlogits = that instead
 //                           (never read: a fresh buffer needs no clearing, and ignored rows get 0);
@@ -17,16 +19,17 @@
 // so a large (N,V) head can be computed one chunk of rows at a time.
 
 // forward: 0 losses, 1 lse, 2 logits, 3 targets, 4 params
-// (B0: f32 losses in forward; dlogits f32 or f16 in backward, f16 under mixed precision)
+// (B0: f32 losses in forward; dlogits f32 or f16 in backward, f16 under mixed precision;
+// B2 forward's and B1 backward's logits, f32 or f16)
 @group(0) @binding(0) var<storage, read_write> losses: array<B0>;
 @group(0) @binding(1) var<storage, read_write> lse_out: array<f32>;
-@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> logits: array<B2>;
 @group(0) @binding(3) var<storage, read> targets: array<u32>;
 // Params: cross_entropy::Params in src/kernels/cross_entropy.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(4) var<uniform> p: Params;
 
 // backward: 0 dlogits, 1 logits (`lg`), 2 targets (`tg`), 3 lse, 4 dloss, 5 params
-@group(0) @binding(1) var<storage, read> lg: array<f32>;
+@group(0) @binding(1) var<storage, read> lg: array<B1>;
 @group(0) @binding(2) var<storage, read> tg: array<u32>;
 @group(0) @binding(3) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(4) var<storage, read> dloss: array<f32>;
@@ -46,7 +49,7 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
     var m = -3.402823e38;
     var s = 0.0;
     for (var j = lid; j < p.v; j += 256u) {
-        let x = logits[base + j];
+        let x = f32(logits[base + j]);
         if (x > m) {
             s = s * exp(m - x) + 1.0;
             m = x;
@@ -63,7 +66,7 @@ fn cross_entropy_forward(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin
         if (t == p.ignore) {
             losses[p.row0 + row] = B0(0.0);
         } else {
-            losses[p.row0 + row] = B0(lse - logits[base + t]);
+            losses[p.row0 + row] = B0(lse - f32(logits[base + t]));
         }
     }
 }
@@ -89,7 +92,7 @@ fn cross_entropy_backward(@builtin(local_invocation_index) lid: u32, @builtin(wo
     for (var k = 0u; k < PER_THREAD; k++) {
         let j = col0 + k * 256u;
         if (j < pb.v) {
-            x[k] = lg[row * pb.v + j];
+            x[k] = f32(lg[row * pb.v + j]);
         }
     }
     for (var k = 0u; k < PER_THREAD; k++) {
@@ -119,14 +122,14 @@ fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     let base = row * p.v;
     var m = -3.402823e38;
     for (var j = 0u; j < p.v; j++) {
-        m = max(m, logits[base + j]);
+        m = max(m, f32(logits[base + j]));
     }
     var acc = 0.0;
     for (var j = 0u; j < p.v; j++) {
-        acc += exp(logits[base + j] - m);
+        acc += exp(f32(logits[base + j]) - m);
     }
     let lse = m + log(acc);
     lse_out[p.row0 + row] = lse;
     let t = targets[p.row0 + row];
-    losses[p.row0 + row] = B0(select(lse - logits[base + min(t, p.v - 1u)], 0.0, t == p.ignore));
+    losses[p.row0 + row] = B0(select(lse - f32(logits[base + min(t, p.v - 1u)]), 0.0, t == p.ignore));
 }

@@ -320,7 +320,7 @@ fn fused_head_and_loss_matches_finite_differences_whole_and_in_chunks() {
     for budget in [None, Some(8u64 << 10)] {
         let ctx =
             common::paged_ctx(&pagetrain::pager::PagerOptions { budget, slot_bytes: 16 << 10, ..Default::default() });
-        assert_eq!(ops::head_keeps_logits(&ctx, n, v), budget.is_none(), "budget {budget:?}");
+        assert_eq!(ops::head_keeps_logits(&ctx, n, v, pagetrain::DType::F32), budget.is_none(), "budget {budget:?}");
         let tg = targets.clone();
         check(
             &ctx,
@@ -496,7 +496,7 @@ fn head_loss_chunks_fit_the_storage_binding_limit() {
     let (n, c, v) = (2048, 4, 20000);
     let (x, w) = (randn(&mut rng, n * c, 1.0), randn(&mut rng, v * c, 1.0));
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
-    assert!(ops::head_keeps_logits(&ctx, n, v));
+    assert!(ops::head_keeps_logits(&ctx, n, v, pagetrain::DType::F32));
     let (xt, wt) = (ctx.from_f32("x", &[n, c], &x, true).unwrap(), ctx.from_f32("wte", &[v, c], &w, true).unwrap());
     let loss = ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap();
     let mut grads = Grads::new();

@@ -264,7 +264,10 @@ fn adamw_writes_the_f16_weight_copy_with_the_update() {
 }
 
 #[test]
-fn cross_entropy_backward_writes_f16_dlogits() {
+fn cross_entropy_reads_f32_or_f16_logits_and_writes_f16_dlogits() {
+    // Mixed precision's head makes its logits in f16 (ops::logits_dtype): the loss, the
+    // log-sum-exps and dlogits from them, summed in f32, against the f64 reference on the same
+    // (f16-rounded) logits; poisoned outputs, rows of one thread and of a workgroup, ignored rows.
     let ctx = ctx();
     if !has_f16(&ctx) {
         return;
@@ -272,21 +275,42 @@ fn cross_entropy_backward_writes_f16_dlogits() {
     let mut rng = Rng::new(31);
     let ignore = u32::MAX;
     for &(rows, v) in &[(1, 1), (3, 17), (17, 1000), (129, 3)] {
-        let logits = randn(&mut rng, rows * v, 2.0);
-        let targets: Vec<u32> = (0..rows).map(|i| if i % 4 == 3 { ignore } else { rng.below(v) as u32 }).collect();
-        let (gl, gt) = (Guarded::new(&ctx, logits.len(), Some(&logits)), Guarded::from_u32(&ctx, &targets));
-        let (losses, lse) = (Guarded::new(&ctx, rows, None), Guarded::new(&ctx, rows, None));
-        let r = kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 };
-        kernels::cross_entropy::forward(&ctx.kernels, &losses.view(), &lse.view(), &gl.view(), &gt.view(), r).unwrap();
-        let count = targets.iter().filter(|&&t| t != ignore).count().max(1);
-        // a loss scale's worth of dloss, as mixed precision sends it
-        let dloss = Guarded::new(&ctx, 1, Some(&[4096.0]));
-        let d = Guarded::new_f16(&ctx, rows * v, Some(&vec![0.25; rows * v]));
-        let (dv, lv, tv, sv, gv) = (d.view(), gl.view(), gt.view(), lse.view(), dloss.view());
-        kernels::cross_entropy::backward(&ctx.kernels, &dv, &lv, &tv, &sv, &gv, r, 1.0 / count as f32).unwrap();
-        let want: Vec<f64> =
-            r::cross_entropy_backward(&to64(&logits), &targets, v, ignore, 4096.0).iter().map(|g| g + 0.25).collect();
-        assert_close(&format!("f16 dlogits {rows}x{v}"), &d.read(&ctx), &want, 2e-3, 1e-3);
+        for f16_logits in [false, true] {
+            let logits = randn(&mut rng, rows * v, 2.0);
+            let logits = if f16_logits { round_f16(&logits) } else { logits };
+            let targets: Vec<u32> = (0..rows).map(|i| if i % 4 == 3 { ignore } else { rng.below(v) as u32 }).collect();
+            let gl = match f16_logits {
+                true => Guarded::new_f16(&ctx, logits.len(), Some(&logits)),
+                false => Guarded::new(&ctx, logits.len(), Some(&logits)),
+            };
+            let gt = Guarded::from_u32(&ctx, &targets);
+            let poison = vec![-7.5; rows];
+            let (losses, lse) = (Guarded::new(&ctx, rows, Some(&poison)), Guarded::new(&ctx, rows, Some(&poison)));
+            let r = kernels::cross_entropy::Rows { rows, v, ignore, row0: 0 };
+            kernels::cross_entropy::forward(&ctx.kernels, &losses.view(), &lse.view(), &gl.view(), &gt.view(), r)
+                .unwrap();
+            let what = format!("{rows}x{v}, f16 logits {f16_logits}");
+            let logits64 = to64(&logits);
+            let (want_losses, _) = r::cross_entropy_forward(&logits64, &targets, v, ignore);
+            assert_close(&format!("losses {what}"), &losses.read(&ctx), &want_losses, 1e-5, 1e-5);
+            let want_lse: Vec<f64> = logits64
+                .chunks(v)
+                .map(|row| {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                })
+                .collect();
+            assert_close(&format!("lse {what}"), &lse.read(&ctx), &want_lse, 1e-5, 1e-5);
+            let count = targets.iter().filter(|&&t| t != ignore).count().max(1);
+            // a loss scale's worth of dloss, as mixed precision sends it
+            let dloss = Guarded::new(&ctx, 1, Some(&[4096.0]));
+            let d = Guarded::new_f16(&ctx, rows * v, Some(&vec![0.25; rows * v]));
+            let (dv, lv, tv, sv, gv) = (d.view(), gl.view(), gt.view(), lse.view(), dloss.view());
+            kernels::cross_entropy::backward(&ctx.kernels, &dv, &lv, &tv, &sv, &gv, r, 1.0 / count as f32).unwrap();
+            let want: Vec<f64> =
+                r::cross_entropy_backward(&logits64, &targets, v, ignore, 4096.0).iter().map(|g| g + 0.25).collect();
+            assert_close(&format!("f16 dlogits {what}"), &d.read(&ctx), &want, 2e-3, 1e-3);
+        }
     }
 }
 

@@ -34,21 +34,33 @@ const TALL_ROWS: u64 = 1024;
 /// Short chunks cost: on an H100, GPT-2 small in f16 at a tenth of its footprint, the head's three
 /// products took 20.4 ms a step in 17 chunks of 456 rows, 16.4 in 9 of 911, 11.4 resident in one;
 /// at a quarter, chunks of a quarter of the budget saved 0.8 ms and doubled the bytes paged, so
-/// eighths stay there.
-fn chunk_rows(ctx: &Context, rows: usize, v: usize, tallest: bool) -> usize {
-    let (budget, row_bytes) = (ctx.pager.budget(), v as u64 * 4);
+/// eighths stay there. f16 logits (mixed precision, [`logits_dtype`]) take twice the rows.
+fn chunk_rows(ctx: &Context, rows: usize, v: usize, logits: DType, tallest: bool) -> usize {
+    let (budget, row_bytes) = (ctx.pager.budget(), (v * logits.size()) as u64);
     let cap = if tallest { u64::MAX } else { 1 << 30 };
     let target = (budget / 8).max((budget / 4).min(TALL_ROWS * row_bytes)).min(cap).min(ctx.gpu.max_binding_bytes());
     let most = ((target / row_bytes) as usize).clamp(1, rows.max(1));
     rows.max(1).div_ceil(rows.max(1).div_ceil(most))
 }
 
-/// Whether `lm_head_loss` keeps the forward's logits (`rows` × `v` f32) for backward instead of
-/// making them again there: where all of them fit in an eighth of the GPU budget. GPT-2 small at
-/// 8 × 1024 rows keeps 1.6 GB on a large GPU and saves backward two products of 316 GFLOP (H200,
-/// f32 at 41 TFLOP/s: 15 ms a step); a paged run makes them again rather than page them.
-pub fn head_keeps_logits(ctx: &Context, rows: usize, v: usize) -> bool {
-    rows as u64 * v as u64 * 4 <= ctx.pager.budget() / 8
+/// Whether `lm_head_loss` keeps the forward's logits (`rows` × `v`, of [`logits_dtype`] for an
+/// `x` of `x_dtype`) for backward instead of making them again there: where all of them fit in an
+/// eighth of the GPU budget. GPT-2 small at 8 × 1024 rows keeps 1.6 GB in f32 on a large GPU and
+/// saves backward two products of 316 GFLOP (H200, f32 at 41 TFLOP/s: 15 ms a step); a paged run
+/// makes them again rather than page them.
+pub fn head_keeps_logits(ctx: &Context, rows: usize, v: usize, x_dtype: DType) -> bool {
+    rows as u64 * (v * logits_dtype(x_dtype).size()) as u64 <= ctx.pager.budget() / 8
+}
+
+/// The logits' element type for an `x` of `x_dtype`: f16 under mixed precision, as PyTorch's
+/// autocast makes them (the loss kernels sum in f32), f32 otherwise. They are a step's largest
+/// tensor (GPT-2 small, 8 × 1024 rows: 1.6 GB in f32), written by one product and read by two
+/// kernels: in f16 those move half the bytes, and a budget's chunks hold twice the rows.
+pub fn logits_dtype(x_dtype: DType) -> DType {
+    match x_dtype {
+        DType::F16 => DType::F16,
+        _ => DType::F32,
+    }
 }
 
 /// What the head's products read for wte: wte itself, or under mixed precision on cooperative
@@ -168,13 +180,13 @@ fn head_loss(
         Some(backward) => Some(MadeGrads::new(ctx, x, wte, backward)?),
         None => None,
     };
-    let keep = wants_grad && made.is_none() && head_keeps_logits(ctx, rows, v);
-    let per = chunk_rows(ctx, rows, v, keep || made.is_some());
+    let keep = wants_grad && made.is_none() && head_keeps_logits(ctx, rows, v, x.dtype());
+    let per = chunk_rows(ctx, rows, v, logits_dtype(x.dtype()), keep || made.is_some());
     let mut kept = Vec::new();
     let weight = HeadWeight::of(ctx, x, wte)?;
     for r0 in (0..rows).step_by(per) {
         let n = per.min(rows - r0);
-        let logits = ctx.empty("logits chunk", &[n, v], DType::F32, false)?;
+        let logits = ctx.empty("logits chunk", &[n, v], logits_dtype(x.dtype()), false)?;
         head_chunk(ctx, &logits, x, &weight, r0, n)?;
         {
             let _op = ctx.op();
@@ -426,7 +438,8 @@ impl Backward for HeadLossBackward {
             let logits = match kept.next() {
                 Some(logits) => logits,
                 None => {
-                    let logits = ctx.empty("logits chunk", &[n, self.wte.shape()[0]], DType::F32, false)?;
+                    let v = self.wte.shape()[0];
+                    let logits = ctx.empty("logits chunk", &[n, v], logits_dtype(self.x.dtype()), false)?;
                     head_chunk(ctx, &logits, &self.x, &weight, r0, n)?;
                     logits
                 }

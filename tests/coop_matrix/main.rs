@@ -401,13 +401,16 @@ fn a_linear_backward_reading_its_weight_transposed_matches_reference() {
 fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gradients_made_in_forward() {
     // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
     // rows padded with zeros past V = 1001 to whole tiles (ops::lm_head's HeadWeight), in
-    // the forward and, where the logits are not kept (1 MiB budget: chunks of 32 rows), again in
-    // backward, whose dx reads that copy transposed (or in forward, where the gradients are made
-    // there: `lm_head_loss_for_backward`); elsewhere it reads wte itself (the f16
-    // suites' adapters, lavapipe in CI). 256 rows of 128 make every fetch of all three products
+    // the forward and, where the logits are not kept (budgets of 1 to 3 MiB: f16 logits in two
+    // chunks of 128 or 35 rows, or one of 70), again in backward, whose dx reads that copy
+    // transposed (or in forward, where the gradients are made there:
+    // `lm_head_loss_for_backward`); elsewhere it reads wte itself (the f16 suites' adapters,
+    // lavapipe in CI). 256 rows of 128 make every fetch of all three products
     // lie inside the padded operands (matmul_coop without bounds tests). Against the f64
-    // reference on f16-rounded x and wte: the loss, dx, and dwte.
+    // reference on f16-rounded x and wte, its logits rounded to f16 as the head makes them
+    // (ops::logits_dtype): the loss, dx, and dwte.
     let mut rng = Rng::new(67);
+    let f16_round = |l: f64| half::f16::from_f64(l).to_f64();
     // (V = 5000, padded to 5120: dx's chunks split into two K slices on cooperative matrices)
     for (n, c, v) in [(70, 64, 1001), (256, 128, 1001), (70, 64, 5000)] {
         let x = round_f16(&randn(&mut rng, n * c, 1.0));
@@ -417,7 +420,7 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gra
         let (mut want_loss, mut want_dx, mut want_dw) = (0.0, vec![0.0; n * c], vec![0.0; v * c]);
         for r in 0..n {
             let logits: Vec<f64> =
-                (0..v).map(|j| (0..c).map(|k| x[r * c + k] as f64 * w16[j * c + k] as f64).sum()).collect();
+                (0..v).map(|j| f16_round((0..c).map(|k| x[r * c + k] as f64 * w16[j * c + k] as f64).sum())).collect();
             let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = logits.iter().map(|l| (l - m).exp()).sum();
             want_loss += (m + sum.ln() - logits[targets[r] as usize]) / n as f64;
@@ -438,7 +441,7 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gra
             if !common::has_f16(&ctx) {
                 return;
             }
-            assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v), budget.is_none());
+            assert_eq!(pagetrain::ops::head_keeps_logits(&ctx, n, v, DType::F16), budget.is_none());
             let x32 = ctx.from_f32("x", &[n, c], &x, true).unwrap();
             let xt = pagetrain::ops::cast(&ctx, &x32, DType::F16).unwrap();
             let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
