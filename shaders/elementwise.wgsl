@@ -10,6 +10,9 @@
 //                 (a gradient on its way to the host optimizer in f16, b its sum of squares);
 //                 with tail = 1, out (n + 2) also carries the scale's exponent after the values
 //                 (out[n]; out[n + 1] = 0), so the gradient lands on the host with its scale
+//   convert_scaled_summed: convert_scaled of a small gradient (n <= reduce::ONE_STAGE) in one
+//                 workgroup that first takes its sum of squares into sums[slot]   out  a  sums (> slot)
+//                 (one dispatch instead of two: half of GPT-2's gradients are biases and gains)
 // Every binding may be f16 (B0 out, B1 a, B2 b); arithmetic is f32.
 // One thread per element, 256 per workgroup, grid folded into 2-D (flat = gid.x + gid.y * nwg.x * 256);
 // add_forward, axpy and scale_forward take PER_THREAD elements a thread (kernels::grid_strided).
@@ -21,6 +24,8 @@
 @group(0) @binding(2) var<storage, read> b: array<B2>;
 // Params: elementwise::Params in src/kernels/elementwise.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(3) var<uniform> p: Params;
+
+@group(0) @binding(2) var<storage, read_write> sums: array<f32>;
 
 @group(0) @binding(2) var<uniform> p2: Params;
 @group(0) @binding(1) var<uniform> p1: Params;
@@ -133,6 +138,27 @@ fn convert_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     }
     // (a small integer: exact in f16)
     if (p.tail == 1u && i == 0u) {
+        out[p.n] = B0(f32(grad_half_exponent(ss)));
+        out[p.n + 1u] = B0(0.0);
+    }
+}
+
+@compute @workgroup_size(256)
+fn convert_scaled_summed(@builtin(local_invocation_index) lid: u32) {
+    var part = 0.0;
+    for (var i = lid; i < p.n; i += 256u) {
+        let x = f32(a[i]);
+        part += x * x;
+    }
+    let ss = block_sum(part, lid);
+    if (lid == 0u) {
+        sums[p.slot] = ss;
+    }
+    let scale = grad_half_scale(ss);
+    for (var i = lid; i < p.n; i += 256u) {
+        out[i] = B0(f32(a[i]) * scale);
+    }
+    if (p.tail == 1u && lid == 0u) {
         out[p.n] = B0(f32(grad_half_exponent(ss)));
         out[p.n + 1u] = B0(0.0);
     }

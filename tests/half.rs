@@ -314,6 +314,27 @@ fn cross_entropy_reads_f32_or_f16_logits_and_writes_f16_dlogits() {
     }
 }
 
+/// `got`, an f16 gradient, holds `a` times the scale its sum of squares `ss` picks (each within
+/// an f16 step), and with `tail` that scale's exponent and 0 after them.
+fn check_scaled(what: &str, got: &[f32], a: &[f32], ss: f32, tail: bool) {
+    use pagetrain::optim::{grad_half_scale, split_tail, unscale_of};
+    let n = a.len();
+    let s = grad_half_scale(ss) as f64;
+    for (i, (&got, &x)) in got.iter().zip(a).enumerate() {
+        let exact = x as f64 * s;
+        assert!(got.is_finite(), "{what} element {i}: {x} · {s} gave {got}");
+        let off = (got as f64 - exact).abs();
+        assert!(off <= f16_ulp(exact), "{what} element {i}: {x} · {s} = {exact}, got {got}");
+    }
+    if tail {
+        assert_eq!(got[n], s.log2() as f32, "{what}: the exponent after the values");
+        assert_eq!(got[n + 1], 0.0, "{what}: the value after the exponent");
+        let bytes: Vec<u8> = got.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+        let (values, unscale) = split_tail(&bytes, n).unwrap();
+        assert_eq!((values.len(), unscale.to_bits()), (2 * n, unscale_of(ss).to_bits()), "{what}");
+    }
+}
+
 /// The gap between f16 values around `x` (subnormal spacing below 2^-14).
 fn f16_ulp(x: f64) -> f64 {
     2f64.powi((x.abs().max(2f64.powi(-14))).log2().floor() as i32 - 10)
@@ -321,7 +342,7 @@ fn f16_ulp(x: f64) -> f64 {
 
 #[test]
 fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
-    use pagetrain::optim::{grad_half_scale, split_tail, unscale_of, EXPONENT_TAIL};
+    use pagetrain::optim::{grad_half_scale, EXPONENT_TAIL};
     // The root of the sum lands in [2^14, 2^15): no element (at most the root) reaches f16's
     // 65504, and the largest keep all of f16's bits.
     let mut rng = Rng::new(41);
@@ -355,24 +376,35 @@ fn gradients_go_to_f16_times_the_power_of_two_their_sum_of_squares_picks() {
                 let out = Guarded::new_f16(&ctx, len, None);
                 kernels::elementwise::convert_scaled(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 2, n, tail)
                     .unwrap();
-                let s = grad_half_scale(ss) as f64;
-                let got = out.read(&ctx);
-                for (i, (&got, &x)) in got.iter().zip(&a).enumerate() {
-                    let exact = x as f64 * s;
-                    assert!(got.is_finite(), "n {n} std {std} element {i}: {x} · {s} gave {got}");
-                    let off = (got as f64 - exact).abs();
-                    assert!(off <= f16_ulp(exact), "n {n} std {std} element {i}: {x} · {s} = {exact}, got {got}");
-                }
-                if tail {
-                    assert_eq!(got[n], s.log2() as f32, "n {n} std {std}: the exponent after the values");
-                    assert_eq!(got[n + 1], 0.0, "n {n} std {std}: the value after the exponent");
-                    let bytes: Vec<u8> = got.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
-                    let (values, unscale) = split_tail(&bytes, n).unwrap();
-                    assert_eq!((values.len(), unscale.to_bits()), (2 * n, unscale_of(ss).to_bits()), "n {n} std {std}");
-                }
+                check_scaled(&format!("n {n} std {std}"), &out.read(&ctx), &a, ss, tail);
             }
+            // Small gradients in one dispatch: the sum of squares taken into slot 1 (the rest
+            // kept), and the values scaled by what it picks.
+            let gs = Guarded::new(&ctx, 4, Some(&[7.0, -3.0, 1e-20, 5.0]));
+            let out = Guarded::new_f16(&ctx, n + EXPONENT_TAIL, None);
+            kernels::elementwise::convert_scaled_summed(&ctx.kernels, &out.view(), &ga.view(), &gs.view(), 1, n, true)
+                .unwrap();
+            let sums = gs.read(&ctx);
+            let what = format!("summed, n {n} std {std}");
+            assert_close(&format!("{what}: the sum"), &sums[1..2], &[ss as f64], 1e-5, 0.0);
+            assert_eq!([sums[0], sums[2], sums[3]], [7.0, 1e-20, 5.0], "{what}: the other slots");
+            check_scaled(&what, &out.read(&ctx), &a, sums[1], true);
         }
     }
+    let too_long = kernels::reduce::ONE_STAGE + 1;
+    let (ga, gs) = (Guarded::new(&ctx, too_long, Some(&vec![1.0; too_long])), Guarded::new(&ctx, 1, Some(&[2.0])));
+    let out = Guarded::new_f16(&ctx, too_long + EXPONENT_TAIL, None);
+    let e = kernels::elementwise::convert_scaled_summed(
+        &ctx.kernels,
+        &out.view(),
+        &ga.view(),
+        &gs.view(),
+        0,
+        too_long,
+        true,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("convert_scaled_summed"), "{e}");
     // An overflowed gradient stays one: its sum is infinite, the scale 1, the values as they are.
     let a = vec![1e5f32, -2.0, f32::INFINITY];
     let (ga, gs) = (Guarded::new(&ctx, 3, Some(&a)), Guarded::new(&ctx, 1, Some(&[f32::INFINITY])));

@@ -2,7 +2,7 @@
 //! f16 views.
 
 use super::{grid_1d, grid_strided, Kernels, ELEMENTWISE};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pager::View;
 
 gpu_params! {
@@ -78,4 +78,26 @@ pub fn convert_scaled(
 ) -> Result<()> {
     let p = Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() };
     k.dispatch(ELEMENTWISE, "convert_scaled", &[out, a, sums], &p, grid_1d(n as u64))
+}
+
+/// [`convert_scaled`] of a small `a` (n ≤ [`super::reduce::ONE_STAGE`]) in one dispatch that
+/// first writes its sum of squares to `sums[slot]`: what `reduce::sum` of its squares and then
+/// `convert_scaled` do in two.
+pub fn convert_scaled_summed(
+    k: &Kernels,
+    out: &View,
+    a: &View,
+    sums: &View,
+    slot: usize,
+    n: usize,
+    exponent_after: bool,
+) -> Result<()> {
+    if n > super::reduce::ONE_STAGE {
+        return Err(Error::invalid(
+            "convert_scaled_summed",
+            format!("takes at most {} elements, got {n}", super::reduce::ONE_STAGE),
+        ));
+    }
+    let p = Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() };
+    k.dispatch(ELEMENTWISE, "convert_scaled_summed", &[out, a, sums], &p, [1, 1, 1])
 }

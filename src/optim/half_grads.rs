@@ -18,7 +18,7 @@ use std::hash::{Hash, Hasher};
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::elementwise;
+use crate::kernels::{elementwise, reduce};
 use crate::nn::Param;
 use crate::tensor::{DType, Tensor, TensorId};
 
@@ -151,8 +151,13 @@ impl HalfGrads {
     fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
         self.watch.borrow_mut().cast[slot] = true;
         let grad = &self.grads[slot];
-        super::clip::sum_of_squares(ctx, &self.sums, slot, grad)?;
-        {
+        if grad.len() <= reduce::ONE_STAGE {
+            // (biases and gains: the sum and the copy in one dispatch)
+            let _op = ctx.op();
+            let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.modify(&self.sums)?);
+            elementwise::convert_scaled_summed(&ctx.kernels, &half, &x, &sums, slot, grad.len(), true)?;
+        } else {
+            super::clip::sum_of_squares(ctx, &self.sums, slot, grad)?;
             let _op = ctx.op();
             let (half, x, sums) = (ctx.write(&self.halves[slot])?, ctx.read(grad)?, ctx.read(&self.sums)?);
             elementwise::convert_scaled(&ctx.kernels, &half, &x, &sums, slot, grad.len(), true)?;

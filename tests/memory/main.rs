@@ -438,9 +438,14 @@ fn f16_training_tracks_the_f32_loss_curve_in_less_memory_and_loss_scaling_skips_
         let (peak32, peak16) = (ctx32.pager.live_bytes().1, ctx.pager.live_bytes().1);
         assert!(peak16 < peak32, "f16 footprint {peak16} B is not below f32's {peak32} B");
     }
+    // Each step within 3 % and the last ten within 2 % on average: f16 logits (the head's, as
+    // autocast makes them) leave the f32 curve by up to 2 % at single steps of this tiny model.
     for (i, (a, b)) in f16_losses.iter().zip(&f32_losses).enumerate() {
-        assert!((a - b).abs() <= 0.02 * b.abs(), "step {i}: f16 loss {a} vs f32 {b}");
+        assert!((a - b).abs() <= 0.03 * b.abs(), "step {i}: f16 loss {a} vs f32 {b}");
     }
+    let last_ten = |l: &[f32]| l[l.len() - 10..].iter().sum::<f32>() / 10.0;
+    let (a, b) = (last_ten(&f16_losses), last_ten(&f32_losses));
+    assert!((a - b).abs() <= 0.02 * b, "the last ten steps: f16 loss {a} vs f32 {b} on average");
     // A loss scale far too large overflows the gradients: those updates are skipped and the scale
     // halves until training proceeds.
     let ctx = context(None);
