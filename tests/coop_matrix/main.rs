@@ -401,8 +401,8 @@ fn a_linear_backward_reading_its_weight_transposed_matches_reference() {
 fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gradients_made_in_forward() {
     // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
     // rows padded with zeros past V = 1001 to whole tiles (ops::lm_head's HeadWeight), in
-    // the forward and, where the logits are not kept (budgets of 1 to 3 MiB: f16 logits in two
-    // chunks of 128 or 35 rows, or one of 70), again in backward, whose dx reads that copy
+    // the forward and, where the logits are not kept (budgets of 1 to 3 MiB: chunks of 24 to 64
+    // rows), again in backward, whose dx reads that copy
     // transposed (or in forward, where the gradients are made there:
     // `lm_head_loss_for_backward`); elsewhere it reads wte itself (the f16 suites' adapters,
     // lavapipe in CI). 256 rows of 128 make every fetch of all three products
