@@ -76,8 +76,12 @@ pub fn convert_scaled(
     n: usize,
     exponent_after: bool,
 ) -> Result<()> {
-    let p = Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() };
-    k.dispatch(ELEMENTWISE, "convert_scaled", &[out, a, sums], &p, grid_1d(n as u64))
+    k.dispatch(ELEMENTWISE, "convert_scaled", &[out, a, sums], &scaled(n, slot, exponent_after), grid_1d(n as u64))
+}
+
+/// The parameters of `convert_scaled` and `convert_scaled_summed`.
+fn scaled(n: usize, slot: usize, exponent_after: bool) -> Params {
+    Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() }
 }
 
 /// [`convert_scaled`] of a small `a` (n ≤ [`super::reduce::ONE_STAGE`]) in one dispatch that
@@ -98,6 +102,5 @@ pub fn convert_scaled_summed(
             format!("takes at most {} elements, got {n}", super::reduce::ONE_STAGE),
         ));
     }
-    let p = Params { n: n as u32, slot: slot as u32, tail: exponent_after as u32, ..Default::default() };
-    k.dispatch(ELEMENTWISE, "convert_scaled_summed", &[out, a, sums], &p, [1, 1, 1])
+    k.dispatch(ELEMENTWISE, "convert_scaled_summed", &[out, a, sums], &scaled(n, slot, exponent_after), [1, 1, 1])
 }
