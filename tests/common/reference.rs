@@ -232,6 +232,12 @@ pub fn embedding_backward(
     (dwte, dwpe)
 }
 
+/// log Σ exp of `row`, shifted by its maximum.
+pub fn log_sum_exp(row: &[f64]) -> f64 {
+    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
 /// Per-row losses (0 for ignored rows) and their mean over valid rows.
 pub fn cross_entropy_forward(logits: &[f64], targets: &[u32], v: usize, ignore: u32) -> (Vec<f64>, f64) {
     let rows = targets.len();
@@ -242,9 +248,7 @@ pub fn cross_entropy_forward(logits: &[f64], targets: &[u32], v: usize, ignore: 
             continue;
         }
         let row = &logits[r * v..(r + 1) * v];
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
-        losses[r] = lse - row[targets[r] as usize];
+        losses[r] = log_sum_exp(row) - row[targets[r] as usize];
         count += 1;
     }
     let mean = if count == 0 { 0.0 } else { losses.iter().sum::<f64>() / count as f64 };

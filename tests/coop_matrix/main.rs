@@ -402,11 +402,10 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gra
     // f16 x: on cooperative matrices the head multiplies x by an f16 copy of wte stored (C,V),
     // rows padded with zeros past V = 1001 to whole tiles (ops::lm_head's HeadWeight), in
     // the forward and, where the logits are not kept (budgets of 1 to 3 MiB: chunks of 24 to 64
-    // rows), again in backward, whose dx reads that copy
-    // transposed (or in forward, where the gradients are made there:
-    // `lm_head_loss_for_backward`); elsewhere it reads wte itself (the f16 suites' adapters,
-    // lavapipe in CI). 256 rows of 128 make every fetch of all three products
-    // lie inside the padded operands (matmul_coop without bounds tests). Against the f64
+    // rows), again in backward, whose dx reads that copy transposed (or in forward, where the
+    // gradients are made there: `lm_head_loss_for_backward`); elsewhere it reads wte itself (the
+    // f16 suites' adapters, lavapipe in CI). 256 rows of 128 make every fetch of all three
+    // products lie inside the padded operands (matmul_coop without bounds tests). Against the f64
     // reference on f16-rounded x and wte, its logits rounded to f16 as the head makes them
     // (ops::logits_dtype): the loss, dx, and dwte.
     let mut rng = Rng::new(67);
