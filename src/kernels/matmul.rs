@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::pager::View;
 use crate::tensor::DType;
 
-pub use super::matmul_coop::{coop_loads_inside, coop_padded_len, coop_pads_rows, coop_tiles_whole};
+pub use super::matmul_coop::{coop_loads_inside, coop_padded_len, coop_pads_rows, coop_tiles_whole, COOP_TILE};
 pub use super::matmul_split::{matmul_split, matmul_split_deep, split_k, split_k_deep};
 
 gpu_params! {

@@ -9,7 +9,7 @@ use crate::pager::View;
 use crate::tensor::DType;
 
 /// `matmul_coop`'s square tile of C and the depth of its K slices (CT and CK in the shader).
-const COOP_TILE: usize = 128;
+pub const COOP_TILE: usize = 128;
 const COOP_DEPTH: usize = 32;
 /// Operands `matmul_coop` takes: f16 and f16, or f16 and f32.
 pub(super) fn coop_operands(a: &View, b: &View) -> bool {
