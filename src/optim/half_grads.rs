@@ -7,14 +7,13 @@
 //! norm from the sums instead of a pass over every gradient. The f32 gradient accumulates on the
 //! GPU as before, so micro-batches and tied weights add in f32.
 //!
-//! "Last time" is known from the backward before: the same ops in the same order add to each
-//! gradient as often. A backward with no such record (the first, or one whose ops changed)
-//! casts every gradient after it ends ([`HalfGrads::finish`]).
+//! "Last time" is known from the backward before (`super::last_additions`); a backward with no
+//! such record casts every gradient after it ends ([`HalfGrads::finish`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
+use super::last_additions::LastAdditions;
 use crate::autograd::GradientAdded;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -75,21 +74,8 @@ pub struct HalfGrads {
     /// The f32 gradients, and the slot of each by its id.
     grads: Vec<Tensor>,
     slots: HashMap<TensorId, usize>,
-    watch: RefCell<Watch>,
-}
-
-/// What the backward under way has done, and what the one before did.
-#[derive(Default)]
-struct Watch {
-    /// The ops of the backward under way (a hash of their names, in order).
-    ops: u64,
-    /// Per slot: additions so far, and whether the gradient has been cast.
-    added: Vec<u32>,
-    cast: Vec<bool>,
-    /// Gradients cast before backward ended (the rest waited for `finish`).
-    cast_early: usize,
-    /// The last whole backward's ops and additions per slot.
-    before: Option<(u64, Vec<u32>)>,
+    /// Which gradients the backward under way has cast.
+    watch: RefCell<LastAdditions>,
 }
 
 impl HalfGrads {
@@ -111,45 +97,35 @@ impl HalfGrads {
             sums: ctx.empty("grad sumsq (f16 gradients)", &[n.max(1)], DType::F32, false)?,
             grads: params.iter().map(|p| p.grad.clone()).collect(),
             slots: params.iter().enumerate().map(|(i, p)| (p.grad.id(), i)).collect(),
-            watch: RefCell::new(Watch { added: vec![0; n], cast: vec![false; n], ..Default::default() }),
+            watch: RefCell::new(LastAdditions::new(n)),
         })
     }
 
     /// Call before the backward whose gradients go down (the last micro-batch's), with its ops
     /// on the tape.
     pub fn begin(&self, ctx: &Context) {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        ctx.tape().op_names().hash(&mut hasher);
-        let mut w = self.watch.borrow_mut();
-        w.ops = hasher.finish();
-        w.added.iter_mut().for_each(|a| *a = 0);
-        w.cast.iter_mut().for_each(|c| *c = false);
-        w.cast_early = 0;
+        self.watch.borrow_mut().begin(ctx);
     }
 
     /// How many gradients the last backward cast as it went, not after it ended: all of them
     /// once a backward has run the same ops before, none in the first.
     pub fn cast_in_backward(&self) -> usize {
-        self.watch.borrow().cast_early
+        self.watch.borrow().early()
     }
 
     /// Casts whatever backward has not (all of them after a backward with no record), and keeps
     /// this backward's additions as the record for the next.
     pub fn finish(&self, ctx: &Context) -> Result<()> {
-        let pending: Vec<usize> = {
-            let mut w = self.watch.borrow_mut();
-            w.before = Some((w.ops, w.added.clone()));
-            (0..self.grads.len()).filter(|&i| !w.cast[i]).collect()
-        };
+        let pending = self.watch.borrow_mut().finish();
         for slot in pending {
-            self.cast(ctx, slot)?;
+            self.cast(ctx, slot, false)?;
         }
         Ok(())
     }
 
     /// The f32 gradient in `slot`: its sum of squares, its scaled f16 copy, and it forgotten.
-    fn cast(&self, ctx: &Context, slot: usize) -> Result<()> {
-        self.watch.borrow_mut().cast[slot] = true;
+    fn cast(&self, ctx: &Context, slot: usize, early: bool) -> Result<()> {
+        self.watch.borrow_mut().mark_done(slot, early);
         let grad = &self.grads[slot];
         if grad.len() <= reduce::ONE_STAGE {
             // (biases and gains: the sum and the copy in one dispatch)
@@ -170,7 +146,7 @@ impl HalfGrads {
 
     /// Whether the gradient in `slot` has been cast in the backward under way.
     pub fn is_cast(&self, slot: usize) -> bool {
-        self.watch.borrow().cast.get(slot).copied().unwrap_or(false)
+        self.watch.borrow().is_done(slot)
     }
 
     /// The tensor of the sums of squares (one f32 a parameter).
@@ -196,17 +172,9 @@ impl HalfGrads {
 impl GradientAdded for HalfGrads {
     fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
         let Some(&slot) = self.slots.get(&grad.id()) else { return Ok(()) };
-        let last = {
-            let mut w = self.watch.borrow_mut();
-            w.added[slot] += 1;
-            match &w.before {
-                Some((ops, added)) => *ops == w.ops && added[slot] == w.added[slot],
-                None => false,
-            }
-        };
+        let last = self.watch.borrow_mut().add(slot);
         if last {
-            self.watch.borrow_mut().cast_early += 1;
-            self.cast(ctx, slot)?;
+            self.cast(ctx, slot, true)?;
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::delayed_update::DelayedUpdate;
+use super::grads_down::GradsDown;
 use super::half_grads::HalfGrads;
 use super::host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep};
 use super::host_values::pods;
@@ -51,6 +52,9 @@ pub struct HostAdamW {
     deferred: Option<Deferred>,
     /// Where the gradients come down in f16 ([`HostAdamW::send_gradients_in_f16`]).
     half_grads: Option<Rc<HalfGrads>>,
+    /// Where they come down in f32: each on its way as backward finishes it (made at the first
+    /// [`HostAdamW::gradient_watcher`]).
+    grads_down: Option<Rc<GradsDown>>,
     /// The groups of parameter indices `apply_deferred` was asked for during this deferred
     /// step, in order, and those of the last step that asked for every parameter once: the
     /// groups and order the next step's updates run ahead in.
@@ -160,6 +164,7 @@ impl HostAdamW {
             index,
             deferred: None,
             half_grads: None,
+            grads_down: None,
             asked: Vec::new(),
             groups: None,
             after: Vec::new(),
@@ -182,6 +187,23 @@ impl HostAdamW {
     /// What the last micro-batch's backward reports to, when gradients come down in f16.
     pub fn half_grads(&self) -> Option<Rc<HalfGrads>> {
         self.half_grads.clone()
+    }
+
+    /// What it reports to when they come down in f32 (after the first backward watched).
+    pub fn grads_down(&self) -> Option<Rc<GradsDown>> {
+        self.grads_down.clone()
+    }
+
+    /// After the last micro-batch's backward: f16 gradients not cast during it are cast now;
+    /// its additions are the record the next backward's watch goes by.
+    pub fn backward_done(&self, ctx: &Context) -> Result<()> {
+        if let Some(g) = &self.grads_down {
+            g.finish();
+        }
+        match &self.half_grads {
+            Some(h) => h.finish(ctx),
+            None => Ok(()),
+        }
     }
 
     /// What the norm of `params`' gradients is taken from on the host: the GPU's sums of

@@ -201,8 +201,9 @@ impl Optimizer {
 
     /// What the last micro-batch's backward reports each gradient addition to, readied for it:
     /// GPU AdamW takes the gradients' sums of squares for the norm then (resident runs too: a
-    /// paged run then computes exactly what a resident one does); host AdamW with f16
-    /// gradients casts each one after its last addition ([`crate::optim::HalfGrads`]) and,
+    /// paged run then computes exactly what a resident one does); host AdamW sends each
+    /// gradient down after its last addition (casting it to f16 first, [`crate::optim::HalfGrads`],
+    /// where they come down so) and,
     /// given `next` (the step's learning rate and gradient factor), may bet that the step is
     /// not clipped ([`HostAdamW::gradient_watcher`]).
     pub(super) fn gradient_watcher(
@@ -223,12 +224,9 @@ impl Optimizer {
         })
     }
 
-    /// After the last micro-batch's backward: f16 gradients not cast during it are cast now.
+    /// After the last micro-batch's backward (see [`HostAdamW::backward_done`]).
     pub(super) fn backward_done(&self, ctx: &Context) -> Result<()> {
-        match self.on_host().and_then(|o| o.half_grads()) {
-            Some(h) => h.finish(ctx),
-            None => Ok(()),
-        }
+        self.on_host().map_or(Ok(()), |o| o.backward_done(ctx))
     }
 
     /// Whether the next update is delayed (`--delayed-update`): it then starts just before the

@@ -1,6 +1,6 @@
-//! AdamW on the host in training: it equals the GPU's, paged or not; its deferred updates, run
-//! ahead on their own thread, give the same bits; under f16 it writes the weight copies and its
-//! gradients come down in f16.
+//! AdamW on the host in training: it equals the GPU's, paged or not, its gradients on their way
+//! down as backward finishes each; its deferred updates, run ahead on their own thread, give the
+//! same bits; under f16 it writes the weight copies and its gradients come down in f16.
 
 use super::{cfg, common, context, losses, tmpdir, to64};
 use common::assert_close;
@@ -15,6 +15,10 @@ fn host_optimizer_matches_the_gpu_optimizer() {
     let (host, t) = losses(&resident, TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);
     assert_eq!(t.opt.name(), "host");
     assert_close("host vs gpu AdamW", &host, &to64(&gpu), 0.0, 1e-5);
+    // From the second step on, each f32 gradient goes down as soon as backward is done with it.
+    use pagetrain::nn::Module;
+    let pagetrain::train::trainer::Optimizer::Host(o) = &t.opt else { panic!("host AdamW") };
+    assert_eq!(o.grads_down().expect("f32 gradients watched").sent_in_backward(), t.model.params().len());
     // and under a quarter budget, where parameters and gradients page in and out around it
     let paged = context(Some(resident.pager.live_bytes().1 / 4));
     let (host_paged, _) = losses(&paged, TrainConfig { optimizer_on: OptimizerOn::Host, ..cfg(&out) }, 20);

@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use super::super::grads_down::GradsDown;
 use super::super::speculative_update::{self, Betting, Speculation};
 use super::super::{worker_threads, AdamWStep};
 use super::{Deferred, HostAdamW};
@@ -23,8 +24,9 @@ pub(super) enum BetClosed {
 }
 
 impl HostAdamW {
-    /// Readies what the last micro-batch's backward reports each gradient addition to (`None`
-    /// unless the gradients come down in f16). Where `next` gives the update this backward's
+    /// Readies what the last micro-batch's backward reports each gradient addition to, which
+    /// sends each gradient down once backward is done with it (f32, `optim::GradsDown`, or f16,
+    /// `optim::HalfGrads`). With f16 gradients, where `next` gives the update this backward's
     /// step will take (learning rate, factor of the gradients before the clip) and the last
     /// step was not clipped, bets that this one is not either: its parameters are updated into
     /// twins as their gradients land (`optim::speculative_update`).
@@ -34,7 +36,11 @@ impl HostAdamW {
         params: &[&Param],
         next: Option<(f32, f32)>,
     ) -> Result<Option<Rc<dyn GradientAdded>>> {
-        let Some(halves) = self.half_grads.clone() else { return Ok(None) };
+        let Some(halves) = self.half_grads.clone() else {
+            let down = self.grads_down.get_or_insert_with(|| Rc::new(GradsDown::new(params))).clone();
+            down.begin(ctx);
+            return Ok(Some(down));
+        };
         halves.begin(ctx);
         if let Some(s) = &self.speculation {
             s.end()?;
