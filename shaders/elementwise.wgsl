@@ -136,11 +136,16 @@ fn convert_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     if (i < p.n) {
         out[i] = B0(f32(a[i]) * grad_half_scale(ss));
     }
-    // (a small integer: exact in f16)
     if (p.tail == 1u && i == 0u) {
-        out[p.n] = B0(f32(grad_half_exponent(ss)));
-        out[p.n + 1u] = B0(0.0);
+        write_exponent_tail(ss);
     }
+}
+
+// The tail after a scaled gradient's values: its scale's exponent (a small integer: exact in
+// f16), then 0.
+fn write_exponent_tail(ss: f32) {
+    out[p.n] = B0(f32(grad_half_exponent(ss)));
+    out[p.n + 1u] = B0(0.0);
 }
 
 @compute @workgroup_size(256)
@@ -159,8 +164,7 @@ fn convert_scaled_summed(@builtin(local_invocation_index) lid: u32) {
         out[i] = B0(f32(a[i]) * scale);
     }
     if (p.tail == 1u && lid == 0u) {
-        out[p.n] = B0(f32(grad_half_exponent(ss)));
-        out[p.n + 1u] = B0(0.0);
+        write_exponent_tail(ss);
     }
 }
 

@@ -190,8 +190,8 @@ impl SplitAdamW {
     }
 
     /// What the last micro-batch's backward reports each gradient addition to, readied: the GPU
-    /// share's sums of squares, and the host share's watcher where its gradients come down in
-    /// f16 ([`HostAdamW::gradient_watcher`], which may bet on `next`).
+    /// share's sums of squares, and the host share's watcher, which sends its gradients down
+    /// ([`HostAdamW::gradient_watcher`], which may bet on `next`).
     pub fn gradient_watcher(
         &mut self,
         ctx: &Context,
@@ -209,15 +209,12 @@ impl SplitAdamW {
 /// Each share's watcher of gradient additions (each ignores the other share's gradients).
 struct BothShares {
     norms: Rc<EarlyNorms>,
-    host: Option<Rc<dyn GradientAdded>>,
+    host: Rc<dyn GradientAdded>,
 }
 
 impl GradientAdded for BothShares {
     fn added(&self, ctx: &Context, grad: &Tensor) -> Result<()> {
         self.norms.added(ctx, grad)?;
-        match &self.host {
-            Some(h) => h.added(ctx, grad),
-            None => Ok(()),
-        }
+        self.host.added(ctx, grad)
     }
 }

@@ -202,10 +202,9 @@ impl Optimizer {
     /// What the last micro-batch's backward reports each gradient addition to, readied for it:
     /// GPU AdamW takes the gradients' sums of squares for the norm then (resident runs too: a
     /// paged run then computes exactly what a resident one does); host AdamW sends each
-    /// gradient down after its last addition (casting it to f16 first, [`crate::optim::HalfGrads`],
-    /// where they come down so) and,
-    /// given `next` (the step's learning rate and gradient factor), may bet that the step is
-    /// not clipped ([`HostAdamW::gradient_watcher`]).
+    /// gradient down after its last addition (cast to f16 first where they come down so,
+    /// [`crate::optim::HalfGrads`]) and, given `next` (the step's learning rate and gradient
+    /// factor), may bet that the step is not clipped ([`HostAdamW::gradient_watcher`]).
     pub(super) fn gradient_watcher(
         &mut self,
         ctx: &Context,
@@ -218,7 +217,7 @@ impl Optimizer {
                 norms.begin();
                 Some(norms)
             }
-            Optimizer::Host(o) => o.gradient_watcher(ctx, &model.params(), next)?,
+            Optimizer::Host(o) => Some(o.gradient_watcher(ctx, &model.params(), next)?),
             Optimizer::Split(o) => Some(o.gradient_watcher(ctx, &model.params(), next)?),
             Optimizer::Sharded(_) => None,
         })

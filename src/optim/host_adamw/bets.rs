@@ -35,11 +35,11 @@ impl HostAdamW {
         ctx: &Context,
         params: &[&Param],
         next: Option<(f32, f32)>,
-    ) -> Result<Option<Rc<dyn GradientAdded>>> {
+    ) -> Result<Rc<dyn GradientAdded>> {
         let Some(halves) = self.half_grads.clone() else {
             let down = self.grads_down.get_or_insert_with(|| Rc::new(GradsDown::new(params))).clone();
             down.begin(ctx);
-            return Ok(Some(down));
+            return Ok(down);
         };
         halves.begin(ctx);
         if let Some(s) = &self.speculation {
@@ -47,7 +47,7 @@ impl HostAdamW {
         }
         let last_unclipped = self.last_norm.is_finite() && self.config.clip_factor(self.last_norm) == 1.0;
         let bet = self.speculate && self.delay_after.is_none() && self.t >= 1 && last_unclipped;
-        let Some((lr, grad_scale)) = next.filter(|_| bet) else { return Ok(Some(halves)) };
+        let Some((lr, grad_scale)) = next.filter(|_| bet) else { return Ok(halves) };
         if params.len() != self.m.len() {
             return Err(Error::shape("host AdamW bet", self.m.len(), params.len()));
         }
@@ -62,7 +62,7 @@ impl HostAdamW {
             }
         };
         speculation.begin(AdamWStep { config: self.config, lr, scale: grad_scale, t: self.t + 1 })?;
-        Ok(Some(Rc::new(Betting { halves, speculation })))
+        Ok(Rc::new(Betting { halves, speculation }))
     }
 
     /// Steps whose bet on an unclipped step was kept, and lost.
