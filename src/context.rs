@@ -197,7 +197,7 @@ impl Context {
 
     /// Starts an op: tensors bound until the guard drops stay resident together.
     pub fn op(&self) -> OpScope<'_> {
-        OpScope { pager: &self.pager, depth: self.pager.pin_depth() }
+        OpScope { pager: &self.pager, depth: self.pager.open_op() }
     }
 
     /// `t` on the GPU for reading.

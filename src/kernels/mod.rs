@@ -268,10 +268,14 @@ impl Kernels {
                 format!("binds {} storage buffers, the kernel declares {}", buffers.len(), layout.sig_len),
             ));
         }
+        // (read-write pipelines named apart: they lose NVIDIA's read-only loads)
         let label = self.profile.as_ref().map(|p| {
-            p.label(entry, || match detail() {
-                d if d.is_empty() => entry.to_string(),
-                d => format!("{entry} {d}"),
+            p.label(entry, || {
+                let rw = if variant.writable { " rw" } else { "" };
+                match detail() {
+                    d if d.is_empty() => format!("{entry}{rw}"),
+                    d => format!("{entry} {d}{rw}"),
+                }
             })
         });
         let stamps = self.profile.as_ref().and_then(|p| p.stamps(&self.recorder, label.unwrap_or(entry)));

@@ -34,6 +34,8 @@ pub struct Future {
     trace: Vec<Key>,
     positions: HashMap<Key, Vec<u32>>,
     freed_unread: HashSet<Key>,
+    /// Positions in `trace` where an op scope began (ascending).
+    op_starts: Vec<u32>,
 }
 
 impl Future {
@@ -42,7 +44,22 @@ impl Future {
         for (i, k) in trace.iter().enumerate() {
             positions.entry(*k).or_default().push(i as u32);
         }
-        Future { trace, positions, freed_unread: HashSet::new() }
+        Future { trace, positions, freed_unread: HashSet::new(), op_starts: Vec::new() }
+    }
+
+    /// The same future, knowing where its op scopes began (ascending positions).
+    pub fn with_op_starts(mut self, starts: Vec<u32>) -> Self {
+        self.op_starts = starts;
+        self
+    }
+
+    /// The positions of the accesses made in the same op scope as position `i` (`i` included;
+    /// only `i` where no scope was open then).
+    pub fn op_around(&self, i: usize) -> std::ops::Range<usize> {
+        let k = self.op_starts.partition_point(|&s| s as usize <= i);
+        let Some(&start) = k.checked_sub(1).and_then(|k| self.op_starts.get(k)) else { return i..i + 1 };
+        let end = self.op_starts.get(k).map_or(self.trace.len(), |&e| e as usize);
+        start as usize..end.max(i + 1)
     }
 
     /// The same future, knowing which keys the step freed with no read of their host copy.
