@@ -188,6 +188,18 @@ mod tests {
     }
 
     #[test]
+    fn an_access_belongs_to_the_op_scope_it_was_made_in() {
+        // accesses 0 and 1 before any scope; scopes begin at 2 and 5; 7 is the last access
+        let f = Future::new((0..8).map(Key::Persistent).collect()).with_op_starts(vec![2, 5]);
+        assert_eq!(f.op_around(0), 0..1);
+        assert_eq!(f.op_around(1), 1..2);
+        assert_eq!(f.op_around(2), 2..5);
+        assert_eq!(f.op_around(4), 2..5);
+        assert_eq!(f.op_around(5), 5..8);
+        assert_eq!(f.op_around(7), 5..8);
+    }
+
+    #[test]
     fn belady_evicts_the_farthest_and_beats_lru_on_a_loop() {
         // A cyclic scan one item larger than the cache: LRU misses every time, Belady does not.
         let keys: Vec<Key> = (0..5).map(Key::Persistent).collect();
