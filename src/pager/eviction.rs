@@ -28,8 +28,9 @@ impl State {
     /// Where a tensor of `bytes` goes to a slab and none has a range for it: opens one without
     /// bus traffic where the other slabs have room, moving the run's tensors into their gaps
     /// (compaction) except those that may leave for free (clean, not needed again this step).
-    /// The run chosen moves the fewest bytes. False where no run can be cleared so.
-    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64) -> Result<bool> {
+    /// The run chosen is in a slab not in `apart` where one can be cleared (see
+    /// [`State::op_slabs`]), and moves the fewest bytes. False where no run can be cleared so.
+    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64, apart: &[wgpu::Buffer]) -> Result<bool> {
         let len = Slabs::footprint(bytes);
         let mut by_slab: Vec<(wgpu::Buffer, Vec<(Placed, TensorId)>)> =
             self.pool.slabs_for(bytes).into_iter().map(|slab| (slab, Vec::new())).collect();
@@ -39,7 +40,7 @@ impl State {
                 placed.push((Placed { offset: region.offset, size: region.size }, id));
             }
         }
-        let mut best: Option<(Vec<TensorId>, u64)> = None;
+        let mut best: Option<(Vec<TensorId>, (bool, u64))> = None;
         for (slab, mut placed) in by_slab {
             placed.sort_by_key(|(p, _)| p.offset);
             let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
@@ -52,8 +53,9 @@ impl State {
                 })
                 .collect();
             let Some((run, moved)) = window::cheapest_run(&ranges, slab.size(), len, |i| costs[i]) else { continue };
-            if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| moved < *b) {
-                best = Some((placed[run].iter().map(|(_, id)| *id).collect(), moved));
+            let cost = (apart.contains(&slab), moved);
+            if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| cost < *b) {
+                best = Some((placed[run].iter().map(|(_, id)| *id).collect(), cost));
             }
         }
         let Some((run, _)) = best else { return Ok(false) };
@@ -208,7 +210,7 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
-            if self.open_by_moving(recorder, bytes)? {
+            if self.open_by_moving(recorder, bytes, &apart)? {
                 continue;
             }
             if let Some(id) = self.slab_victim(bytes, &apart) {
