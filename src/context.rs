@@ -197,7 +197,7 @@ impl Context {
 
     /// Starts an op: tensors bound until the guard drops stay resident together.
     pub fn op(&self) -> OpScope<'_> {
-        OpScope { pager: &self.pager, depth: self.pager.open_op() }
+        OpScope { pager: &self.pager, depth: self.pager.pin_depth() }
     }
 
     /// `t` on the GPU for reading.

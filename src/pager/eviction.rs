@@ -28,9 +28,8 @@ impl State {
     /// Where a tensor of `bytes` goes to a slab and none has a range for it: opens one without
     /// bus traffic where the other slabs have room, moving the run's tensors into their gaps
     /// (compaction) except those that may leave for free (clean, not needed again this step).
-    /// The run chosen is in a slab not in `apart` where one can be cleared (see
-    /// [`State::op_slabs`]), and moves the fewest bytes. False where no run can be cleared so.
-    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64, apart: &[wgpu::Buffer]) -> Result<bool> {
+    /// The run chosen moves the fewest bytes. False where no run can be cleared so.
+    fn open_by_moving(&mut self, recorder: &Recorder, bytes: u64) -> Result<bool> {
         let len = Slabs::footprint(bytes);
         let mut by_slab: Vec<(wgpu::Buffer, Vec<(Placed, TensorId)>)> =
             self.pool.slabs_for(bytes).into_iter().map(|slab| (slab, Vec::new())).collect();
@@ -40,7 +39,7 @@ impl State {
                 placed.push((Placed { offset: region.offset, size: region.size }, id));
             }
         }
-        let mut best: Option<(Vec<TensorId>, (bool, u64))> = None;
+        let mut best: Option<(Vec<TensorId>, u64)> = None;
         for (slab, mut placed) in by_slab {
             placed.sort_by_key(|(p, _)| p.offset);
             let ranges: Vec<Placed> = placed.iter().map(|(p, _)| *p).collect();
@@ -53,9 +52,8 @@ impl State {
                 })
                 .collect();
             let Some((run, moved)) = window::cheapest_run(&ranges, slab.size(), len, |i| costs[i]) else { continue };
-            let cost = (apart.contains(&slab), moved);
-            if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| cost < *b) {
-                best = Some((placed[run].iter().map(|(_, id)| *id).collect(), cost));
+            if moved <= self.pool.free_outside(&slab) && best.as_ref().is_none_or(|(_, b)| moved < *b) {
+                best = Some((placed[run].iter().map(|(_, id)| *id).collect(), moved));
             }
         }
         let Some((run, _)) = best else { return Ok(false) };
@@ -144,46 +142,16 @@ impl State {
     }
 
     /// A region from the pool for `id`, where it was last placed if that is free; remembered
-    /// for the next time. Its slab is one not in `apart` where one fits (those of the other
-    /// tensors its op binds, [`State::op_slabs`]).
-    pub(super) fn take(
-        &mut self,
-        device: &wgpu::Device,
-        id: TensorId,
-        mapped: bool,
-        apart: &[wgpu::Buffer],
-    ) -> Result<Taken> {
+    /// for the next time.
+    pub(super) fn take(&mut self, device: &wgpu::Device, id: TensorId, mapped: bool) -> Result<Taken> {
         let e = &self.entries[&id];
         let key = e.key;
-        let hint = self.last_place.get(&key).copied();
-        let taken = self.pool.take(device, &e.name, e.bytes.max(4), mapped, hint, apart)?;
+        let taken = self.pool.take(device, &e.name, e.bytes.max(4), mapped, self.last_place.get(&key).copied())?;
         match self.pool.place_of(&taken.region) {
             Some(place) => self.last_place.insert(key, place),
             None => self.last_place.remove(&key),
         };
         Ok(taken)
-    }
-
-    /// The slabs holding the other tensors `id`'s op binds: for the access at `ahead` in the
-    /// plan (a prefetch), its op's there; for the access being made now, those bound so far
-    /// (pinned) and those the plan says the op binds after it (an op binds its output first).
-    /// Empty where tensors are not in slabs.
-    pub(super) fn op_slabs(&self, id: TensorId, ahead: Option<usize>) -> Vec<wgpu::Buffer> {
-        if self.pool.slabs_held().is_none() {
-            return Vec::new();
-        }
-        let planned = self.future.as_ref().filter(|_| self.in_step && !self.diverged);
-        let at = ahead.or_else(|| self.trace.len().checked_sub(1).filter(|_| self.in_step));
-        let in_op = planned.zip(at).map(|(f, at)| f.op_around(at).filter_map(|i| self.tensor_of(f.at(i)?)));
-        let pinned = if ahead.is_none() { self.pinned.as_slice() } else { &[] };
-        let mut slabs: Vec<wgpu::Buffer> = Vec::new();
-        for other in in_op.into_iter().flatten().chain(pinned.iter().copied()) {
-            let region = self.entries.get(&other).filter(|_| other != id).and_then(|e| e.gpu.as_ref());
-            if let Some(r) = region.filter(|r| !slabs.contains(&r.buffer)) {
-                slabs.push(r.buffer.clone());
-            }
-        }
-        slabs
     }
 
     /// A GPU buffer for `id`, evicting by the policy until the pool has room.
@@ -198,9 +166,8 @@ impl State {
             let e = &self.entries[&id];
             (e.name.clone(), e.bytes)
         };
-        let apart = self.op_slabs(id, None);
         loop {
-            let oom = match self.take(device, id, mapped, &apart) {
+            let oom = match self.take(device, id, mapped) {
                 Ok(buf) => return Ok(buf),
                 Err(Error::BudgetTooSmall { .. }) => None,
                 Err(e @ Error::OutOfMemory { .. }) => {
@@ -210,10 +177,10 @@ impl State {
                 }
                 Err(e) => return Err(e),
             };
-            if self.open_by_moving(recorder, bytes, &apart)? {
+            if self.open_by_moving(recorder, bytes)? {
                 continue;
             }
-            if let Some(id) = self.slab_victim(bytes, &apart) {
+            if let Some(id) = self.slab_victim(bytes) {
                 self.evict(recorder, id)?;
                 continue;
             }
@@ -250,15 +217,11 @@ impl State {
         may_leave.then_some(plan::Candidate { key: e.key, bytes: e.bytes, last_use: e.last_use, dirty: e.dirty })
     }
 
-    /// Where a tensor of `bytes` goes to a slab: the tensor in a slab the policy would evict now,
-    /// first among those in slabs other than `apart`.
-    fn slab_victim(&self, bytes: u64, apart: &[wgpu::Buffer]) -> Option<TensorId> {
+    /// Where a tensor of `bytes` goes to a slab: the tensor in a slab the policy would evict now.
+    fn slab_victim(&self, bytes: u64) -> Option<TensorId> {
         let slabs = self.pool.slabs_for(bytes);
-        let in_slab = |e: &Entry, away: bool| {
-            e.gpu.as_ref().is_some_and(|r| slabs.contains(&r.buffer) && !(away && apart.contains(&r.buffer)))
-        };
-        // (first from a slab apart from the op's other tensors, where the range it opens goes)
-        self.victim_where(|e| in_slab(e, true)).or_else(|| self.victim_where(|e| in_slab(e, false)))
+        let in_slab = |e: &Entry| e.gpu.as_ref().is_some_and(|r| slabs.contains(&r.buffer));
+        self.victim_where(in_slab)
     }
 
     /// The tensor the policy would evict now: an unpinned resident one (a dirty one only where it

@@ -156,8 +156,6 @@ struct State {
     in_step: bool,
     step_ids: Vec<TensorId>,
     trace: Vec<Key>,
-    /// Positions in `trace` where this step's op scopes began (`Pager::open_op`).
-    op_starts: Vec<u32>,
     future: Option<plan::Future>,
     diverged: bool,
     /// The caller marks steps with `begin_step`; optimizer updates then no longer do.
@@ -223,7 +221,6 @@ impl Pager {
             in_step: false,
             step_ids: Vec::new(),
             trace: Vec::new(),
-            op_starts: Vec::new(),
             future: None,
             diverged: false,
             explicit_steps: false,
@@ -401,17 +398,6 @@ impl Pager {
     /// Number of pins now held (for op scopes).
     pub fn pin_depth(&self) -> usize {
         self.state().pinned.len()
-    }
-
-    /// An op scope begins: its accesses are traced as one op (what the next step places apart,
-    /// `Pool::take`); returns the pins held now, for [`Pager::unpin_to`] at its end.
-    pub fn open_op(&self) -> usize {
-        let mut st = self.state();
-        let at = st.trace.len() as u32;
-        if st.in_step && st.op_starts.last() != Some(&at) {
-            st.op_starts.push(at);
-        }
-        st.pinned.len()
     }
 
     /// Unpins everything pinned after `depth` (deferred to the next use of the pager when it is

@@ -34,8 +34,6 @@ pub struct Future {
     trace: Vec<Key>,
     positions: HashMap<Key, Vec<u32>>,
     freed_unread: HashSet<Key>,
-    /// Positions in `trace` where an op scope began (ascending).
-    op_starts: Vec<u32>,
 }
 
 impl Future {
@@ -44,22 +42,7 @@ impl Future {
         for (i, k) in trace.iter().enumerate() {
             positions.entry(*k).or_default().push(i as u32);
         }
-        Future { trace, positions, freed_unread: HashSet::new(), op_starts: Vec::new() }
-    }
-
-    /// The same future, knowing where its op scopes began (ascending positions).
-    pub fn with_op_starts(mut self, starts: Vec<u32>) -> Self {
-        self.op_starts = starts;
-        self
-    }
-
-    /// The positions of the accesses made in the same op scope as position `i` (`i` included;
-    /// only `i` where no scope was open then).
-    pub fn op_around(&self, i: usize) -> std::ops::Range<usize> {
-        let k = self.op_starts.partition_point(|&s| s as usize <= i);
-        let Some(&start) = k.checked_sub(1).and_then(|k| self.op_starts.get(k)) else { return i..i + 1 };
-        let end = self.op_starts.get(k).map_or(self.trace.len(), |&e| e as usize);
-        start as usize..end.max(i + 1)
+        Future { trace, positions, freed_unread: HashSet::new() }
     }
 
     /// The same future, knowing which keys the step freed with no read of their host copy.
@@ -185,18 +168,6 @@ mod tests {
         assert_eq!(f.next_use(k(1), 2), u32::MAX);
         assert_eq!(f.next_use(k(3), 0), 3);
         assert_eq!(f.next_use(k(9), 0), u32::MAX);
-    }
-
-    #[test]
-    fn an_access_belongs_to_the_op_scope_it_was_made_in() {
-        // accesses 0 and 1 before any scope; scopes begin at 2 and 5; 7 is the last access
-        let f = Future::new((0..8).map(Key::Persistent).collect()).with_op_starts(vec![2, 5]);
-        assert_eq!(f.op_around(0), 0..1);
-        assert_eq!(f.op_around(1), 1..2);
-        assert_eq!(f.op_around(2), 2..5);
-        assert_eq!(f.op_around(4), 2..5);
-        assert_eq!(f.op_around(5), 5..8);
-        assert_eq!(f.op_around(7), 5..8);
     }
 
     #[test]

@@ -183,10 +183,8 @@ impl Pool {
     /// [`Pool::place_of`] gave for the tensor's last region, where that is free: the same
     /// placements step after step keep their bind groups), or a free buffer of the same class,
     /// else a new slab or buffer, destroying free ones first when the budget requires it.
-    /// A slab range stays out of the slabs `apart` (those of the tensors its op binds) where
-    /// one fits elsewhere (`Slabs::find_outside`). `mapped`: in zero-copy mode, a new buffer
-    /// created mapped (for host bytes to be written straight in); otherwise a free one is reused
-    /// when there is one.
+    /// `mapped`: in zero-copy mode, a new buffer created mapped (for host bytes to be written
+    /// straight in); otherwise a free one is reused when there is one.
     pub fn take(
         &mut self,
         device: &wgpu::Device,
@@ -194,11 +192,10 @@ impl Pool {
         bytes: u64,
         mapped: bool,
         hint: Option<(usize, u64)>,
-        apart: &[wgpu::Buffer],
     ) -> Result<Taken> {
         let mapped = mapped && self.zero_copy;
         if let Some(slab) = self.slab_for(bytes) {
-            let region = self.take_from_slab(device, label, bytes, slab, hint, apart)?;
+            let region = self.take_from_slab(device, label, bytes, slab, hint)?;
             return Ok(Taken { region, mapped: false });
         }
         let class = size_class(bytes);
@@ -221,14 +218,8 @@ impl Pool {
         Ok(Taken { region: Region { buffer, offset: 0, size: class }, mapped })
     }
 
-    /// A range of a slab: at `hint` if free, else the first free one, each first outside the
-    /// slabs `apart`; else one of a new slab of `size` bytes where the budget has room.
-    ///
-    /// Apart, because a kernel that reads a slab it also writes must declare that binding
-    /// read-write (wgpu refuses one buffer bound both ways), which costs NVIDIA's products their
-    /// read-only loads: on an H100, GPT-2 small's f16 products at a quarter of its footprint ran
-    /// 10–17 % slower per dispatch read-write (8192×2304×768: 164 against 140 µs), and most of
-    /// the step's products ran so.
+    /// A range of a slab: at `hint` if free, else the first free one, else one of a new slab
+    /// of `size` bytes where the budget has room.
     fn take_from_slab(
         &mut self,
         device: &wgpu::Device,
@@ -236,18 +227,10 @@ impl Pool {
         bytes: u64,
         size: u64,
         hint: Option<(usize, u64)>,
-        apart: &[wgpu::Buffer],
     ) -> Result<Region> {
         let len = Slabs::footprint(bytes);
-        // (a new slab, where the budget has room for one, before one the op's tensors are in)
-        let may_share = apart.is_empty() || self.held + size > self.budget;
         let slabs = self.slabs.as_mut().expect("slab mode");
-        let hint_apart = hint.filter(|&h| !apart.iter().any(|b| slabs.is_in(h, b)));
-        let mut found = hint_apart.and_then(|h| slabs.find_at(h, len)).or_else(|| slabs.find_outside(len, apart));
-        if found.is_none() && may_share {
-            found = hint.and_then(|h| slabs.find_at(h, len)).or_else(|| slabs.find(len));
-        }
-        if let Some(region) = found {
+        if let Some(region) = hint.and_then(|h| slabs.find_at(h, len)).or_else(|| slabs.find(len)) {
             self.in_use += len;
             return Ok(region);
         }
@@ -256,7 +239,7 @@ impl Pool {
         let buffer = self.create(device, "pool slab", size, usage, false)?;
         let slabs = self.slabs.as_mut().expect("slab mode");
         slabs.add(buffer);
-        let region = slabs.find_outside(len, apart).expect("a fresh slab fits");
+        let region = slabs.find(len).expect("a fresh slab fits");
         self.in_use += len;
         Ok(region)
     }

@@ -14,12 +14,7 @@ pub(super) struct Allocator {
 
 impl Allocator {
     pub(super) fn find(&mut self, len: usize) -> Option<HostRange> {
-        self.find_outside(len, &[])
-    }
-
-    /// `len` bytes from the first free run that fits in a segment not in `avoid`.
-    pub(super) fn find_outside(&mut self, len: usize, avoid: &[usize]) -> Option<HostRange> {
-        for (segment, runs) in self.free.iter_mut().enumerate().filter(|(s, _)| !avoid.contains(s)) {
+        for (segment, runs) in self.free.iter_mut().enumerate() {
             if let Some(i) = runs.iter().position(|&(_, l)| l >= len) {
                 let (offset, l) = runs[i];
                 if l == len {

@@ -295,18 +295,16 @@ impl State {
         let freed_unread = std::mem::take(&mut self.freed_unread);
         if self.in_step && !self.trace.is_empty() {
             let trace = std::mem::take(&mut self.trace);
-            let ops = std::mem::take(&mut self.op_starts);
-            self.future = Some(plan::Future::new(trace).with_freed_unread(freed_unread).with_op_starts(ops));
+            self.future = Some(plan::Future::new(trace).with_freed_unread(freed_unread));
         }
         self.trace.clear();
-        self.op_starts.clear();
         self.in_step = true;
         self.step_ids.clear();
         self.diverged = false;
     }
 
     /// The tensor a key of the plan stands for in this step (`None`: not made yet).
-    pub(super) fn tensor_of(&self, key: Key) -> Option<TensorId> {
+    fn tensor_of(&self, key: Key) -> Option<TensorId> {
         match key {
             Key::Persistent(id) => Some(id),
             Key::Step(n) => self.step_ids.get(n as usize).copied(),
@@ -323,9 +321,11 @@ impl State {
             return Ok(());
         };
         let cursor = self.trace.len();
-        let wanted: Vec<(usize, TensorId)> =
-            (cursor..cursor + self.prefetch_window).filter_map(|i| Some((i, self.tensor_of(future.at(i)?)?))).collect();
-        for (i, id) in wanted {
+        let wanted: Vec<TensorId> = (cursor..cursor + self.prefetch_window)
+            .filter_map(|i| future.at(i))
+            .filter_map(|key| self.tensor_of(key))
+            .collect();
+        for id in wanted {
             let Some(e) = self.entries.get(&id) else {
                 continue;
             };
@@ -342,8 +342,7 @@ impl State {
                 break;
             }
             self.store.will_need(&e.host);
-            let apart = self.op_slabs(id, Some(i));
-            let taken = self.take(device, id, true, &apart)?;
+            let taken = self.take(device, id, true)?;
             self.fill(recorder, id, &taken, false)?;
             self.entries.get_mut(&id).expect("exists").gpu = Some(taken.region);
             self.resident.insert(id);

@@ -58,20 +58,9 @@ impl Slabs {
 
     /// A free range of `len` bytes (a [`Slabs::footprint`]), first fit.
     pub fn find(&mut self, len: u64) -> Option<Region> {
-        self.find_outside(len, &[])
-    }
-
-    /// [`Slabs::find`] in a slab other than those of `avoid`.
-    pub fn find_outside(&mut self, len: u64, avoid: &[wgpu::Buffer]) -> Option<Region> {
-        let avoid: Vec<usize> = avoid.iter().filter_map(|b| self.index.get(b).copied()).collect();
-        let r = self.ranges.find_outside(usize::try_from(len).ok()?, &avoid)?;
+        let r = self.ranges.find(usize::try_from(len).ok()?)?;
         let buffer = self.buffers[r.segment].clone().expect("live slab");
         Some(Region { buffer, offset: r.offset as u64, size: len })
-    }
-
-    /// Whether `place` ([`Slabs::place_of`]) is in the slab `buffer`.
-    pub fn is_in(&self, (slab, _): (usize, u64), buffer: &wgpu::Buffer) -> bool {
-        self.index.get(buffer) == Some(&slab)
     }
 
     /// A free range the size of `region` in a slab other than its own, the smallest that fits
