@@ -26,8 +26,8 @@ const TALL_ROWS: u64 = 1024;
 ///
 /// Chunks hold whole tiles of rows where the budget allows ([`rows_per_chunk`]): at a tenth, 9
 /// chunks of 911 rows left the products testing bounds and dwte's K unaligned, 20.0 ms a step
-/// with stop 54's kernels;
-/// 9 of 896 and one of 128 take 12.5 (H100, f16; 11.5 at a quarter in 8 of 1024, 9.0 resident).
+/// with stop 54's kernels; 9 of 896 and one of 128 take 12.5 (H100, f16; 11.5 at a quarter in 8
+/// of 1024, 9.0 resident).
 /// A chunk may round up to a whole tile where its logits, in their own type, still fit the
 /// target: f16 logits at a tenth come in 8 chunks of 1024 rows, which stepped 99.5 / 101.6 ms
 /// against 100.7 / 105.1 in 896 and paged 30–40 MB less each way.
