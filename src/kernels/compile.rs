@@ -80,7 +80,7 @@ impl Kernels {
             return Ok(p.clone());
         }
         // The module's first pipeline queues its siblings. (Not "the module is new": in slab mode
-        // `Kernels::input_is_output` makes the module before its first pipeline is asked for.)
+        // `Kernels::inputs_on_outputs` makes the module before its first pipeline is asked for.)
         let first_of_module = !self.pipelines.borrow().keys().any(|&(s, _, v)| s == shader.name && v == variant);
         let (module, signatures) = self.module(shader, variant)?;
         let clock = crate::clock::Stopwatch::start();

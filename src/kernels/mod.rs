@@ -259,8 +259,9 @@ impl Kernels {
             .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
             .fold(0, |bits, (i, _)| bits | 1 << i);
         let mut variant = Variant { f16_bindings, ..variant };
-        variant.writable =
-            self.recorder.tensors_share_buffers() && self.input_is_output(shader, entry, variant, buffers)?;
+        if self.recorder.tensors_share_buffers() {
+            variant.writable = self.inputs_on_outputs(shader, entry, variant, buffers)?;
+        }
         let (pipeline, layout) = self.pipeline_and_layout(shader, entry, variant)?;
         if layout.sig_len != buffers.len() {
             return Err(Error::invalid(
@@ -271,7 +272,7 @@ impl Kernels {
         // (read-write pipelines named apart: they lose NVIDIA's read-only loads)
         let label = self.profile.as_ref().map(|p| {
             p.label(entry, || {
-                let rw = if variant.writable { " rw" } else { "" };
+                let rw = read_write_label(variant.writable);
                 match detail() {
                     d if d.is_empty() => format!("{entry}{rw}"),
                     d => format!("{entry} {d}{rw}"),
@@ -308,18 +309,19 @@ impl Kernels {
         Ok(())
     }
 
-    /// Whether a buffer bound to a read-only input of `entry` is also bound to an output (tensors
-    /// in one slab of the GPU pool). wgpu refuses that unless the input is declared read-write
-    /// too, and read-write bindings cost NVIDIA's compiler its read-only loads and some unrolling
-    /// (f32 GPT-2 small resident, every binding read-write: 220 → 584 ms a step on an H200), so
-    /// only such dispatches run the [`Variant::writable`] pipelines.
-    fn input_is_output(&self, shader: Shader, entry: &str, variant: Variant, buffers: &[&View]) -> Result<bool> {
+    /// The read-only inputs of `entry` bound to a buffer that an output is bound to too (tensors
+    /// in one slab of the GPU pool), as bits of their binding numbers. wgpu refuses that unless
+    /// the input is declared read-write too, and read-write bindings cost NVIDIA's compiler its
+    /// read-only loads and some unrolling (f32 GPT-2 small resident, every binding read-write: 220
+    /// → 584 ms a step on an H200), so only those bindings of such dispatches go read-write
+    /// ([`Variant::writable`]).
+    fn inputs_on_outputs(&self, shader: Shader, entry: &str, variant: Variant, buffers: &[&View]) -> Result<u32> {
         let (_, signatures) = self.module(shader, variant)?;
         // An unknown entry point is `pipeline_and_layout`'s error to report.
-        let Some(read_only) = signatures.get(entry) else { return Ok(false) };
+        let Some(read_only) = signatures.get(entry) else { return Ok(0) };
         let bound = || buffers.iter().zip(read_only.iter());
         let is_output = |buffer: &wgpu::Buffer| bound().any(|(v, &ro)| !ro && v.buffer == *buffer);
-        Ok(bound().any(|(v, &ro)| ro && is_output(&v.buffer)))
+        Ok(bound().enumerate().filter(|(_, (v, &ro))| ro && is_output(&v.buffer)).fold(0, |bits, (i, _)| bits | 1 << i))
     }
 
     /// Compiles new pipelines on worker threads (on by default on real GPUs, off on CPU
@@ -393,4 +395,14 @@ impl Kernels {
         staging.unmap();
         Ok(data)
     }
+}
+
+/// A profile label's mark for the bindings a dispatch declared read-write: ` rw` and their
+/// numbers (` rw1,4`), nothing where it declared none.
+fn read_write_label(bindings: u32) -> String {
+    if bindings == 0 {
+        return String::new();
+    }
+    let numbers: Vec<String> = (0..32).filter(|i| bindings & (1 << i) != 0).map(|i| i.to_string()).collect();
+    format!(" rw{}", numbers.join(","))
 }

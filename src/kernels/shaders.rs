@@ -105,16 +105,17 @@ pub const TRANSPOSE: Shader = shader!("transpose", transpose::Params, true, "");
 /// [`specialize`] puts in front of the source makes `Bi` f16 where bit i of `f16_bindings` is set
 /// and f32 elsewhere. `dim` and `tile` are sizes a family unrolls for (attention's head size and
 /// the rows of its streamed tiles), as `DIM` and `TILE_ROWS`; `flags` are choices fixed at compile
-/// time (matmul's layout and epilogue), as `FLAGS`. `writable` declares every storage binding
-/// read-write: for a dispatch that binds one buffer (a slab of the GPU pool) to an input and to an
-/// output, which wgpu refuses where the input is read-only (`Kernels::dispatch_detailed`).
+/// time (matmul's layout and epilogue), as `FLAGS`. `writable` declares the storage bindings of
+/// its set bits read-write: inputs bound to a buffer (a slab of the GPU pool) that an output of
+/// the same dispatch is bound to, which wgpu refuses where the input is read-only
+/// (`Kernels::dispatch_detailed`). Only those: every other input keeps its read-only loads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub f16_bindings: u32,
     pub dim: u32,
     pub tile: u32,
     pub flags: u32,
-    pub writable: bool,
+    pub writable: u32,
 }
 
 /// Bindings a kernel may declare through the `Bi` aliases.
@@ -138,12 +139,26 @@ pub fn specialize(shader: Shader, variant: Variant) -> String {
     src.push_str(shader.params);
     let replaced = replacement(shader);
     let source = replaced.as_deref().unwrap_or(shader.source);
-    if variant.writable {
-        src.push_str(&source.replace("var<storage, read>", "var<storage, read_write>"));
-    } else {
-        src.push_str(source);
-    }
+    src.push_str(&read_write(source, variant.writable));
     src
+}
+
+/// `source` with the read-only storage bindings whose numbers are set in `bindings` declared
+/// read-write (declarations are one line each: `@group(0) @binding(i) var<storage, read> …`).
+fn read_write(source: &str, bindings: u32) -> std::borrow::Cow<'_, str> {
+    if bindings == 0 {
+        return source.into();
+    }
+    let widen = |line: &str| {
+        let number = line.split_once("@binding(").and_then(|(_, rest)| rest.split_once(')')?.0.parse::<u32>().ok());
+        match number {
+            Some(i) if i < 32 && bindings & (1 << i) != 0 => {
+                line.replace("var<storage, read>", "var<storage, read_write>")
+            }
+            _ => line.to_string(),
+        }
+    };
+    source.split_inclusive('\n').map(widen).collect::<String>().into()
 }
 
 /// Kernel development: where `PAGETRAIN_SHADER_DIR` holds `<family>.wgsl`, that file (after
