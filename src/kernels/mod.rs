@@ -253,11 +253,7 @@ impl Kernels {
         if self.leaving_out.get() {
             return Ok(());
         }
-        let f16_bindings = buffers
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.dtype == crate::tensor::DType::F16)
-            .fold(0, |bits, (i, _)| bits | 1 << i);
+        let f16_bindings = binding_bits(buffers.iter().map(|v| v.dtype == crate::tensor::DType::F16));
         let mut variant = Variant { f16_bindings, ..variant };
         if self.recorder.tensors_share_buffers() {
             variant.writable = self.inputs_on_outputs(shader, entry, variant, buffers)?;
@@ -321,7 +317,7 @@ impl Kernels {
         let Some(read_only) = signatures.get(entry) else { return Ok(0) };
         let bound = || buffers.iter().zip(read_only.iter());
         let is_output = |buffer: &wgpu::Buffer| bound().any(|(v, &ro)| !ro && v.buffer == *buffer);
-        Ok(bound().enumerate().filter(|(_, (v, &ro))| ro && is_output(&v.buffer)).fold(0, |bits, (i, _)| bits | 1 << i))
+        Ok(binding_bits(bound().map(|(v, &ro)| ro && is_output(&v.buffer))))
     }
 
     /// Compiles new pipelines on worker threads (on by default on real GPUs, off on CPU
@@ -395,6 +391,11 @@ impl Kernels {
         staging.unmap();
         Ok(data)
     }
+}
+
+/// Bit i set where binding i is marked: the form of [`Variant`]'s per-binding choices.
+fn binding_bits(marks: impl Iterator<Item = bool>) -> u32 {
+    marks.enumerate().filter(|&(_, marked)| marked).fold(0, |bits, (i, _)| bits | 1 << i)
 }
 
 /// A profile label's mark for the bindings a dispatch declared read-write: ` rw` and their
