@@ -6,7 +6,10 @@
 //! buffers created a step (f32 at 25 %: 228.5 here, 231 there; f16 85 / 84) and bytes moved (×16:
 //! f32 1.35 / 1.34 GB up, f16 0.39 / 0.33–0.39) in about a minute a configuration.
 //!
-//! Run: `cargo run --release --example paging_proxy -- f16|f32 buffers|slabs [gpu|host|split] PERCENT...`
+//! Run: `cargo run --release --example paging_proxy -- f16|f32 buffers|slabs [gpu|host|split] [recompute] PERCENT...`
+//! (`recompute`: the blocks made again in backward, as an H100 chooses for f16 at a quarter and
+//! a tenth, without the trial that would time it here; budgets stay shares of the footprint
+//! without recompute, as `pagetrain bench` states them)
 //! Prints, per budget (a percentage of the footprint), the step's bytes up, down and moved inside
 //! GPU memory, the GPU buffers created and the host time in the pager's accesses, averaged over
 //! two steps after two warm-up steps.
@@ -19,8 +22,10 @@ use pagetrain::{Context, ContextOptions, Error};
 const VOCAB: usize = 12565;
 
 fn main() -> pagetrain::Result<()> {
-    let usage =
-        || Error::Invalid { what: "arguments", msg: "f16|f32 buffers|slabs [gpu|host|split] PERCENT...".into() };
+    let usage = || Error::Invalid {
+        what: "arguments",
+        msg: "f16|f32 buffers|slabs [gpu|host|split] [recompute] PERCENT...".into(),
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let precision = match args.first().map(String::as_str) {
         Some("f16") => Precision::F16,
@@ -34,7 +39,8 @@ fn main() -> pagetrain::Result<()> {
     };
     // (an optimizer placement among them overrides auto: gpu, host, split)
     let optimizer_on = args[2..].iter().find_map(|a| a.parse::<OptimizerOn>().ok()).unwrap_or(OptimizerOn::Auto);
-    let numbers = args[2..].iter().filter(|a| a.parse::<OptimizerOn>().is_err());
+    let recompute = args[2..].iter().any(|a| a == "recompute");
+    let numbers = args[2..].iter().filter(|a| a.parse::<OptimizerOn>().is_err() && *a != "recompute");
     let percents: Vec<u64> = numbers.map(|p| p.parse().map_err(|_| usage())).collect::<Result<_, _>>()?;
     let cfg = TrainConfig {
         custom_model: Some(ModelShape { n_layer: 12, n_head: 12, n_embd: 192, block_size: 256 }),
@@ -43,6 +49,7 @@ fn main() -> pagetrain::Result<()> {
         sample_len: 0,
         optimizer_on,
         precision,
+        recompute,
         ..TrainConfig::default()
     };
     // Pinned uploads, as on the discrete GPUs (lavapipe would pick zero-copy, which has no slabs).
@@ -55,7 +62,8 @@ fn main() -> pagetrain::Result<()> {
         let tokens = (0..400_000).map(|_| rng.below(VOCAB) as u32).collect();
         Dataset::from_tokens(tokens, VOCAB, "random tokens")
     };
-    let footprint = time_steps(&make, &cfg, &data, None, 1, 1)?.footprint;
+    let whole = TrainConfig { recompute: false, ..cfg.clone() };
+    let footprint = time_steps(&make, &whole, &data, None, 1, 1)?.footprint;
     println!("{precision:?} in {pool:?}, footprint {:.1} MB", footprint as f64 / 1e6);
     for p in percents {
         let t = time_steps(&make, &cfg, &data, Some(footprint * p / 100), 2, 2)?;
