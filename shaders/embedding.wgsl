@@ -1,6 +1,5 @@
 // embedding: token + position embedding, GPT-2's input layer.
 //   embedding_forward:      out (B,T,C) = wte[tokens[b,t]] + wpe[t]     tokens (B,T) u32  wte (V,C)  wpe (maxT,C)
-//                           (wte may be f16: B2, a mixed-precision model's copy of it)
 //   embedding_token_links:  links (N) u32 = the next row with the same token (N if none), FIRST set
 //                           on each token's first row (one thread per row, tokens staged in chunks)
 //   embedding_backward_wte: dwte (V,C) += scatter of dout rows by token, reading links: a thread per
@@ -14,7 +13,7 @@
 // forward: 0 out, 1 tokens, 2 wte, 3 wpe, 4 params
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @group(0) @binding(1) var<storage, read> tokens: array<u32>;
-@group(0) @binding(2) var<storage, read> wte: array<B2>;
+@group(0) @binding(2) var<storage, read> wte: array<f32>;
 @group(0) @binding(3) var<storage, read> wpe: array<f32>;
 // Params: embedding::Params in src/kernels/embedding.rs (gpu_params!: the WGSL struct is made from it)
 @group(0) @binding(4) var<uniform> p: Params;
@@ -23,7 +22,7 @@
 @group(0) @binding(0) var<storage, read_write> links: array<u32>;
 
 // backward_wte: 0 dwte, 1 tokens, 2 dout, 3 links (`next_row`), 4 params (`p`)
-@group(0) @binding(2) var<storage, read> dout: array<B2>;
+@group(0) @binding(2) var<storage, read> dout: array<f32>;
 @group(0) @binding(3) var<storage, read> next_row: array<u32>;
 
 // backward_wpe: 0 dwpe, 1 dout (`dout1`), 2 params
@@ -39,7 +38,7 @@ fn embedding_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let row = i / p.c;
     let ch = i % p.c;
     let pos = row % p.t;
-    out[i] = f32(wte[tokens[row] * p.c + ch]) + wpe[pos * p.c + ch];
+    out[i] = wte[tokens[row] * p.c + ch] + wpe[pos * p.c + ch];
 }
 
 // Marks a token's first row in links (row indices stay below 2^31).
@@ -84,7 +83,7 @@ fn embedding_backward_wte(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let dst = tokens[r] * p.c + ch;
     var s = out[dst];
     loop {
-        s += f32(dout[r * p.c + ch]);
+        s += dout[r * p.c + ch];
         r = next_row[r] & ~FIRST;
         if (r >= p.n) {
             break;

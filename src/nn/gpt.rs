@@ -163,14 +163,11 @@ impl Gpt {
     }
 
     /// This model in mixed precision: activations (and their gradients) in f16 from the embedding
-    /// to the head, Linear layers, the embedding and the head computing with f16 copies of their
-    /// f32 master weights (AdamW
+    /// to the head, Linear layers computing with f16 copies of their f32 master weights (AdamW
     /// writes the copies with each update; after changing the masters otherwise, call
     /// `Module::refresh_half`). Needs shader-f16.
     pub fn to_half(self, ctx: &Context) -> Result<Gpt> {
         let Gpt { config, wte, wpe, blocks, ln_f, recompute, remake, keep_attention, activations: _ } = self;
-        // (the embedding and the head read wte's f16 copy: see `ops::embedding_mixed`)
-        let wte = wte.with_half(ctx)?;
         let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
             let block = Rc::try_unwrap(b)
@@ -257,17 +254,9 @@ impl Gpt {
             Some(b) => {
                 let wte_grad = b.grads_free.then_some(&self.wte.grad);
                 let backward = ops::LossBackward { seed: b.seed, wte_grad };
-                ops::lm_head_loss_for_backward(
-                    ctx,
-                    &x,
-                    &self.wte.value,
-                    self.wte.half.as_ref(),
-                    targets,
-                    None,
-                    backward,
-                )
+                ops::lm_head_loss_for_backward(ctx, &x, &self.wte.value, targets, None, backward)
             }
-            None => ops::lm_head_loss(ctx, &x, &self.wte.value, self.wte.half.as_ref(), targets, None),
+            None => ops::lm_head_loss(ctx, &x, &self.wte.value, targets, None),
         }
     }
 
@@ -283,10 +272,7 @@ impl Gpt {
         }
         prepare(&[&self.wte, &self.wpe])?;
         let scope = ctx.name_scope("transformer.wte");
-        let mut x = match &self.wte.half {
-            Some(half) => ops::embedding_mixed(ctx, tokens, &self.wte.value, half, &self.wpe.value)?,
-            None => ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?,
-        };
+        let mut x = ops::embedding(ctx, tokens, &self.wte.value, &self.wpe.value)?;
         if self.activations != DType::F32 {
             x = ops::cast(ctx, &x, self.activations)?;
         }

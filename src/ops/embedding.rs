@@ -9,22 +9,7 @@ use crate::tensor::{DType, Tensor};
 /// tokens (B,T) u32, wte (V,C), wpe (maxT,C) → (B,T,C) = wte[tokens] + wpe[t]. Token ids must be
 /// < V (checked where they are read from data, before upload).
 pub fn embedding(ctx: &Context, tokens: &Tensor, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
-    embedding_from(ctx, tokens, wte, wte, wpe)
-}
-
-/// [`embedding`] reading its rows from `table`, wte itself or an f16 copy of it (mixed
-/// precision: `ops::embedding_mixed`); the gradient goes to wte.
-pub(super) fn embedding_from(
-    ctx: &Context,
-    tokens: &Tensor,
-    table: &Tensor,
-    wte: &Tensor,
-    wpe: &Tensor,
-) -> Result<Tensor> {
     let ts = tokens.shape();
-    if table.shape() != wte.shape() || !matches!(table.dtype(), DType::F32 | DType::F16) {
-        return Err(Error::shape("embedding", format!("wte {:?} read as f32 or f16", wte.shape()), table));
-    }
     if tokens.dtype() != DType::U32 || ts.len() != 2 {
         return Err(Error::shape("embedding", "u32 tokens (B,T)", tokens));
     }
@@ -38,16 +23,7 @@ pub(super) fn embedding_from(
     let out = ctx.empty("embedding", &[b, t, c], DType::F32, ctx.wants_grad(&[wte, wpe]))?;
     {
         let _op = ctx.op();
-        k::forward(
-            &ctx.kernels,
-            &ctx.write(&out)?,
-            &ctx.read(tokens)?,
-            &ctx.read(table)?,
-            &ctx.read(wpe)?,
-            b * t,
-            t,
-            c,
-        )?;
+        k::forward(&ctx.kernels, &ctx.write(&out)?, &ctx.read(tokens)?, &ctx.read(wte)?, &ctx.read(wpe)?, b * t, t, c)?;
     }
     if out.requires_grad() {
         ctx.record(

@@ -28,26 +28,23 @@ use crate::tensor::{DType, Tensor};
 /// matrices a copy stored (C,V) in f16, rows padded with zeros to whole tiles
 /// ([`head_padded_len`]): the logits' product runs NN on f16 operands (H200, GPT-2 small: 7.1
 /// ms a step NT on the f32 wte), and with dlogits padded alike both backward products fetch
-/// without bounds tests. The copy is made from wte's f16 copy where the model keeps one
-/// (`wte16`): the same halves from half the bytes, and no need of the f32 master on the GPU.
+/// without bounds tests.
 enum HeadWeight {
-    /// wte, or its f16 copy where the model keeps one.
     Wte(Tensor),
     /// (C, V padded): its rows' length is the product's B stride.
     Transposed(Tensor),
 }
 
 impl HeadWeight {
-    fn of(ctx: &Context, x: &Tensor, wte: &Tensor, wte16: Option<&Tensor>) -> Result<Self> {
+    fn of(ctx: &Context, x: &Tensor, wte: &Tensor) -> Result<Self> {
         let (v, c) = (wte.shape()[0], wte.shape()[1]);
         if x.dtype() != DType::F16 || !mm::coop_pads_rows(&ctx.kernels, DType::F16, DType::F16) {
-            return Ok(HeadWeight::Wte(wte16.unwrap_or(wte).clone()));
+            return Ok(HeadWeight::Wte(wte.clone()));
         }
         let stride = head_padded_len(v);
         let t = ctx.empty("lm_head weight transposed", &[c, stride], DType::F16, false)?;
         let _op = ctx.op();
-        let source = ctx.read(wte16.unwrap_or(wte))?;
-        crate::kernels::transpose::transpose_padded(&ctx.kernels, &ctx.write(&t)?, &source, v, c, stride)?;
+        crate::kernels::transpose::transpose_padded(&ctx.kernels, &ctx.write(&t)?, &ctx.read(wte)?, v, c, stride)?;
         Ok(HeadWeight::Transposed(t))
     }
 }
@@ -74,19 +71,16 @@ fn head_chunk(ctx: &Context, logits: &Tensor, x: &Tensor, weight: &HeadWeight, r
 }
 
 /// The output head and its loss in one: mean cross-entropy of `x · wteᵀ` against `targets`,
-/// x (..., C) f32 or f16, wte (V,C) (the tied embedding; `wte16`: an f16 copy of it that a mixed
-/// precision model keeps, read in its place where the products run on f16 operands). The logits
-/// are made a chunk of rows at a time, and kept for backward or made again there
-/// ([`head_keeps_logits`]).
+/// x (..., C) f32 or f16, wte (V,C) (the tied embedding). The logits are made a chunk of rows at a time,
+/// and kept for backward or made again there ([`head_keeps_logits`]).
 pub fn lm_head_loss(
     ctx: &Context,
     x: &Tensor,
     wte: &Tensor,
-    wte16: Option<&Tensor>,
     targets: &[u32],
     ignore_index: Option<u32>,
 ) -> Result<Tensor> {
-    head_loss(ctx, x, wte, wte16, targets, ignore_index, None)
+    head_loss(ctx, x, wte, targets, ignore_index, None)
 }
 
 /// What the caller of [`lm_head_loss_for_backward`] says of its backward.
@@ -112,7 +106,6 @@ pub fn lm_head_loss_for_backward(
     ctx: &Context,
     x: &Tensor,
     wte: &Tensor,
-    wte16: Option<&Tensor>,
     targets: &[u32],
     ignore_index: Option<u32>,
     backward: LossBackward,
@@ -122,14 +115,13 @@ pub fn lm_head_loss_for_backward(
             return Err(Error::shape("lm_head_loss wte_grad", wte.shape(), g.shape()));
         }
     }
-    head_loss(ctx, x, wte, wte16, targets, ignore_index, Some(backward))
+    head_loss(ctx, x, wte, targets, ignore_index, Some(backward))
 }
 
 fn head_loss(
     ctx: &Context,
     x: &Tensor,
     wte: &Tensor,
-    wte16: Option<&Tensor>,
     targets: &[u32],
     ignore_index: Option<u32>,
     backward: Option<LossBackward>,
@@ -138,9 +130,6 @@ fn head_loss(
     let (rows, c) = (x.rows(), x.last_dim());
     if wte.shape().len() != 2 || wte.shape()[1] != c {
         return Err(Error::shape("lm_head_loss", format!("wte (V,{c})"), wte.shape()));
-    }
-    if let Some(w16) = wte16.filter(|w| w.shape() != wte.shape() || w.dtype() != DType::F16) {
-        return Err(Error::shape("lm_head_loss", format!("an f16 copy of wte {:?}", wte.shape()), w16));
     }
     let v = wte.shape()[0];
     let (ignore, inv_count) = check_targets(targets, rows, v, ignore_index)?;
@@ -155,7 +144,7 @@ fn head_loss(
     let keep = wants_grad && made.is_none() && head_keeps_logits(ctx, rows, v, x.dtype());
     let per = chunk_rows(ctx, rows, v, keep || made.is_some(), logits_dtype(x.dtype()));
     let mut kept = Vec::new();
-    let weight = HeadWeight::of(ctx, x, wte, wte16)?;
+    let weight = HeadWeight::of(ctx, x, wte)?;
     for r0 in (0..rows).step_by(per) {
         let n = per.min(rows - r0);
         let logits = ctx.empty("logits chunk", &[n, v], logits_dtype(x.dtype()), false)?;
@@ -184,9 +173,8 @@ fn head_loss(
     if out.requires_grad() {
         // (gradients made here need no weight in backward; one made again there makes it again)
         let weight = RefCell::new(made.is_none().then_some(weight));
-        let (x, wte, wte16, kept, made) =
-            (x.clone(), wte.clone(), wte16.cloned(), RefCell::new(kept), RefCell::new(made));
-        ctx.record(&[&out], HeadLossBackward { x, wte, wte16, loss, out: out.clone(), per, kept, weight, made });
+        let (x, wte, kept, made) = (x.clone(), wte.clone(), RefCell::new(kept), RefCell::new(made));
+        ctx.record(&[&out], HeadLossBackward { x, wte, loss, out: out.clone(), per, kept, weight, made });
     }
     Ok(out)
 }
@@ -343,8 +331,7 @@ fn chunk_gradients(
         // the product may run over all of it)
         let (b, g, padded_k) = match head.weight {
             HeadWeight::Transposed(t) if pad => (t, Gemm { trans_b: true, b_stride: t.shape()[1], ..g }, Some(stride)),
-            HeadWeight::Wte(w) => (w, g, None),
-            HeadWeight::Transposed(_) => (head.wte, g, None),
+            _ => (head.wte, g, None),
         };
         head_dx(ctx, dx, written, &dlogits, b, g, padded_k)?;
     }
@@ -360,7 +347,6 @@ fn chunk_gradients(
 struct HeadLossBackward {
     x: Tensor,
     wte: Tensor,
-    wte16: Option<Tensor>,
     loss: LossRows,
     out: Tensor,
     per: usize,
@@ -404,7 +390,7 @@ impl Backward for HeadLossBackward {
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
         let weight = match self.weight.borrow_mut().take() {
             Some(weight) => weight,
-            None => HeadWeight::of(ctx, &self.x, &self.wte, self.wte16.as_ref())?,
+            None => HeadWeight::of(ctx, &self.x, &self.wte)?,
         };
         let head = Head { x: &self.x, wte: &self.wte, weight: &weight };
         let mut kept = kept.into_iter();

@@ -1,4 +1,4 @@
-//! Mixed precision: a Linear (or the embedding) reading an f16 copy of its f32 master weight, so the
+//! Mixed precision: a Linear whose products read an f16 copy of its f32 master weight, so the
 //! weight costs half the bytes on the GPU and the bus, while the optimizer updates the master.
 
 use super::expect_float;
@@ -22,16 +22,6 @@ pub fn linear_mixed(ctx: &Context, x: &Tensor, w: &Tensor, w16: &Tensor, bias: O
         ));
     }
     super::matmul::product_with_grad_to(ctx, x, w16, bias, Default::default(), w)
-}
-
-/// [`super::embedding`] reading its rows from `wte16`, an f16 copy of the f32 master `wte`,
-/// whose gradient it makes. The copy is what a host optimizer writes: the forward then needs
-/// neither the master on the GPU (half the bytes up where it pages) nor its update first.
-pub fn embedding_mixed(ctx: &Context, tokens: &Tensor, wte: &Tensor, wte16: &Tensor, wpe: &Tensor) -> Result<Tensor> {
-    if wte16.dtype() != DType::F16 {
-        return Err(Error::shape("embedding_mixed", format!("an f16 copy of wte {:?}", wte.shape()), wte16));
-    }
-    super::embedding::embedding_from(ctx, tokens, wte16, wte, wpe)
 }
 
 /// Copies the f32 master weight `w` into its f16 copy `w16` (after each optimizer step).

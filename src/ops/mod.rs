@@ -23,7 +23,7 @@ pub use embedding::embedding;
 pub use layernorm::{layernorm, layernorm_into};
 pub use lm_head::{head_keeps_logits, lm_head_loss, lm_head_loss_for_backward, logits_dtype, LossBackward};
 pub use matmul::{linear, linear_into, matmul, MatmulOpts};
-pub use mixed::{embedding_mixed, linear_mixed, refresh_half};
+pub use mixed::{linear_mixed, refresh_half};
 pub use quantized::{linear_q8, QWeight};
 pub use softmax::softmax;
 

@@ -446,9 +446,9 @@ fn mixed_precision_head_matches_the_reference_with_logits_kept_made_again_or_gra
             let wt = ctx.from_f32("wte", &[v, c], &w, true).unwrap();
             let backward = pagetrain::ops::LossBackward { seed: 1.0, wte_grad: None };
             let loss = if in_forward {
-                pagetrain::ops::lm_head_loss_for_backward(&ctx, &xt, &wt, None, &targets, None, backward).unwrap()
+                pagetrain::ops::lm_head_loss_for_backward(&ctx, &xt, &wt, &targets, None, backward).unwrap()
             } else {
-                pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, None, &targets, None).unwrap()
+                pagetrain::ops::lm_head_loss(&ctx, &xt, &wt, &targets, None).unwrap()
             };
             let mut grads = pagetrain::autograd::Grads::new();
             ctx.backward(&loss, &mut grads, 1.0).unwrap();
