@@ -229,6 +229,7 @@ impl Context {
     pub fn sync(&self) -> Result<()> {
         self.recorder.flush();
         self.gpu.wait_idle()?;
+        self.recorder.drained();
         self.pager.poll()
     }
 

@@ -19,6 +19,12 @@ pub const UNIFORM_SLOT: u64 = 256;
 const ARENA_SLOTS: u64 = 4096;
 /// Recorded commands after which work is submitted, so the GPU starts while the CPU records on.
 const SUBMIT_EVERY: u64 = 96;
+/// After the host waited for the GPU to finish everything (a step's end reading the norm), the
+/// GPU is idle: the first submission then goes after this many commands, and each next one after
+/// twice as many as the last, up to [`SUBMIT_EVERY`]. Each submission's kernels then cover the
+/// recording of the next, instead of the GPU waiting for 96 to be recorded (at a step's end: the
+/// optimizer's update and the next forward's first layers, with host work between).
+const SUBMIT_FIRST_AFTER_DRAIN: u64 = 4;
 /// Staged transfer bytes after which work is submitted: a staging ring many times this size then
 /// never waits for the submission still being recorded (which would drain the GPU), only for
 /// older ones.
@@ -64,6 +70,8 @@ pub struct Recorder {
     poll_s: Cell<f64>,
     after_submit: RefCell<Vec<Hook>>,
     commands: Cell<u64>,
+    /// Commands after which `maybe_submit` submits now ([`SUBMIT_FIRST_AFTER_DRAIN`]).
+    submit_after: Cell<u64>,
     staged_bytes: Cell<u64>,
     direct_bytes: Cell<u64>,
     direct_submit_bytes: u64,
@@ -97,6 +105,7 @@ impl Recorder {
             poll_s: Cell::new(0.0),
             after_submit: RefCell::new(Vec::new()),
             commands: Cell::new(0),
+            submit_after: Cell::new(SUBMIT_EVERY),
             staged_bytes: Cell::new(0),
             direct_bytes: Cell::new(0),
             direct_submit_bytes: direct_submit_bytes(),
@@ -228,8 +237,16 @@ impl Recorder {
 
     /// Submits when enough commands are pending that the GPU should start on them.
     pub fn maybe_submit(&self) {
-        if self.commands.get() >= SUBMIT_EVERY {
+        if self.commands.get() >= self.submit_after.get() {
             self.flush();
+        }
+    }
+
+    /// The host has just waited for everything submitted (nothing is recorded since): the GPU
+    /// is idle, and the next submissions start small ([`SUBMIT_FIRST_AFTER_DRAIN`]).
+    pub fn drained(&self) {
+        if self.commands.get() == 0 {
+            self.submit_after.set(SUBMIT_FIRST_AFTER_DRAIN);
         }
     }
 
@@ -268,6 +285,9 @@ impl Recorder {
             self.submissions.set(self.submissions.get() + 1);
             self.gpu.queue.submit([encoder.finish()])
         });
+        if self.commands.get() > 0 {
+            self.submit_after.set((self.submit_after.get() * 2).min(SUBMIT_EVERY));
+        }
         self.commands.set(0);
         self.staged_bytes.set(0);
         self.direct_bytes.set(0);
@@ -285,6 +305,7 @@ impl Recorder {
 
     /// Blocks (native) until `index` — or everything, for `None` — is done on the GPU.
     pub fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> crate::Result<()> {
+        let everything = index.is_none();
         #[cfg(not(target_arch = "wasm32"))]
         self.gpu
             .device
@@ -292,6 +313,9 @@ impl Recorder {
             .map_err(|e| crate::Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
         #[cfg(target_arch = "wasm32")]
         let _ = index;
+        if everything && cfg!(not(target_arch = "wasm32")) {
+            self.drained();
+        }
         self.gpu.check("waiting for the GPU")
     }
 

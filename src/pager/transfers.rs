@@ -188,6 +188,8 @@ impl Pager {
                 st.settle(recorder, id)?;
             }
             st.drain(recorder, false)?;
+            // (everything up to these write-backs is done; the GPU waits for what comes next)
+            recorder.drained();
         }
         for id in ids {
             if let Some(e) = st.entries.get_mut(id) {
@@ -215,8 +217,12 @@ impl Pager {
         // The browser returns to its event loop here until the maps are done (natively these
         // block, as `settle` below would). No borrow of the state lives across the awaits.
         let start = Stopwatch::start();
+        let waited = !waits.is_empty();
         for wait in waits {
             wait.await?;
+        }
+        if waited {
+            self.recorder.drained();
         }
         let mut st = self.state();
         st.counters.stall_s += stall("read maps", start.seconds());
@@ -262,8 +268,12 @@ impl Pager {
             w
         };
         let start = Stopwatch::start();
+        let waited = !waits.is_empty();
         for wait in waits {
             wait.await?;
+        }
+        if waited {
+            self.recorder.drained();
         }
         let mut st = self.state();
         st.counters.stall_s += stall("sync maps", start.seconds());

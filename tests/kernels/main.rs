@@ -10,6 +10,7 @@ mod autotune;
 mod layers;
 mod matmul;
 mod reductions_and_optimizers;
+mod submissions;
 
 use common::reference as r;
 use common::{assert_close, ctx, randn, to64, Guarded, AWKWARD};
