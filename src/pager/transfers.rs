@@ -217,11 +217,12 @@ impl Pager {
         // The browser returns to its event loop here until the maps are done (natively these
         // block, as `settle` below would). No borrow of the state lives across the awaits.
         let start = Stopwatch::start();
-        let waited = !waits.is_empty();
+        // (a write-back recorded here is the last command: once it is read, the GPU is idle)
+        let drains = dirty && !waits.is_empty();
         for wait in waits {
             wait.await?;
         }
-        if waited {
+        if drains {
             self.recorder.drained();
         }
         let mut st = self.state();
@@ -268,12 +269,8 @@ impl Pager {
             w
         };
         let start = Stopwatch::start();
-        let waited = !waits.is_empty();
         for wait in waits {
             wait.await?;
-        }
-        if waited {
-            self.recorder.drained();
         }
         let mut st = self.state();
         st.counters.stall_s += stall("sync maps", start.seconds());
