@@ -228,8 +228,8 @@ impl Context {
     /// Submits recorded work and waits for it (native) — the end of a step.
     pub fn sync(&self) -> Result<()> {
         self.recorder.flush();
-        self.gpu.wait_idle()?;
-        self.recorder.drained();
+        // (a wait for everything: the recorder then knows the GPU is idle, `Recorder::drained`)
+        self.recorder.wait(None)?;
         self.pager.poll()
     }
 
