@@ -294,8 +294,11 @@ pub fn time_steps(
 }
 
 /// `PAGETRAIN_PROFILE=timeline`: per step, its time on the GPU, the kernels' share, and the
-/// longest gaps between dispatches (copies, or the GPU waiting for the host).
+/// longest gaps between dispatches (copies, or the GPU waiting for the host): ten, or
+/// `PAGETRAIN_TIMELINE_GAPS` (a paged f16 step's forward waits at each of its host-updated
+/// blocks, more than ten places).
 fn print_timeline(steps: &[crate::kernels::timeline::StepTimeline]) {
+    let shown = std::env::var("PAGETRAIN_TIMELINE_GAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     for (i, s) in steps.iter().enumerate() {
         eprintln!(
             "timeline: step {i}: {:.1} ms on the GPU, {} dispatches, kernels {:.1} ms, between them {:.1} ms",
@@ -304,7 +307,7 @@ fn print_timeline(steps: &[crate::kernels::timeline::StepTimeline]) {
             s.kernel_ms,
             s.between_ms()
         );
-        for g in s.gaps.iter().take(10).filter(|g| g.ms >= 0.2) {
+        for g in s.gaps.iter().take(shown).filter(|g| g.ms >= 0.05) {
             let why = if g.profiler_wait { " (the profiler's read-back)" } else { "" };
             eprintln!(
                 "timeline:   {:>7.2} ms after dispatch {:>4} {} -> {}{why}",
