@@ -274,12 +274,15 @@ impl Gpu {
         format!("{name} ({:?}, {:?})", self.info.backend, self.info.device_type)
     }
 
-    /// Blocks (native) until submitted work is done; a no-op on the web, where the browser drives.
-    pub fn wait_idle(&self) -> Result<()> {
+    /// Blocks (native) until submission `index` — or all submitted work, for `None` — is done;
+    /// a no-op on the web, where the browser drives.
+    pub fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait { submission_index: index, timeout: None })
             .map_err(|e| Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = index;
         self.check("waiting for the GPU")
     }
 }

@@ -306,17 +306,12 @@ impl Recorder {
     /// Blocks (native) until `index` — or everything, for `None` — is done on the GPU.
     pub fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> crate::Result<()> {
         let everything = index.is_none();
-        #[cfg(not(target_arch = "wasm32"))]
-        self.gpu
-            .device
-            .poll(wgpu::PollType::Wait { submission_index: index, timeout: None })
-            .map_err(|e| crate::Error::Gpu { context: "waiting for the GPU".into(), msg: e.to_string() })?;
-        #[cfg(target_arch = "wasm32")]
-        let _ = index;
+        self.gpu.wait(index)?;
+        // (the browser's wait is a no-op: only a native wait leaves the GPU idle)
         if everything && cfg!(not(target_arch = "wasm32")) {
             self.drained();
         }
-        self.gpu.check("waiting for the GPU")
+        Ok(())
     }
 
     /// Runs ready callbacks (map_async) without blocking.

@@ -297,7 +297,7 @@ impl Kernels {
             Some(profile) if !profile.stamped() => {
                 self.recorder.flush();
                 let start = std::time::Instant::now();
-                self.gpu.wait_idle()?;
+                self.gpu.wait(None)?;
                 profile.add_waited(label.unwrap_or(entry), start.elapsed().as_secs_f64());
             }
             _ => self.recorder.maybe_submit(),
@@ -378,7 +378,7 @@ impl Kernels {
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.gpu.wait_idle()?;
+        self.gpu.wait(None)?;
         rx.await
             .map_err(|_| Error::Gpu { context: "readback".into(), msg: "map callback dropped".into() })?
             .map_err(|e| Error::Gpu { context: "readback".into(), msg: e.to_string() })?;
