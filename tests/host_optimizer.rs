@@ -6,7 +6,9 @@ mod common;
 
 use common::{assert_close, randn, reference as r, to64};
 use half::f16;
-use pagetrain::optim::{adamw_update, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, GradSlice, CHUNK};
+use pagetrain::optim::{
+    adamw_update, adamw_update_from, sum_of_squares, AdamWConfig, AdamWSlices, AdamWStep, GradSlice, CHUNK,
+};
 use pagetrain::rng::Rng;
 
 /// Lengths around the chunk size: shorter than one, one short of it, exact, just over, several.
@@ -196,4 +198,90 @@ fn host_adamw_on_scaled_f16_gradients_equals_the_update_on_their_f32_values() {
             }
         }
     }
+}
+
+#[test]
+fn host_adamw_out_of_place_writes_the_bits_of_the_update_in_place_into_aligned_or_unaligned_twins() {
+    let mut rng = Rng::new(25);
+    let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, ..Default::default() };
+    let step = AdamWStep { config: c, lr: 0.01, scale: 0.6, t: 4 };
+    let lengths = awkward_lengths();
+    let inputs: Vec<_> = lengths
+        .iter()
+        .map(|&n| {
+            let v: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
+            let g: Vec<f16> = randn(&mut rng, n, 1.0).iter().map(|&x| f16::from_f32(x)).collect();
+            (randn(&mut rng, n, 1.0), randn(&mut rng, n, 0.1), v, g)
+        })
+        .collect();
+    let unscale = 0.25f32;
+    // In place, with f16 copies: what the twins must hold.
+    let mut want = inputs.clone();
+    let mut want_halves: Vec<Vec<f16>> = lengths.iter().map(|&n| vec![f16::NAN; n]).collect();
+    let tensors = want
+        .iter_mut()
+        .zip(want_halves.iter_mut())
+        .map(|((p, m, v, g), h)| AdamWSlices {
+            p,
+            m,
+            v,
+            g: GradSlice::F16 { values: g, unscale },
+            decay: 0.1,
+            half: Some(&mut h[..]),
+        })
+        .collect();
+    adamw_update(tensors, &step, 1).unwrap();
+    // Twins 32-byte aligned (streaming stores) and off it by one or three (plain stores),
+    // poisoned first.
+    for (threads, skew) in [(1, 0), (3, 0), (2, 1), (1, 3)] {
+        let mut twins: Vec<_> = lengths
+            .iter()
+            .map(|&n| (vec![f32::NAN; n + 16], vec![f32::NAN; n + 16], vec![f32::NAN; n + 16], vec![f16::NAN; n + 16]))
+            .collect();
+        let place = |x: *const u8, n: usize| {
+            let start = x.align_offset(32) / 4 + skew;
+            start..start + n
+        };
+        let half_place = |x: *const f16, n: usize| {
+            let start = x.align_offset(16) + skew;
+            start..start + n
+        };
+        let from: Vec<[&[f32]; 3]> = inputs.iter().map(|(p, m, v, _)| [&p[..], &m[..], &v[..]]).collect();
+        let placed: Vec<_> = twins
+            .iter()
+            .zip(&lengths)
+            .map(|((p, m, v, h), &n)| {
+                let at = |x: &Vec<f32>| place(x.as_ptr().cast(), n);
+                (at(p), at(m), at(v), half_place(h.as_ptr(), n))
+            })
+            .collect();
+        let into = twins
+            .iter_mut()
+            .zip(&inputs)
+            .zip(&placed)
+            .map(|(((p, m, v, h), (_, _, _, g)), (rp, rm, rv, rh))| AdamWSlices {
+                p: &mut p[rp.clone()],
+                m: &mut m[rm.clone()],
+                v: &mut v[rv.clone()],
+                g: GradSlice::F16 { values: g, unscale },
+                decay: 0.1,
+                half: Some(&mut h[rh.clone()]),
+            })
+            .collect();
+        adamw_update_from(from, into, &step, threads).unwrap();
+        let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (i, (((p, m, v, h), (rp, rm, rv, rh)), ((wp, wm, wv, _), wh))) in
+            twins.iter().zip(&placed).zip(want.iter().zip(&want_halves)).enumerate()
+        {
+            let what = format!("tensor {i} ({} values), {threads} threads, skew {skew}", wp.len());
+            assert_eq!(bits(&p[rp.clone()]), bits(wp), "{what}: values");
+            assert_eq!(bits(&m[rm.clone()]), bits(wm), "{what}: first moments");
+            assert_eq!(bits(&v[rv.clone()]), bits(wv), "{what}: second moments");
+            let hb = |x: &[f16]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(hb(&h[rh.clone()]), hb(wh), "{what}: f16 copies");
+            assert!(p[rp.end..].iter().all(|x| x.is_nan()), "{what}: written past its end");
+        }
+    }
+    // (the update moved every tensor: the comparison above is not of copies)
+    assert!(want.iter().zip(&inputs).all(|(w, x)| w.0 != x.0));
 }

@@ -223,9 +223,8 @@ pub fn adamw_update(tensors: Vec<AdamWSlices>, step: &AdamWStep, threads: usize)
 }
 
 /// [`adamw_update`] out of place: each tensor's values and moments are read from `from` (value,
-/// first and second moment) and its update is written over `into`'s, which are not read. Each
-/// chunk is copied just before its update, while it is in cache, so the bits are those of
-/// updating `from` in place (`super::speculative_update`'s twins).
+/// first and second moment) and its update is written over `into`'s, which are not read: the
+/// bits of updating `from` in place (`super::speculative_update`'s twins).
 pub fn adamw_update_from(
     from: Vec<[&[f32]; 3]>,
     into: Vec<AdamWSlices>,
@@ -244,13 +243,25 @@ pub fn adamw_update_from(
         let sources = p.chunks(CHUNK).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK)).map(|((p, m), v)| [p, m, v]);
         jobs.extend(chunked(t).zip(sources));
     }
-    run_jobs(jobs, threads, |(job, [p, m, v])| {
-        job.p.copy_from_slice(p);
-        job.m.copy_from_slice(m);
-        job.v.copy_from_slice(v);
-        update_chunk(job, step)
-    });
+    run_jobs(jobs, threads, |(job, from)| update_chunk_from(from, job, step));
     Ok(())
+}
+
+/// One chunk's update from `from` into `into`, the bits of [`update_chunk`] on a copy of `from`.
+fn update_chunk_from(from: [&[f32]; 3], into: AdamWSlices, h: &AdamWStep) {
+    #[cfg(target_arch = "x86_64")]
+    if let GradSlice::F16 { values, unscale } = into.g {
+        if super::fused_f16_update::available() {
+            let AdamWSlices { p, m, v, decay, half, .. } = into;
+            // SAFETY: the CPU has the features it needs (just checked).
+            unsafe { super::fused_f16_update::update_into(from, values, [p, m, v], half, decay, h.scale * unscale, h) };
+            return;
+        }
+    }
+    into.p.copy_from_slice(from[0]);
+    into.m.copy_from_slice(from[1]);
+    into.v.copy_from_slice(from[2]);
+    update_chunk(into, h)
 }
 
 /// One tensor's slices cut into [`CHUNK`]s.

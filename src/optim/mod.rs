@@ -24,7 +24,9 @@ pub use grads_down::GradsDown;
 pub use half_grads::{grad_half_scale, split_tail, unscale_of, HalfGrads, EXPONENT_TAIL};
 pub(crate) use host_adamw::update_slice;
 pub use host_adamw::HostAdamW;
-pub use host_kernels::{adamw_update, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK};
+pub use host_kernels::{
+    adamw_update, adamw_update_from, sum_of_squares, worker_threads, AdamWSlices, AdamWStep, GradSlice, CHUNK,
+};
 pub(crate) use host_values::F32sMut;
 pub use sgd::{Sgd, SgdConfig};
 pub use speculative_update::forced as bets_forced;
