@@ -2,7 +2,8 @@
 //! F16C: each 8 halves are widened in registers, updated, and the new values narrowed to the f16
 //! copy while still in registers. `half`'s slice conversions instead call a function per 8
 //! elements, through a widened buffer: on a 2-core host the f16 pass took 31.7 ms per 16 Mi
-//! parameters against 20.0 for f32 gradients (`benches/host_optimizer.rs`).
+//! parameters against 20.0 for f32 gradients (`benches/host_optimizer.rs`). In place
+//! ([`update`]) or out of place into the bets' twins ([`update_into`]).
 //!
 //! The arithmetic is `host_kernels::update_values` operation for operation (no fused
 //! multiply-adds; division and square root are correctly rounded in both), and the narrowing
