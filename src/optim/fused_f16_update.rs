@@ -43,8 +43,9 @@ pub unsafe fn update(
     let whole = n / 8 * 8;
     for i in (0..whole).step_by(8) {
         // SAFETY: i + 8 <= n for every slice (lengths checked above); unaligned loads and stores.
-        let (pi, mi, vi) = (p.as_ptr().add(i), m.as_ptr().add(i), v.as_ptr().add(i));
-        let (new, mi, vi) = k.step(_mm256_loadu_ps(pi), _mm256_loadu_ps(mi), _mm256_loadu_ps(vi), g.as_ptr().add(i));
+        let load = |x: &[f32]| _mm256_loadu_ps(x.as_ptr().add(i));
+        let (pi, mi, vi) = (load(p), load(m), load(v));
+        let (new, mi, vi) = k.step(pi, mi, vi, g.as_ptr().add(i));
         _mm256_storeu_ps(m.as_mut_ptr().add(i), mi);
         _mm256_storeu_ps(v.as_mut_ptr().add(i), vi);
         _mm256_storeu_ps(p.as_mut_ptr().add(i), new);
@@ -119,8 +120,9 @@ unsafe fn update_into_with<const STREAM: bool>(
     for i in (0..whole).step_by(8) {
         // SAFETY: i + 8 <= n for every slice (lengths checked by the caller); the streaming
         // stores' addresses are 32- (16-) byte aligned: their slices start so and i steps by 8.
-        let loaded = (_mm256_loadu_ps(p.as_ptr().add(i)), _mm256_loadu_ps(m.as_ptr().add(i)));
-        let (new, mi, vi) = k.step(loaded.0, loaded.1, _mm256_loadu_ps(v.as_ptr().add(i)), g.as_ptr().add(i));
+        let load = |x: &[f32]| _mm256_loadu_ps(x.as_ptr().add(i));
+        let (pi, mi, vi) = (load(p), load(m), load(v));
+        let (new, mi, vi) = k.step(pi, mi, vi, g.as_ptr().add(i));
         store(m2.as_mut_ptr().add(i), mi);
         store(v2.as_mut_ptr().add(i), vi);
         store(p2.as_mut_ptr().add(i), new);
