@@ -3,8 +3,9 @@
 //! come down under `--precision f16`) or f32, and the f16 copies of the values written in the
 //! same pass. Reports bytes per second: 28 a parameter with f16 gradients and copies, 32 with
 //! f32 gradients; and the bets' pass out of place (`optim::adamw_update_from`: values and
-//! moments read from one place, the update written to twins), 28 bytes a parameter too. On the H200 machine's 16 cores the pass streams ~120 GB/s, about what a plain
-//! read-modify-write reaches there: it is bound by memory, not arithmetic (BENCHMARKS round 20).
+//! moments read from one place, the update written to twins), 28 bytes a parameter too. On the
+//! H200 machine's 16 cores the pass streams ~120 GB/s, about what a plain read-modify-write
+//! reaches there: it is bound by memory, not arithmetic (BENCHMARKS round 20).
 //! `cargo bench --bench host_optimizer`; `PAGETRAIN_BENCH_PARAMS` sets the parameter count
 //! (default 16 Mi: beyond any cache).
 

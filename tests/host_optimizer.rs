@@ -238,22 +238,11 @@ fn host_adamw_out_of_place_writes_the_bits_of_the_update_in_place_into_aligned_o
             .iter()
             .map(|&n| (vec![f32::NAN; n + 16], vec![f32::NAN; n + 16], vec![f32::NAN; n + 16], vec![f16::NAN; n + 16]))
             .collect();
-        let place = |x: *const u8, n: usize| {
-            let start = x.align_offset(32) / 4 + skew;
-            start..start + n
-        };
-        let half_place = |x: *const f16, n: usize| {
-            let start = x.align_offset(16) + skew;
-            start..start + n
-        };
         let from: Vec<[&[f32]; 3]> = inputs.iter().map(|(p, m, v, _)| [&p[..], &m[..], &v[..]]).collect();
         let placed: Vec<_> = twins
             .iter()
             .zip(&lengths)
-            .map(|((p, m, v, h), &n)| {
-                let at = |x: &Vec<f32>| place(x.as_ptr().cast(), n);
-                (at(p), at(m), at(v), half_place(h.as_ptr(), n))
-            })
+            .map(|((p, m, v, h), &n)| (place(p, skew, n), place(m, skew, n), place(v, skew, n), place(h, skew, n)))
             .collect();
         let into = twins
             .iter_mut()
@@ -284,4 +273,10 @@ fn host_adamw_out_of_place_writes_the_bits_of_the_update_in_place_into_aligned_o
     }
     // (the update moved every tensor: the comparison above is not of copies)
     assert!(want.iter().zip(&inputs).all(|(w, x)| w.0 != x.0));
+}
+
+/// Where `n` elements of `x` start `skew` elements past its first 32-byte boundary.
+fn place<T>(x: &[T], skew: usize, n: usize) -> std::ops::Range<usize> {
+    let start = x.as_ptr().cast::<u8>().align_offset(32) / std::mem::size_of::<T>() + skew;
+    start..start + n
 }
